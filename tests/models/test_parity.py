@@ -1,0 +1,34 @@
+"""Our model code equals transformers' (the oracle) on random tiny configs, fp32."""
+
+import pytest
+import torch
+
+from treeflash.models.step import StepInput
+from tests.models.hf_oracle import make_pair
+
+ARCHS = ["llama", "qwen2", "qwen3", "qwen3_5"]
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+@torch.inference_mode()
+def test_prefill_logits_match_transformers(arch):
+    hf, ours = make_pair(arch)
+    ids = torch.randint(0, 97, (1, 23))
+    ref = hf(ids).logits[0].float()
+    cache = ours.new_cache(64)
+    out = ours(StepInput.plain(ids[0], 0), cache).logits
+    assert (out - ref).abs().max().item() < 1e-4
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+@torch.inference_mode()
+def test_incremental_decode_equals_full_forward(arch):
+    _, ours = make_pair(arch)
+    ids = torch.randint(0, 97, (30,))
+    full = ours(StepInput.plain(ids, 0), ours.new_cache(64)).logits
+    cache = ours.new_cache(64)
+    parts = [ours(StepInput.plain(ids[:11], 0), cache).logits]  # prefill, then one token at a time
+    for t in range(11, 30):
+        parts.append(ours(StepInput.plain(ids[t : t + 1], t), cache).logits)
+    step = torch.cat(parts)
+    assert (step - full).abs().max().item() < 1e-4

@@ -1,0 +1,1 @@
+"""KV caches (dense and compressed) and recurrent-state caches, with commit after verification."""

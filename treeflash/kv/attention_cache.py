@@ -1,0 +1,100 @@
+"""Attention KV cache of one layer: a static buffer per K and V, plus the attention that reads it.
+
+The cache owns `attend` so that each storage format (dense here; q8_0/q4_0/tq3_0 in
+kv/quantized.py) can read its own layout with its own kernel.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Protocol
+
+import torch
+import torch.nn.functional as F
+
+if TYPE_CHECKING:
+    from treeflash.kv.cache import CacheSpec
+
+DENSE_TYPES = {"auto": None, "f32": torch.float32, "f16": torch.float16, "bf16": torch.bfloat16}
+
+
+class AttentionCache(Protocol):
+    def attend(
+        self,
+        q: torch.Tensor,  # [T, H, D] (rotary applied)
+        k: torch.Tensor,  # [T, Hkv, D] new keys (rotary applied)
+        v: torch.Tensor,  # [T, Hkv, D] new values
+        start: int,  # slot of the first new token = committed length
+        tree_mask: torch.Tensor | None,  # [T, T] bool for a verify step; None = causal
+        scale: float,
+    ) -> torch.Tensor: ...  # [T, H, D]
+
+    def commit(self, start: int, path: list[int]) -> None: ...
+    def reset(self) -> None: ...
+    def nbytes(self) -> int: ...
+
+
+def make_attention_cache(num_kv_heads: int, head_dim: int, spec: "CacheSpec") -> AttentionCache:
+    if spec.cache_type_k in DENSE_TYPES and spec.cache_type_v in DENSE_TYPES:
+        return DenseAttentionCache(num_kv_heads, head_dim, spec)
+    from treeflash.kv.quantized import QuantizedAttentionCache  # compressed formats
+
+    return QuantizedAttentionCache(num_kv_heads, head_dim, spec)
+
+
+def build_mask(num_new: int, start: int, tree_mask: torch.Tensor | None, device: torch.device) -> torch.Tensor | None:
+    """[T, start + T] bool: the committed prefix plus causal (or tree-ancestor) visibility of new tokens."""
+    if tree_mask is None:
+        if num_new == 1:
+            return None
+        new = torch.ones(num_new, num_new, dtype=torch.bool, device=device).tril()
+    else:
+        new = tree_mask
+    if start == 0:
+        return new
+    return torch.cat((torch.ones(num_new, start, dtype=torch.bool, device=device), new), dim=1)
+
+
+def attention_reference(
+    q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, mask: torch.Tensor | None, scale: float
+) -> torch.Tensor:
+    """q: [T, H, D], keys/values: [S, Hkv, D], mask: [T, S] bool or None -> [T, H, D]."""
+    out = F.scaled_dot_product_attention(
+        q.transpose(0, 1),
+        keys.transpose(0, 1),
+        values.transpose(0, 1),
+        attn_mask=mask,
+        scale=scale,
+        enable_gqa=keys.shape[1] != q.shape[1],
+    )
+    return out.transpose(0, 1)
+
+
+class DenseAttentionCache:
+    def __init__(self, num_kv_heads: int, head_dim: int, spec: "CacheSpec"):
+        dtype_k = DENSE_TYPES[spec.cache_type_k] or spec.dtype
+        dtype_v = DENSE_TYPES[spec.cache_type_v] or spec.dtype
+        self.k = torch.zeros(spec.max_len, num_kv_heads, head_dim, dtype=dtype_k, device=spec.device)
+        self.v = torch.zeros(spec.max_len, num_kv_heads, head_dim, dtype=dtype_v, device=spec.device)
+
+    def attend(self, q, k, v, start, tree_mask, scale):
+        n = q.shape[0]
+        self.k[start : start + n] = k.to(self.k.dtype)
+        self.v[start : start + n] = v.to(self.v.dtype)
+        keys = self.k[: start + n].to(q.dtype)
+        values = self.v[: start + n].to(q.dtype)
+        mask = build_mask(n, start, tree_mask, q.device)
+        return attention_reference(q, keys, values, mask, scale)
+
+    def commit(self, start: int, path: list[int]) -> None:
+        if path == list(range(len(path))):
+            return  # already contiguous
+        idx = torch.tensor(path, device=self.k.device) + start
+        n = len(path)
+        self.k[start : start + n] = self.k.index_select(0, idx)
+        self.v[start : start + n] = self.v.index_select(0, idx)
+
+    def reset(self) -> None:
+        pass  # slots past seq_len are never read
+
+    def nbytes(self) -> int:
+        return self.k.numel() * self.k.element_size() + self.v.numel() * self.v.element_size()

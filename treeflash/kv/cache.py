@@ -1,0 +1,98 @@
+"""ModelCache: per-layer attention KV caches and recurrent (Gated DeltaNet) states for one sequence.
+
+A plain step appends and commits. A verify step writes nodes after the committed prefix
+(node i at slot start + i) and keeps per-node recurrent states; `commit(path)` then keeps the
+accepted root-to-node path: attention KV of the path is compacted into contiguous slots, the
+recurrent state becomes the last path node's state, and the conv window the path's last inputs.
+
+This layer knows nothing of model configs: the model describes its layers with a CacheLayout.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from treeflash.kv.attention_cache import AttentionCache, make_attention_cache
+from treeflash.kv.recurrent_cache import RecurrentCache, RecurrentShape
+
+ATTENTION = "attention"
+RECURRENT = "recurrent"
+
+
+@dataclass(frozen=True)
+class CacheSpec:
+    max_len: int
+    dtype: torch.dtype  # runtime dtype of activations
+    device: torch.device
+    cache_type_k: str = "auto"  # auto = the runtime dtype; or bf16, f16, f32, q8_0, q4_0, tq3_0
+    cache_type_v: str = "auto"
+
+
+@dataclass(frozen=True)
+class CacheLayout:
+    layer_kinds: tuple[str, ...]  # per layer: ATTENTION | RECURRENT
+    num_kv_heads: int
+    head_dim: int
+    recurrent: RecurrentShape | None = None
+
+
+class ModelCache:
+    def __init__(self, layout: CacheLayout, spec: CacheSpec):
+        self.layout = layout
+        self.spec = spec
+        self.seq_len = 0  # committed tokens
+        self.pending = 0  # nodes of the last verify step, not yet committed
+        self.layers: list[AttentionCache | RecurrentCache] = []
+        for kind in layout.layer_kinds:
+            if kind == ATTENTION:
+                self.layers.append(make_attention_cache(layout.num_kv_heads, layout.head_dim, spec))
+            elif kind == RECURRENT:
+                assert layout.recurrent is not None
+                self.layers.append(RecurrentCache(layout.recurrent, spec.dtype, spec.device))
+            else:
+                raise ValueError(f"unknown layer kind {kind!r}")
+
+    @property
+    def max_len(self) -> int:
+        return self.spec.max_len
+
+    def begin(self, num_new: int, verify: bool) -> None:
+        """Called by the model before writing `num_new` tokens."""
+        if self.pending:
+            raise RuntimeError("a verify step is pending: call commit(path) first")
+        if self.seq_len + num_new > self.max_len:
+            raise RuntimeError(f"cache overflow: {self.seq_len} + {num_new} > max_len {self.max_len}")
+        if verify:
+            self.pending = num_new
+
+    def end_plain(self, num_new: int) -> None:
+        self.seq_len += num_new
+
+    def commit(self, path: list[int]) -> None:
+        """Keep the verify nodes `path` (root first, each the parent of the next) as committed tokens."""
+        if not self.pending:
+            raise RuntimeError("commit without a pending verify step")
+        if not path or path[0] != 0 or max(path) >= self.pending:
+            raise ValueError(f"commit: bad path {path} for {self.pending} pending nodes")
+        for layer in self.layers:
+            layer.commit(self.seq_len, path)
+        self.seq_len += len(path)
+        self.pending = 0
+
+    def truncate(self, length: int) -> None:
+        """Forget committed tokens past `length` (attention layers only; recurrent state cannot rewind)."""
+        if any(isinstance(layer, RecurrentCache) for layer in self.layers) and length != self.seq_len:
+            raise RuntimeError("cannot truncate a cache with recurrent layers")
+        self.seq_len = min(self.seq_len, length)
+        self.pending = 0
+
+    def reset(self) -> None:
+        self.seq_len = 0
+        self.pending = 0
+        for layer in self.layers:
+            layer.reset()
+
+    def nbytes(self) -> int:
+        return sum(layer.nbytes() for layer in self.layers)

@@ -1,0 +1,90 @@
+"""Small building blocks shared by every architecture: RMSNorm, rotary embedding, SwiGLU MLP."""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from treeflash.models.config import ModelConfig
+
+
+class RMSNorm(nn.Module):
+    """y = x / rms(x) * w, computed in fp32; `unit_offset` scales by (1 + w) instead (qwen3_5)."""
+
+    def __init__(self, dim: int, eps: float, unit_offset: bool = False):
+        super().__init__()
+        self.eps = eps
+        self.unit_offset = unit_offset
+        self.weight = nn.Parameter(torch.zeros(dim) if unit_offset else torch.ones(dim))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        dtype = x.dtype
+        xf = x.float()
+        xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)
+        w = self.weight.float()
+        if self.unit_offset:
+            return (xf * (1.0 + w)).to(dtype)
+        return w.to(dtype) * xf.to(dtype) if dtype != torch.float32 else xf * w
+
+
+class Rotary(nn.Module):
+    """Rotary position embedding over the first `rotary_dim` dims of each head (rotate-half layout)."""
+
+    def __init__(self, config: ModelConfig):
+        super().__init__()
+        dim = config.rotary_dim
+        inv_freq = 1.0 / (config.rope_theta ** (torch.arange(0, dim, 2, dtype=torch.float64) / dim))
+        inv_freq = _scale_inv_freq(inv_freq, dict(config.rope_scaling))
+        self.register_buffer("inv_freq", inv_freq.float(), persistent=False)
+        self.rotary_dim = dim
+
+    def cos_sin(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+        # positions: [T] long -> cos, sin: [T, rotary_dim]
+        freqs = positions.float()[:, None] * self.inv_freq[None, :]
+        emb = torch.cat((freqs, freqs), dim=-1)
+        return emb.cos().to(dtype), emb.sin().to(dtype)
+
+
+def _scale_inv_freq(inv_freq: torch.Tensor, scaling: dict) -> torch.Tensor:
+    """llama3 rope scaling (SmolLM2 uses none; Llama 3.x checkpoints do)."""
+    if scaling.get("rope_type") != "llama3":
+        return inv_freq
+    factor = scaling["factor"]
+    low, high = scaling.get("low_freq_factor", 1.0), scaling.get("high_freq_factor", 4.0)
+    old_ctx = scaling.get("original_max_position_embeddings", 8192)
+    low_wl, high_wl = old_ctx / low, old_ctx / high
+    wavelen = 2 * math.pi / inv_freq
+    scaled = torch.where(wavelen > low_wl, inv_freq / factor, inv_freq)
+    smooth = (old_ctx / wavelen - low) / (high - low)
+    mid = (1 - smooth) * scaled / factor + smooth * scaled
+    is_mid = (wavelen >= high_wl) & (wavelen <= low_wl)
+    return torch.where(is_mid, mid, scaled)
+
+
+def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    # x: [T, heads, head_dim]; cos, sin: [T, rotary_dim]
+    rd = cos.shape[-1]
+    cos, sin = cos[:, None, :], sin[:, None, :]
+    x_rot = x[..., :rd]
+    half = rd // 2
+    rotated = torch.cat((-x_rot[..., half:], x_rot[..., :half]), dim=-1)
+    out = x_rot * cos + rotated * sin
+    if rd == x.shape[-1]:
+        return out
+    return torch.cat((out, x[..., rd:]), dim=-1)
+
+
+class MLP(nn.Module):
+    """SwiGLU: down(silu(gate(x)) * up(x))."""
+
+    def __init__(self, hidden: int, inner: int):
+        super().__init__()
+        self.gate_proj = nn.Linear(hidden, inner, bias=False)
+        self.up_proj = nn.Linear(hidden, inner, bias=False)
+        self.down_proj = nn.Linear(inner, hidden, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))

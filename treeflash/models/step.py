@@ -1,0 +1,74 @@
+"""StepInput: the metadata of one forward pass, passed explicitly (no hidden global context).
+
+Vocabulary (used everywhere in treeflash):
+- committed: tokens whose KV / recurrent state is final; `cache.seq_len` of them.
+- node: one token of a verify batch; node 0 is the root (the last committed token's successor
+  input), node i > 0 has `parents[i] < i`. A chain is a tree whose parents are i - 1.
+- depth: distance from the root; position = start + depth.
+- plain step (parents is None): prefill or one decode token; the model commits it itself.
+- verify step (parents given): nodes are written after the committed prefix, each sees the prefix
+  and its own ancestors only; the caller then keeps one root-to-node path with `cache.commit(path)`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass(frozen=True)
+class StepInput:
+    input_ids: torch.Tensor  # [T] long
+    positions: torch.Tensor  # [T] long, absolute positions
+    start: int  # committed length before this step = slot of the first new token
+    parents: torch.Tensor | None = None  # [T] long, -1 for the root; None for a plain step
+    tree_mask: torch.Tensor | None = None  # [T, T] bool, [i, j] = j is i or an ancestor of i
+    depths: torch.Tensor | None = None  # [T] long
+
+    @property
+    def num_tokens(self) -> int:
+        return int(self.input_ids.shape[0])
+
+    @property
+    def is_verify(self) -> bool:
+        return self.parents is not None
+
+    @staticmethod
+    def plain(input_ids: torch.Tensor, start: int) -> "StepInput":
+        n = input_ids.shape[0]
+        positions = torch.arange(start, start + n, device=input_ids.device)
+        return StepInput(input_ids=input_ids, positions=positions, start=start)
+
+    @staticmethod
+    def tree(input_ids: torch.Tensor, parents: list[int] | torch.Tensor, start: int) -> "StepInput":
+        """A verify step over nodes with the given parents (parents[0] == -1, parents[i] < i)."""
+        dev = input_ids.device
+        par = [int(p) for p in (parents.tolist() if isinstance(parents, torch.Tensor) else parents)]
+        n = len(par)
+        if n != input_ids.shape[0] or n == 0 or par[0] != -1:
+            raise ValueError("tree: parents must start with -1 and match input_ids")
+        depth = [0] * n
+        mask = torch.zeros(n, n, dtype=torch.bool)
+        mask[0, 0] = True
+        for i in range(1, n):
+            p = par[i]
+            if not 0 <= p < i:
+                raise ValueError(f"tree: node {i} has parent {p}; parents must precede their children")
+            depth[i] = depth[p] + 1
+            mask[i] = mask[p]
+            mask[i, i] = True
+        depths = torch.tensor(depth, dtype=torch.long)
+        return StepInput(
+            input_ids=input_ids,
+            positions=(depths + start).to(dev),
+            start=start,
+            parents=torch.tensor(par, dtype=torch.long, device=dev),
+            tree_mask=mask.to(dev),
+            depths=depths.to(dev),
+        )
+
+    @staticmethod
+    def chain(input_ids: torch.Tensor, start: int) -> "StepInput":
+        """A verify step over a chain: node i's parent is i - 1."""
+        return StepInput.tree(input_ids, list(range(-1, input_ids.shape[0] - 1)), start)

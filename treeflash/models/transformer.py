@@ -1,0 +1,140 @@
+"""CausalLM: the one decoder-only model class for every architecture we run.
+
+Parameter names equal the Hugging Face ones (model.layers.N.self_attn.q_proj.weight, ...), so a
+safetensors checkpoint loads by name and the transformers oracle can be copied in by state_dict.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+from treeflash.kv.cache import ATTENTION, RECURRENT, CacheLayout, CacheSpec, ModelCache
+from treeflash.kv.recurrent_cache import RecurrentShape
+from treeflash.models.attention import Attention
+from treeflash.models.config import FULL_ATTENTION, ModelConfig
+from treeflash.models.layers import MLP, RMSNorm, Rotary
+from treeflash.models.step import StepInput
+
+
+@dataclass
+class ForwardOutput:
+    logits: torch.Tensor | None  # [T', vocab] fp32 (T' = len(logits_at) or T)
+    hidden: torch.Tensor  # [T, hidden] final hidden state, after the final norm
+    captured: torch.Tensor | None  # [T, len(capture_layers) * hidden]: outputs of the chosen layers
+
+
+class DecoderLayer(nn.Module):
+    def __init__(self, config: ModelConfig, layer_type: str):
+        super().__init__()
+        self.layer_type = layer_type
+        eps, off = config.rms_norm_eps, config.norm_unit_offset
+        self.input_layernorm = RMSNorm(config.hidden_size, eps, off)
+        self.post_attention_layernorm = RMSNorm(config.hidden_size, eps, off)
+        if layer_type == FULL_ATTENTION:
+            self.self_attn = Attention(config)
+        else:
+            from treeflash.models.gated_deltanet import GatedDeltaNet
+
+            self.linear_attn = GatedDeltaNet(config)
+        self.mlp = MLP(config.hidden_size, config.intermediate_size)
+
+    def forward(self, x, rope, step: StepInput, cache) -> torch.Tensor:
+        h = self.input_layernorm(x)
+        if self.layer_type == FULL_ATTENTION:
+            h = self.self_attn(h, rope, step, cache)
+        else:
+            h = self.linear_attn(h, step, cache)
+        x = x + h
+        return x + self.mlp(self.post_attention_layernorm(x))
+
+
+class Backbone(nn.Module):
+    def __init__(self, config: ModelConfig):
+        super().__init__()
+        self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)
+        self.layers = nn.ModuleList(DecoderLayer(config, t) for t in config.layer_types)
+        self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps, config.norm_unit_offset)
+
+
+class CausalLM(nn.Module):
+    def __init__(self, config: ModelConfig):
+        super().__init__()
+        self.config = config
+        self.model = Backbone(config)
+        self.rotary = Rotary(config)
+        if config.tie_word_embeddings:
+            self.lm_head = None
+        else:
+            self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
+        self.mtp: nn.Module | None = None  # set by the loader when the checkpoint carries mtp.* weights
+
+    # -- shared with drafters (DFlash and MTP reuse the target's embedding and head) --
+    def embed(self, input_ids: torch.Tensor) -> torch.Tensor:
+        return self.model.embed_tokens(input_ids)
+
+    def head(self, hidden: torch.Tensor) -> torch.Tensor:
+        """hidden (after the final norm): [T, hidden] -> logits [T, vocab] fp32."""
+        w = self.model.embed_tokens.weight if self.lm_head is None else self.lm_head.weight
+        return torch.nn.functional.linear(hidden, w).float()
+
+    @property
+    def device(self) -> torch.device:
+        return self.model.embed_tokens.weight.device
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.model.embed_tokens.weight.dtype
+
+    def cache_layout(self) -> CacheLayout:
+        c = self.config
+        kinds = tuple(ATTENTION if t == FULL_ATTENTION else RECURRENT for t in c.layer_types)
+        rec = None
+        if c.is_hybrid:
+            key_dim = c.linear_num_key_heads * c.linear_key_head_dim
+            value_dim = c.linear_num_value_heads * c.linear_value_head_dim
+            rec = RecurrentShape(
+                conv_dim=2 * key_dim + value_dim,
+                conv_kernel=c.linear_conv_kernel_dim,
+                num_v_heads=c.linear_num_value_heads,
+                k_head_dim=c.linear_key_head_dim,
+                v_head_dim=c.linear_value_head_dim,
+            )
+        return CacheLayout(kinds, c.num_kv_heads, c.head_dim, rec)
+
+    def new_cache(self, max_len: int, cache_type_k: str = "auto", cache_type_v: str = "auto") -> ModelCache:
+        spec = CacheSpec(max_len, self.dtype, self.device, cache_type_k, cache_type_v)
+        return ModelCache(self.cache_layout(), spec)
+
+    def forward(
+        self,
+        step: StepInput,
+        cache: ModelCache,
+        capture_layers: tuple[int, ...] = (),
+        logits_at: torch.Tensor | None = None,  # [T'] long: rows to compute logits for; None = all
+        compute_logits: bool = True,
+    ) -> ForwardOutput:
+        n = step.num_tokens
+        if step.start != cache.seq_len:
+            raise RuntimeError(f"step.start {step.start} != committed length {cache.seq_len}")
+        cache.begin(n, verify=step.is_verify)
+        x = self.embed(step.input_ids)
+        rope = self.rotary.cos_sin(step.positions, x.dtype)
+        captured = []
+        for i, layer in enumerate(self.model.layers):
+            x = layer(x, rope, step, cache.layers[i])
+            if i in capture_layers:
+                captured.append(x)
+        if not step.is_verify:
+            cache.end_plain(n)
+        hidden = self.model.norm(x)
+        logits = None
+        if compute_logits:
+            logits = self.head(hidden if logits_at is None else hidden.index_select(0, logits_at))
+        cap = None
+        if capture_layers:
+            order = {layer_id: j for j, layer_id in enumerate(sorted(capture_layers))}
+            cap = torch.cat([captured[order[i]] for i in capture_layers], dim=-1)
+        return ForwardOutput(logits=logits, hidden=hidden, captured=cap)

@@ -1,0 +1,63 @@
+"""A test drafter that proposes the target's own greedy continuation, with controlled corruption,
+so that zero, partial and full acceptance all happen at every depth, on chains and trees."""
+
+from __future__ import annotations
+
+import copy
+import random
+
+import torch
+
+from treeflash.models.step import StepInput
+from treeflash.spec.drafter import DraftContext, Drafter
+from treeflash.spec.tree import DraftTree
+
+
+class OracleDrafter(Drafter):
+    """Runs a private copy of the target greedily to get the true continuation, then corrupts it.
+
+    width > 1 adds sibling branches (random tokens, and sometimes the true token on a later
+    sibling so that the accepted path is not always the first child)."""
+
+    name = "oracle"
+
+    def __init__(self, target, depth: int = 6, width: int = 1, corrupt: float = 0.3, seed: int = 0, vocab: int | None = None):
+        self.target, self.depth, self.width, self.corrupt = target, depth, width, corrupt
+        self.rng = random.Random(seed)
+        self.vocab = vocab or target.config.vocab_size
+
+    @torch.inference_mode()
+    def _continuation(self, tokens: list[int], root: int, n: int) -> list[int]:
+        cache = self.target.new_cache(len(tokens) + n + 2)
+        ids = torch.tensor(tokens + [root])
+        out = self.target(StepInput.plain(ids, 0), cache)
+        cont = []
+        nxt = int(out.logits[-1].argmax())
+        for _ in range(n):
+            cont.append(nxt)
+            out = self.target(StepInput.plain(torch.tensor([nxt]), cache.seq_len), cache)
+            nxt = int(out.logits[-1].argmax())
+        return cont
+
+    def propose(self, ctx: DraftContext) -> DraftTree:
+        depth = min(self.depth, max(0, (ctx.max_nodes - 1) // self.width))
+        if depth == 0:
+            return DraftTree.root_only(ctx.root)
+        true = self._continuation(ctx.tokens, ctx.root, depth)
+        cut = self.rng.randrange(depth + 1) if self.rng.random() < self.corrupt * 2 else depth
+        tokens, parents = [ctx.root], [-1]
+        parent = 0
+        for d in range(depth):
+            tok = true[d] if d < cut else (true[d] + 1 + self.rng.randrange(self.vocab - 1)) % self.vocab
+            main_pos = self.rng.randrange(self.width)
+            main_node = None
+            for w in range(self.width):
+                t = tok if w == main_pos else self.rng.randrange(self.vocab)
+                if w != main_pos and t == tok:
+                    t = (t + 1) % self.vocab
+                tokens.append(t)
+                parents.append(parent)
+                if w == main_pos:
+                    main_node = len(tokens) - 1
+            parent = main_node
+        return DraftTree(torch.tensor(tokens), parents)

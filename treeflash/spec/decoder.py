@@ -1,0 +1,116 @@
+"""Decoder: runs one sequence through the target, plainly or speculatively.
+
+`prefill` commits the prompt and samples the first token (the root). Each `step` then reads:
+propose a draft tree, build the verify batch, run the target once, accept, commit the KV cache
+and recurrent state, emit the committed tokens (accepted drafts + bonus).
+"""
+
+from __future__ import annotations
+
+import time
+
+import torch
+
+from treeflash.kv.cache import ModelCache
+from treeflash.models.step import StepInput
+from treeflash.models.transformer import CausalLM
+from treeflash.spec.drafter import DraftContext, Drafter
+from treeflash.spec.sampling import SamplingParams, pick
+from treeflash.spec.stats import SpecStats
+from treeflash.spec.tree import DraftTree
+from treeflash.spec.verify import verify
+
+
+class Decoder:
+    def __init__(
+        self,
+        target: CausalLM,
+        cache: ModelCache,
+        params: SamplingParams,
+        drafter: Drafter | None = None,
+        generator: torch.Generator | None = None,
+    ):
+        self.target, self.cache, self.params, self.drafter = target, cache, params, drafter
+        self.generator = generator if generator is not None else params.generator()
+        self.stats = SpecStats()
+        self.tokens: list[int] = []  # committed tokens (prompt + output, root excluded)
+        self.root: int | None = None
+
+    @property
+    def capture(self) -> tuple[int, ...]:
+        return self.drafter.capture_layers if self.drafter is not None else ()
+
+    @torch.inference_mode()
+    def prefill(self, prompt_ids: list[int], chunk: int = 2048) -> int:
+        """Commit the prompt; return the first sampled token (the root of the first step)."""
+        self.cache.reset()
+        if self.drafter is not None:
+            self.drafter.reset()
+        ids = torch.tensor(prompt_ids, dtype=torch.long, device=self.target.device)
+        hidden_parts = []
+        for s in range(0, len(prompt_ids), chunk):
+            part = ids[s : s + chunk]
+            last = s + chunk >= len(prompt_ids)
+            out = self.target(
+                StepInput.plain(part, self.cache.seq_len),
+                self.cache,
+                capture_layers=self.capture,
+                logits_at=torch.tensor([part.shape[0] - 1], device=ids.device) if last else None,
+                compute_logits=last,
+            )
+            if out.captured is not None:
+                hidden_parts.append(out.captured)
+        self.tokens = list(prompt_ids)
+        if self.drafter is not None:
+            self.drafter.observe(list(prompt_ids), torch.cat(hidden_parts) if hidden_parts else None)
+        self.root = int(pick(out.logits, self.params, self.generator)[0])
+        return self.root
+
+    @torch.inference_mode()
+    def step(self) -> list[int]:
+        """One target pass; returns the tokens it commits after the root (accepted drafts + bonus)."""
+        assert self.root is not None, "prefill first"
+        if self.drafter is None:
+            return self._plain_step()
+        t0 = time.perf_counter()
+        room = self.cache.max_len - self.cache.seq_len
+        ctx = DraftContext(self.tokens, self.root, self.params, self.generator, max_nodes=room)
+        tree = _fit(self.drafter.propose(ctx), room)  # propose a draft tree
+        t1 = time.perf_counter()
+        batch = StepInput.tree(tree.token_ids, tree.parents, self.cache.seq_len)  # build the verify batch
+        out = self.target(batch, self.cache, capture_layers=self.capture)  # run the target once
+        result = verify(tree, out.logits, self.params, self.generator)  # accept
+        self.cache.commit(result.path)  # commit KV and recurrent state
+        t2 = time.perf_counter()
+        committed = [self.root, *result.tokens[:-1]]
+        self.tokens.extend(committed)
+        if self.drafter is not None:
+            hidden = None if out.captured is None else out.captured[torch.tensor(result.path, device=out.captured.device)]
+            self.drafter.observe(committed, hidden)
+        self.root = result.tokens[-1]
+        t3 = time.perf_counter()
+        self.stats.draft_s += t1 - t0
+        self.stats.verify_s += t2 - t1
+        self.stats.rest_s += t3 - t2
+        self.stats.record(max(tree.depths()), result.num_accepted, tree.budget)
+        return result.tokens  # emit
+
+    def _plain_step(self) -> list[int]:
+        t0 = time.perf_counter()
+        ids = torch.tensor([self.root], dtype=torch.long, device=self.target.device)
+        out = self.target(StepInput.plain(ids, self.cache.seq_len), self.cache)
+        self.tokens.append(self.root)
+        self.root = int(pick(out.logits, self.params, self.generator)[0])
+        self.stats.verify_s += time.perf_counter() - t0
+        self.stats.record(0, 0, 0)
+        return [self.root]
+
+
+def _fit(tree: DraftTree, room: int) -> DraftTree:
+    """Keep the first `room` nodes (parents precede children, so any prefix is a tree)."""
+    if tree.num_nodes <= room:
+        return tree
+    if room < 1:
+        raise RuntimeError("the context is full")
+    probs = tree.child_probs[:room] if tree.child_probs is not None else None
+    return DraftTree(tree.token_ids[:room], tree.parents[:room], probs)

@@ -29,8 +29,11 @@ class Decoder:
         params: SamplingParams,
         drafter: Drafter | None = None,
         generator: torch.Generator | None = None,
+        want_logprobs: int | None = None,
     ):
         self.target, self.cache, self.params, self.drafter = target, cache, params, drafter
+        self.want_logprobs = want_logprobs  # None = off; k = also the top k alternatives
+        self.last_logprobs: list[tuple[int, float, list[tuple[int, float]]]] | None = None
         self.generator = generator if generator is not None else params.generator()
         self.stats = SpecStats()
         self.tokens: list[int] = []  # committed tokens (prompt + output, root excluded)
@@ -64,6 +67,7 @@ class Decoder:
         if self.drafter is not None:
             self.drafter.observe(list(prompt_ids), torch.cat(hidden_parts) if hidden_parts else None)
         self.root = int(pick(out.logits, self.params, self.generator)[0])
+        self._logprobs(out.logits, [self.root])
         return self.root
 
     @torch.inference_mode()
@@ -88,6 +92,7 @@ class Decoder:
             hidden = None if out.captured is None else out.captured[torch.tensor(result.path, device=out.captured.device)]
             self.drafter.observe(committed, hidden)
         self.root = result.tokens[-1]
+        self._logprobs(out.logits[torch.tensor(result.path, device=out.logits.device)], result.tokens)
         t3 = time.perf_counter()
         self.stats.draft_s += t1 - t0
         self.stats.verify_s += t2 - t1
@@ -101,9 +106,23 @@ class Decoder:
         out = self.target(StepInput.plain(ids, self.cache.seq_len), self.cache)
         self.tokens.append(self.root)
         self.root = int(pick(out.logits, self.params, self.generator)[0])
+        self._logprobs(out.logits, [self.root])
         self.stats.verify_s += time.perf_counter() - t0
         self.stats.record(0, 0, 0)
         return [self.root]
+
+    def _logprobs(self, logits: torch.Tensor, tokens: list[int]) -> None:
+        """logits [n, vocab] at the nodes that produced `tokens` -> (token, logprob, top-k) per token."""
+        if self.want_logprobs is None:
+            return
+        lp = torch.log_softmax(logits.float(), dim=-1)
+        chosen = lp.gather(1, torch.tensor(tokens, device=lp.device)[:, None])[:, 0].tolist()
+        k = self.want_logprobs
+        tops = [[] for _ in tokens]
+        if k:
+            vals, idx = lp.topk(k, dim=-1)
+            tops = [list(zip(i, v)) for i, v in zip(idx.tolist(), vals.tolist())]
+        self.last_logprobs = list(zip(tokens, chosen, tops))
 
 
 def _fit(tree: DraftTree, room: int) -> DraftTree:

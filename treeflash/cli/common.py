@@ -1,0 +1,57 @@
+"""Flags shared by generate, serve and bench, and the engine they describe."""
+
+from __future__ import annotations
+
+import argparse
+
+from treeflash.errors import InvalidRequestError
+
+
+def add_model_args(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("model")
+    g.add_argument("--model", default=None, help="Hugging Face directory or .gguf file (default: the embedded SmolLM2-135M-Instruct)")
+    g.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"], help="where to run (default: cuda if present)")
+    g.add_argument("--dtype", default=None, choices=["float32", "bfloat16", "float16"], help="runtime dtype (default: float32 on CPU, bfloat16 on CUDA)")
+    g.add_argument("--max-context", type=int, default=8192, help="tokens of KV cache to allocate (default 8192)")
+    g.add_argument("--cache-type-k", default="auto", help="K cache type: auto, bf16, f16, f32, q8_0, q4_0, tq3_0")
+    g.add_argument("--cache-type-v", default="auto", help="V cache type: auto, bf16, f16, f32, q8_0, q4_0, tq3_0")
+    d = p.add_argument_group("speculative decoding")
+    d.add_argument("--draft", default=None, help="drafter: ngram, draft, mtp, dflash (default: none, plain decoding)")
+    d.add_argument("--draft-model", default=None, help="drafter weights for --draft draft / dflash")
+    d.add_argument("--num-draft", type=int, default=5, help="tokens per chain draft for ngram/draft/mtp (default 5)")
+    d.add_argument("--budget", default="auto", help="DDTree node budget for dflash: an integer or 'auto' (default)")
+    d.add_argument("--no-tree", action="store_true", help="dflash: verify the plain DFlash chain instead of a DDTree")
+
+
+def parse_budget(value: str) -> int | str:
+    if value == "auto":
+        return "auto"
+    try:
+        return int(value)
+    except ValueError:
+        raise InvalidRequestError(f"--budget must be an integer or 'auto', got {value!r}", "budget") from None
+
+
+def build_engine(args: argparse.Namespace, progress: bool = True):
+    import torch
+
+    from treeflash.engine.engine import Engine, EngineConfig
+    from treeflash.models.loader import load_model
+    from treeflash.spec.drafter import DraftOptions
+
+    dtype = getattr(torch, args.dtype) if args.dtype else None
+    loaded = load_model(args.model, device=args.device, dtype=dtype, progress=progress)
+    options = DraftOptions(
+        num_draft=args.num_draft,
+        draft_model=args.draft_model,
+        budget=parse_budget(args.budget),
+        tree=not args.no_tree,
+    )
+    config = EngineConfig(
+        max_context=args.max_context,
+        draft=args.draft,
+        draft_options=options,
+        cache_type_k=args.cache_type_k,
+        cache_type_v=args.cache_type_v,
+    )
+    return Engine(loaded, config)

@@ -1,0 +1,74 @@
+"""Chat templates, rendered in a sandboxed Jinja environment (a template from a checkpoint is
+data, never code: no attribute access to Python internals, no imports, no file access)."""
+
+from __future__ import annotations
+
+import json
+from datetime import datetime
+from typing import Any
+
+from jinja2 import TemplateError
+from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+from treeflash.errors import InvalidRequestError
+
+# Used when a checkpoint ships no template (ChatML, which SmolLM2 and Qwen use).
+CHATML = (
+    "{% for message in messages %}<|im_start|>{{ message['role'] }}\n{{ message['content'] }}<|im_end|>\n{% endfor %}"
+    "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
+
+VALID_ROLES = ("system", "user", "assistant", "tool", "developer")
+
+
+def _raise(message: str) -> None:
+    raise TemplateError(message)
+
+
+def _env() -> ImmutableSandboxedEnvironment:
+    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
+    env.filters["tojson"] = lambda x, indent=None, ensure_ascii=False: json.dumps(x, indent=indent, ensure_ascii=ensure_ascii)
+    env.globals["raise_exception"] = _raise
+    env.globals["strftime_now"] = lambda fmt: datetime.now().strftime(fmt)
+    return env
+
+
+_ENV = _env()
+_COMPILED: dict[str, Any] = {}
+
+
+def render_chat(
+    template: str | None,
+    messages: list[dict[str, Any]],
+    add_generation_prompt: bool = True,
+    tools: list[dict[str, Any]] | None = None,
+    bos_token: str = "",
+    eos_token: str = "",
+    **kwargs: Any,
+) -> str:
+    """messages: [{"role": ..., "content": str | None, "tool_calls"?: [...], ...}] -> prompt text."""
+    if not messages:
+        raise InvalidRequestError("messages must be a non-empty list", "messages")
+    for i, m in enumerate(messages):
+        if m.get("role") not in VALID_ROLES:
+            raise InvalidRequestError(f"messages[{i}].role must be one of {', '.join(VALID_ROLES)}, got {m.get('role')!r}", "messages")
+    template = template or CHATML
+    compiled = _COMPILED.get(template)
+    if compiled is None:
+        try:
+            compiled = _COMPILED[template] = _ENV.from_string(template)
+        except TemplateError as e:
+            raise InvalidRequestError(f"the model's chat template does not compile: {e}") from None
+    try:
+        return compiled.render(
+            messages=messages,
+            add_generation_prompt=add_generation_prompt,
+            tools=tools,
+            bos_token=bos_token,
+            eos_token=eos_token,
+            **kwargs,
+        )
+    except TemplateError as e:
+        raise InvalidRequestError(f"chat template error: {e}", "messages") from None
+    except Exception as e:  # a template that fails on this input is the request's problem, not the server's
+        raise InvalidRequestError(f"chat template failed on these messages: {type(e).__name__}: {e}", "messages") from None

@@ -1,0 +1,131 @@
+"""Engine: one loaded target (and optional drafter) turning GenerationRequests into TokenEvents.
+
+Streaming is the primitive: `stream(request)` yields events; `complete(request)` is a fold over
+it, so the two can never disagree. One sequence runs at a time (batch 1, the latency-optimal
+setting speculative decoding targets); callers serialize through `lock`.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+import torch
+
+from treeflash.engine.detokenizer import Detokenizer
+from treeflash.engine.request import GenerationRequest, TokenEvent, TokenLogprob, Usage
+from treeflash.engine.stops import StopMatcher
+from treeflash.errors import ContextOverflowError
+from treeflash.spec.decoder import Decoder
+from treeflash.spec.drafter import Drafter, DraftOptions, build_drafter
+from treeflash.spec.stats import SpecStats
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    max_context: int = 8192  # tokens of KV cache allocated (prompt + output + one verify tree)
+    draft: str | None = None  # drafter name from the registry, or None for plain decoding
+    draft_options: DraftOptions = DraftOptions()
+    cache_type_k: str = "auto"
+    cache_type_v: str = "auto"
+
+
+class Engine:
+    def __init__(self, loaded, config: EngineConfig = EngineConfig()):
+        """loaded: treeflash.models.loader.LoadedModel (model, tokenizer, chat_template, config)."""
+        self.loaded = loaded
+        self.model = loaded.model
+        self.tokenizer = loaded.tokenizer
+        self.config = config
+        self.max_context = min(config.max_context, loaded.config.max_position_embeddings)
+        self.drafter: Drafter | None = build_drafter(config.draft, loaded, config.draft_options) if config.draft else None
+        self.cache = self.model.new_cache(self.max_context + 1, config.cache_type_k, config.cache_type_v)
+        self.lock = threading.Lock()
+        self.totals = SpecStats()
+        self.eos_ids = set(loaded.config.eos_token_ids)
+        tok_eos = getattr(self.tokenizer, "eos_token_id", None)
+        if tok_eos is not None:
+            self.eos_ids.add(int(tok_eos))
+
+    # -- tokenization helpers shared by the CLI and the server --
+    def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
+        return list(self.tokenizer(text, add_special_tokens=add_special_tokens)["input_ids"])
+
+    def decode(self, ids: list[int]) -> str:
+        return self.tokenizer.decode(ids, skip_special_tokens=False)
+
+    def check_fits(self, prompt_len: int, max_tokens: int) -> None:
+        if prompt_len + max_tokens > self.max_context:
+            raise ContextOverflowError(
+                f"prompt ({prompt_len} tokens) + max_tokens ({max_tokens}) = {prompt_len + max_tokens} "
+                f"exceeds the context length {self.max_context}",
+                "max_tokens",
+            )
+
+    def stream(self, req: GenerationRequest, cancelled: threading.Event | None = None) -> Iterator[TokenEvent]:
+        """Yields one event per engine step; the last event has finish_reason and usage."""
+        self.check_fits(len(req.prompt_ids), req.max_tokens)
+        for tok in req.prompt_ids:
+            if not 0 <= tok < self.model.config.vocab_size:
+                from treeflash.errors import InvalidRequestError
+
+                raise InvalidRequestError(f"token id {tok} is out of range [0, {self.model.config.vocab_size})", "prompt")
+        with self.lock:
+            yield from self._run(req, cancelled)
+
+    def _run(self, req: GenerationRequest, cancelled: threading.Event | None) -> Iterator[TokenEvent]:
+        t0 = time.perf_counter()
+        dec = Decoder(self.model, self.cache, req.sampling, self.drafter, want_logprobs=req.logprobs)
+        detok = Detokenizer(self.tokenizer, req.prompt_ids)
+        stops = StopMatcher(req.stop)
+        end_ids = set(req.stop_token_ids) | (set() if req.ignore_eos else self.eos_ids)
+        produced = 0
+        first_token_s = 0.0
+        new = [dec.prefill(list(req.prompt_ids))]
+        first_token_s = time.perf_counter() - t0
+        lps = dec.last_logprobs
+        finish = None
+        while True:
+            # cut at max_tokens and at the first end token (it is kept in usage, not in the text)
+            if produced + len(new) >= req.max_tokens:
+                new, finish = new[: req.max_tokens - produced], "length"
+            hit = next((i for i, t in enumerate(new) if t in end_ids), None)
+            shown = new
+            if hit is not None:
+                new, shown, finish = new[: hit + 1], new[:hit], "stop"
+            produced += len(new)
+            text, stopped = stops.feed(detok.push(shown))
+            if stopped:
+                finish = "stop"
+            elif finish is not None:
+                text += stops.feed(detok.flush())[0] + stops.flush()
+            if cancelled is not None and cancelled.is_set() and finish is None:
+                finish = "cancelled"
+            event = TokenEvent(new, text, finish, _logprob_events(lps, len(new)))
+            if finish is not None:
+                event.usage = Usage(len(req.prompt_ids), produced, time.perf_counter() - t0, first_token_s,
+                                    dec.stats.as_dict() if self.drafter is not None else None)
+                self.totals.merge(dec.stats)
+                yield event
+                return
+            yield event
+            new = dec.step()
+            lps = dec.last_logprobs
+
+    def complete(self, req: GenerationRequest) -> tuple[str, list[int], TokenEvent]:
+        """The non-streaming result, folded from the stream: (text, token_ids, final event)."""
+        text, ids, last = [], [], None
+        for ev in self.stream(req):
+            text.append(ev.text)
+            ids.extend(ev.token_ids)
+            last = ev
+        assert last is not None
+        return "".join(text), ids, last
+
+
+def _logprob_events(lps, n: int) -> list[TokenLogprob] | None:
+    if lps is None:
+        return None
+    return [TokenLogprob(t, lp, top) for t, lp, top in lps[:n]]

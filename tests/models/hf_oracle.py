@@ -31,16 +31,16 @@ def hf_config(arch: str, **over):
     if arch == "qwen3":
         return tf.Qwen3Config(**kw, head_dim=32, rope_theta=1000000.0)
     if arch == "qwen3_5":
-        kw.setdefault("num_hidden_layers", 4)
+        kw["num_hidden_layers"] = over.get("num_hidden_layers", 4)  # linear, full, linear, full
         return tf.Qwen3_5TextConfig(
-            **{**kw, "num_hidden_layers": kw["num_hidden_layers"]},
+            **kw,
             head_dim=32,
             linear_conv_kernel_dim=4,
             linear_key_head_dim=16,
             linear_value_head_dim=16,
             linear_num_key_heads=2,
             linear_num_value_heads=4,
-            layer_types=["linear_attention", "full_attention", "linear_attention", "full_attention"][: kw["num_hidden_layers"]],
+            layer_types=[("linear_attention", "full_attention")[i % 2] for i in range(kw["num_hidden_layers"])],
         )
     raise ValueError(arch)
 

@@ -160,6 +160,38 @@ def delta_rule_tree(
     return out, states[1:]
 
 
+def delta_rule_tree_lowrank(
+    q: torch.Tensor,  # [T, H, Dk] fp32, normalized and scaled
+    k: torch.Tensor,  # [T, H, Dk] fp32, normalized
+    v: torch.Tensor,  # [T, H, Dv] fp32
+    g: torch.Tensor,  # [T, H] fp32
+    beta: torch.Tensor,  # [T, H] fp32
+    state: torch.Tensor,  # [H, Dk, Dv] fp32 committed state
+    tree_mask: torch.Tensor,  # [T, T] bool, [i, j] = j is i or an ancestor of i
+) -> tuple[torch.Tensor, tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]]:
+    """The whole tree as one chunk of the WY form, with the causal mask replaced by the ancestor mask.
+
+    Node i only involves its ancestors, and parents precede children, so the system stays unit
+    lower triangular and each node's u_i equals the recurrence along its own path. No host sync,
+    fixed shapes (CUDA-graph friendly). Instead of every node's state [T, H, Dk, Dv], it returns
+    the factors (decay [H, T, T], k [H, T, Dk], u [H, T, Dv], c [H, T]) from which the state after
+    any node `last` is  e^{c_last} S0 + sum_j decay[last, j] k_j u_j^T  (decay rows vanish off
+    the path), computed once at commit.
+    """
+    anc = tree_mask.to(q.dtype)
+    c = (anc @ g).transpose(0, 1)  # [H, T]: sum of log decays over each node's path
+    qh, kh, vh, bh = q.transpose(0, 1), k.transpose(0, 1), v.transpose(0, 1), beta.transpose(0, 1)
+    decay = (c[:, :, None] - c[:, None, :]).masked_fill(~tree_mask, float("-inf")).exp()  # [H, T, T]
+    k_beta = kh * bh[..., None]
+    eye = torch.eye(q.shape[0], device=q.device, dtype=q.dtype)
+    system = (k_beta @ kh.transpose(-1, -2) * decay) * (1.0 - eye) + eye  # strictly-ancestor part + I
+    u = torch.linalg.solve_triangular(
+        system, vh * bh[..., None] - (k_beta * c.exp()[..., None]) @ state, upper=False, unitriangular=True
+    )  # [H, T, Dv]
+    out = (qh * c.exp()[..., None]) @ state + (qh @ kh.transpose(-1, -2) * decay) @ u
+    return out.transpose(0, 1), (decay, kh, u, c)
+
+
 def l2norm(x: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
     return x * torch.rsqrt((x * x).sum(-1, keepdim=True) + eps)
 
@@ -216,8 +248,8 @@ class GatedDeltaNet(nn.Module):
         if step.is_verify:
             assert step.depths is not None
             q, k, v = self._heads(tree_causal_conv(mixed, cache.conv, weight, step.parents, step.depths))
-            o, node_states = delta_rule_tree(q, k, v, g, beta, cache.state, step.parents, step.depths)
-            cache.set_pending(mixed, node_states)
+            o, factors = delta_rule_tree_lowrank(q, k, v, g, beta, cache.state, step.tree_mask)
+            cache.set_pending(mixed, factors=factors)
         else:
             conv_out, window = causal_conv(mixed, cache.conv, weight)
             cache.conv.copy_(window)

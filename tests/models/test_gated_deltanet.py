@@ -193,3 +193,14 @@ def test_two_verify_rounds(model):
     nxt = torch.tensor([3])
     diff = model(StepInput.plain(nxt, 11), cache).logits - model(StepInput.plain(nxt, 11), ref).logits
     assert diff.abs().max().item() < TOL
+
+
+def test_solve_unit_lower_product_form_matches_solver():
+    """The CUDA path's nilpotent-product inverse equals the triangular solver (checked on the CPU)."""
+    from treeflash.models.gated_deltanet import nilpotent_solve
+
+    for t in (1, 2, 5, 16, 33, 128):
+        system = torch.randn(3, t, t).tril(-1) * 0.3 + torch.eye(t)
+        rhs = torch.randn(3, t, 4)
+        ref = torch.linalg.solve_triangular(system, rhs, upper=False, unitriangular=True)
+        assert torch.allclose(nilpotent_solve(system, rhs), ref, atol=1e-4, rtol=1e-4), t

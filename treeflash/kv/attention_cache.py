@@ -28,7 +28,18 @@ class AttentionCache(Protocol):
         scale: float,
     ) -> torch.Tensor: ...  # [T, H, D]
 
+    def attend_static(
+        self,
+        q: torch.Tensor,  # [T, H, D]
+        k: torch.Tensor,  # [T, Hkv, D]
+        v: torch.Tensor,  # [T, Hkv, D]
+        slots: torch.Tensor,  # [T] long: where the new keys/values go
+        key_mask: torch.Tensor,  # [T, max_len] bool: which slots each query sees
+        scale: float,
+    ) -> torch.Tensor: ...  # [T, H, D]; fixed shapes, no host sync (CUDA-graph capturable)
+
     def commit(self, start: int, path: list[int]) -> None: ...
+    def commit_static(self, dest: torch.Tensor, src: torch.Tensor) -> None: ...  # slots[dest] = slots[src]
     def reset(self) -> None: ...
     def nbytes(self) -> int: ...
 
@@ -69,6 +80,24 @@ def attention_reference(
     return out.transpose(0, 1)
 
 
+def grouped_attention(
+    q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, mask: torch.Tensor, scale: float
+) -> torch.Tensor:
+    """Static-shape attention without copying K/V per query head (GQA by grouping queries).
+
+    q: [T, H, D]; keys/values: [S, Hkv, D] (strided views of the cache); mask: [T, S] bool -> [T, H, D].
+    """
+    t, h, d = q.shape
+    hkv = keys.shape[1]
+    g = h // hkv
+    qg = q.reshape(t, hkv, g, d).permute(1, 0, 2, 3).reshape(hkv, t * g, d)  # [Hkv, T*G, D]
+    scores = torch.bmm(qg, keys.permute(1, 2, 0)).float() * scale  # [Hkv, T*G, S]
+    scores = scores.view(hkv, t, g, -1).masked_fill(~mask[None, :, None, :], float("-inf"))
+    probs = torch.softmax(scores, dim=-1).to(values.dtype).view(hkv, t * g, -1)
+    out = torch.bmm(probs, values.permute(1, 0, 2))  # [Hkv, T*G, D]
+    return out.view(hkv, t, g, d).permute(1, 0, 2, 3).reshape(t, h, d)
+
+
 class DenseAttentionCache:
     def __init__(self, num_kv_heads: int, head_dim: int, spec: "CacheSpec"):
         dtype_k = DENSE_TYPES[spec.cache_type_k] or spec.dtype
@@ -84,6 +113,15 @@ class DenseAttentionCache:
         values = self.v[: start + n].to(q.dtype)
         mask = build_mask(n, start, tree_mask, q.device)
         return attention_reference(q, keys, values, mask, scale)
+
+    def attend_static(self, q, k, v, slots, key_mask, scale):
+        self.k.index_copy_(0, slots, k.to(self.k.dtype))
+        self.v.index_copy_(0, slots, v.to(self.v.dtype))
+        return grouped_attention(q, self.k.to(q.dtype), self.v.to(q.dtype), key_mask, scale)
+
+    def commit_static(self, dest: torch.Tensor, src: torch.Tensor) -> None:
+        self.k.index_copy_(0, dest, self.k.index_select(0, src))
+        self.v.index_copy_(0, dest, self.v.index_select(0, src))
 
     def commit(self, start: int, path: list[int]) -> None:
         if path == list(range(len(path))):

@@ -49,7 +49,10 @@ class Attention(nn.Module):
             q, k = self.q_norm(q), self.k_norm(k)
         cos, sin = rope
         q, k = apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)
-        out = cache.attend(q, k, v, step.start, step.tree_mask, self.scale).reshape(n, -1)
+        if step.key_mask is not None:
+            out = cache.attend_static(q, k, v, step.slots, step.key_mask, self.scale).reshape(n, -1)
+        else:
+            out = cache.attend(q, k, v, step.start, step.tree_mask, self.scale).reshape(n, -1)
         if gate is not None:
             out = out * torch.sigmoid(gate)
         return self.o_proj(out)

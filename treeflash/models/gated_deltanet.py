@@ -185,11 +185,34 @@ def delta_rule_tree_lowrank(
     k_beta = kh * bh[..., None]
     eye = torch.eye(q.shape[0], device=q.device, dtype=q.dtype)
     system = (k_beta @ kh.transpose(-1, -2) * decay) * (1.0 - eye) + eye  # strictly-ancestor part + I
-    u = torch.linalg.solve_triangular(
-        system, vh * bh[..., None] - (k_beta * c.exp()[..., None]) @ state, upper=False, unitriangular=True
-    )  # [H, T, Dv]
+    u = solve_unit_lower(system, vh * bh[..., None] - (k_beta * c.exp()[..., None]) @ state)  # [H, T, Dv]
     out = (qh * c.exp()[..., None]) @ state + (qh @ kh.transpose(-1, -2) * decay) @ u
     return out.transpose(0, 1), (decay, kh, u, c)
+
+
+def solve_unit_lower(system: torch.Tensor, rhs: torch.Tensor) -> torch.Tensor:
+    """X with system @ X = rhs, system = I + N unit lower triangular ([..., T, T]).
+
+    On CUDA by the nilpotent product (I + N)^-1 = (I - N)(I + N^2)(I + N^4)... (N^T = 0): a few
+    batched matmuls, no library solver inside the CUDA graph. Elsewhere the triangular solver.
+    """
+    if system.device.type != "cuda":
+        return torch.linalg.solve_triangular(system, rhs, upper=False, unitriangular=True)
+    return nilpotent_solve(system, rhs)
+
+
+def nilpotent_solve(system: torch.Tensor, rhs: torch.Tensor) -> torch.Tensor:
+    t = system.shape[-1]
+    eye = torch.eye(t, device=system.device, dtype=system.dtype)
+    n = system - eye
+    x = rhs - n @ rhs  # (I - N) rhs
+    p = n @ n
+    span = 2
+    while span < t:
+        x = x + p @ x  # (I + N^span) x
+        p = p @ p
+        span *= 2
+    return x
 
 
 def l2norm(x: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:

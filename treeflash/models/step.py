@@ -25,6 +25,10 @@ class StepInput:
     parents: torch.Tensor | None = None  # [T] long, -1 for the root; None for a plain step
     tree_mask: torch.Tensor | None = None  # [T, T] bool, [i, j] = j is i or an ancestor of i
     depths: torch.Tensor | None = None  # [T] long
+    # Static (CUDA-graph) mode: the caller keeps the host bookkeeping; attention writes K/V at
+    # `slots` and reads the whole cache buffer under `key_mask`, so shapes never change.
+    slots: torch.Tensor | None = None  # [T] long, cache slot of each new token
+    key_mask: torch.Tensor | None = None  # [T, max_len] bool, which cache slots each token sees
 
     @property
     def num_tokens(self) -> int:

@@ -120,6 +120,20 @@ class CausalLM(nn.Module):
         if step.start != cache.seq_len:
             raise RuntimeError(f"step.start {step.start} != committed length {cache.seq_len}")
         cache.begin(n, verify=step.is_verify)
+        out = self.forward_layers(step, cache, capture_layers, logits_at, compute_logits)
+        if not step.is_verify:
+            cache.end_plain(n)
+        return out
+
+    def forward_layers(
+        self,
+        step: StepInput,
+        cache: ModelCache,
+        capture_layers: tuple[int, ...] = (),
+        logits_at: torch.Tensor | None = None,
+        compute_logits: bool = True,
+    ) -> ForwardOutput:
+        """The computation alone, without the cache's host bookkeeping (what a CUDA graph captures)."""
         x = self.embed(step.input_ids)
         rope = self.rotary.cos_sin(step.positions, x.dtype)
         captured = []
@@ -127,8 +141,6 @@ class CausalLM(nn.Module):
             x = layer(x, rope, step, cache.layers[i])
             if i in capture_layers:
                 captured.append(x)
-        if not step.is_verify:
-            cache.end_plain(n)
         hidden = self.model.norm(x)
         logits = None
         if compute_logits:

@@ -12,6 +12,7 @@ import time
 import torch
 
 from treeflash.kv.cache import ModelCache
+from treeflash.models.runner import EagerRunner
 from treeflash.models.step import StepInput
 from treeflash.models.transformer import CausalLM
 from treeflash.spec.drafter import DraftContext, Drafter
@@ -30,8 +31,10 @@ class Decoder:
         drafter: Drafter | None = None,
         generator: torch.Generator | None = None,
         want_logprobs: int | None = None,
+        runner: EagerRunner | None = None,
     ):
         self.target, self.cache, self.params, self.drafter = target, cache, params, drafter
+        self.runner = runner if runner is not None else EagerRunner(target, cache)
         self.want_logprobs = want_logprobs  # None = off; k = also the top k alternatives
         self.last_logprobs: list[tuple[int, float, list[tuple[int, float]]]] | None = None
         self.generator = generator if generator is not None else params.generator()
@@ -54,9 +57,8 @@ class Decoder:
         for s in range(0, len(prompt_ids), chunk):
             part = ids[s : s + chunk]
             last = s + chunk >= len(prompt_ids)
-            out = self.target(
+            out = self.runner.forward(
                 StepInput.plain(part, self.cache.seq_len),
-                self.cache,
                 capture_layers=self.capture,
                 logits_at=torch.tensor([part.shape[0] - 1], device=ids.device) if last else None,
                 compute_logits=last,
@@ -82,9 +84,9 @@ class Decoder:
         tree = _fit(self.drafter.propose(ctx), room)  # propose a draft tree
         t1 = time.perf_counter()
         batch = StepInput.tree(tree.token_ids, tree.parents, self.cache.seq_len)  # build the verify batch
-        out = self.target(batch, self.cache, capture_layers=self.capture)  # run the target once
+        out = self.runner.forward(batch, capture_layers=self.capture)  # run the target once
         result = verify(tree, out.logits, self.params, self.generator)  # accept
-        self.cache.commit(result.path)  # commit KV and recurrent state
+        self.runner.commit(result.path)  # commit KV and recurrent state
         t2 = time.perf_counter()
         committed = [self.root, *result.tokens[:-1]]
         self.tokens.extend(committed)
@@ -103,7 +105,7 @@ class Decoder:
     def _plain_step(self) -> list[int]:
         t0 = time.perf_counter()
         ids = torch.tensor([self.root], dtype=torch.long, device=self.target.device)
-        out = self.target(StepInput.plain(ids, self.cache.seq_len), self.cache)
+        out = self.runner.forward(StepInput.plain(ids, self.cache.seq_len))
         self.tokens.append(self.root)
         self.root = int(pick(out.logits, self.params, self.generator)[0])
         self._logprobs(out.logits, [self.root])

@@ -1,0 +1,242 @@
+"""Runners execute the target over one ModelCache: eagerly (CPU; the reference), or by replaying
+CUDA graphs captured per node-count bucket (GPU: the host spends ~50-80 us per launched op, so an
+eager forward of a large model is host-bound; a graph replay launches the whole step at once).
+
+Both expose the same two calls the decoder needs: `forward(step, ...)` and `commit(path)`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from treeflash.kv.cache import ModelCache
+from treeflash.kv.recurrent_cache import RecurrentCache
+from treeflash.models.step import StepInput
+from treeflash.models.transformer import CausalLM, ForwardOutput
+
+
+class EagerRunner:
+    def __init__(self, model: CausalLM, cache: ModelCache):
+        self.model, self.cache = model, cache
+
+    def forward(self, step: StepInput, capture_layers: tuple[int, ...] = (), logits_at=None, compute_logits: bool = True) -> ForwardOutput:
+        return self.model(step, self.cache, capture_layers, logits_at, compute_logits)
+
+    def commit(self, path: list[int]) -> None:
+        self.cache.commit(path)
+
+
+DEFAULT_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128)
+
+
+@dataclass
+class _Graph:
+    replay: object  # () -> None: a CUDA graph's replay, or (static mode without graphs) the eager call
+    logits: torch.Tensor | None  # [T, vocab] fp32 (static output)
+    captured: torch.Tensor | None  # [T, C]
+    pending: list  # per recurrent layer: (node_inputs, factors) refs written by the graph
+    commit: object = None  # () -> None
+
+
+class CudaGraphRunner(EagerRunner):
+    """Plain decode (T=1) and verify at node-count buckets, each a captured CUDA graph.
+
+    Static inputs are filled with one host-to-device copy per step; a verify of n nodes replays the
+    smallest bucket >= n (padding nodes are children of the root that nothing sees and nobody
+    commits). Commit is a graph too: attention KV of the kept path is copied into contiguous slots
+    and each recurrent layer takes the state after the last kept node. Prefill runs eagerly.
+    """
+
+    def __init__(self, model: CausalLM, cache: ModelCache, capture_layers: tuple[int, ...] = (), buckets=DEFAULT_BUCKETS,
+                 decode_graph: bool = True, use_graphs: bool | None = None):
+        super().__init__(model, cache)
+        dev = model.device
+        # use_graphs=False runs the same static-shape code eagerly (how the CPU tests check it)
+        self.use_graphs = dev.type == "cuda" if use_graphs is None else use_graphs
+        self.capture_layers = capture_layers
+        self.buckets = tuple(sorted(buckets))
+        tmax = self.buckets[-1]
+        self.max_len = cache.max_len
+        # static inputs: [ids | depths | parents | start | commit_src | commit_dest | last | conv_idx]
+        self.k1 = (cache.layout.recurrent.conv_kernel - 1) if cache.layout.recurrent else 0
+        self.n_int = 3 * tmax + 1 + 2 * tmax + 1 + max(self.k1, 1)
+        pin = dev.type == "cuda"
+        self.host_ints = torch.zeros(self.n_int, dtype=torch.long, pin_memory=pin)
+        self.host_mask = torch.zeros(tmax, tmax, dtype=torch.bool, pin_memory=pin)
+        self.ints = torch.zeros(self.n_int, dtype=torch.long, device=dev)
+        self.tree_mask = torch.zeros(tmax, tmax, dtype=torch.bool, device=dev)
+        self.key_pos = torch.arange(self.max_len, device=dev)
+        self.node_pos = torch.arange(tmax, device=dev)
+        self.pool = torch.cuda.graph_pool_handle() if self.use_graphs else None
+        self.graphs: dict[int, _Graph] = {}
+        self.decode: _Graph | None = None
+        self._last_bucket: int | None = None
+        self._capture_all(decode_graph)
+
+    # -- views into the packed static inputs --
+    def _views(self, t: int):
+        tm = self.buckets[-1]
+        ints = self.ints
+        ids, depths, parents = ints[:t], ints[tm : tm + t], ints[2 * tm : 2 * tm + t]
+        start = ints[3 * tm : 3 * tm + 1]
+        o = 3 * tm + 1
+        src, dest = ints[o : o + t], ints[o + tm : o + tm + t]
+        last = ints[o + 2 * tm : o + 2 * tm + 1]
+        conv_idx = ints[o + 2 * tm + 1 : o + 2 * tm + 1 + self.k1]
+        return ids, depths, parents, start, src, dest, last, conv_idx
+
+    def _static_step(self, t: int, verify: bool) -> StepInput:
+        ids, depths, parents, start, *_ = self._views(t)
+        slots = start + self.node_pos[:t]
+        if verify:
+            tm = self.tree_mask[:t, :t]
+            key_mask = (self.key_pos[None, :] < start).expand(t, -1).clone()
+            key_mask.index_copy_(1, slots, tm)
+            return StepInput(ids, start + depths, -1, parents, tm, depths, slots, key_mask)
+        key_mask = (self.key_pos[None, :] <= start).expand(t, -1)
+        return StepInput(ids, start + depths, -1, None, None, None, slots, key_mask)
+
+    def _run_static(self, t: int, verify: bool):
+        out = self.model.forward_layers(self._static_step(t, verify), self.cache, self.capture_layers)
+        return out
+
+    def _capture(self, t: int, verify: bool) -> _Graph:
+        if not self.use_graphs:
+            g = _Graph(None, None, None, [])
+
+            def replay():
+                out = self._run_static(t, verify)
+                g.logits, g.captured = out.logits, out.captured
+                g.pending = [(l.node_inputs, l.factors) for l in self.cache.layers if isinstance(l, RecurrentCache)]
+
+            g.replay = replay
+            g.commit = lambda: self._commit_static(t)
+            return g
+        stream = torch.cuda.Stream()
+        stream.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(stream):
+            for _ in range(2):  # warm up kernels / cuBLAS handles outside the graph
+                self._run_static(t, verify)
+        torch.cuda.current_stream().wait_stream(stream)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph, pool=self.pool):
+            out = self._run_static(t, verify)
+        pending = []
+        for layer in self.cache.layers:
+            if isinstance(layer, RecurrentCache):
+                pending.append((layer.node_inputs, layer.factors))
+                layer.drop_pending()
+        g = _Graph(graph.replay, out.logits, out.captured, pending)
+        if verify:
+            g.commit = self._capture_commit(t, g)
+        return g
+
+    def _commit_static(self, t: int) -> None:
+        *_, src, dest, last, conv_idx = self._views(t)
+        for layer in self.cache.layers:
+            if isinstance(layer, RecurrentCache):
+                rows = torch.cat((layer.conv.transpose(0, 1), layer.node_inputs.to(layer.conv.dtype)), dim=0)
+                new_state = layer.state_after(last[0])
+                layer.conv.copy_(rows.index_select(0, conv_idx).transpose(0, 1))
+                layer.state.copy_(new_state)
+            else:
+                layer.commit_static(dest, src)
+
+    def _capture_commit(self, t: int, g: _Graph):
+        self._install(g)
+
+        def commit_static():
+            self._commit_static(t)
+
+        stream = torch.cuda.Stream()
+        stream.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(stream):
+            commit_static()
+        torch.cuda.current_stream().wait_stream(stream)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph, pool=self.pool):
+            commit_static()
+        return graph.replay
+
+    def _install(self, g: _Graph) -> None:
+        layers = [layer for layer in self.cache.layers if isinstance(layer, RecurrentCache)]
+        for layer, (inputs, factors) in zip(layers, g.pending):
+            layer.node_inputs, layer.factors, layer.node_states = inputs, factors, None
+
+    @torch.inference_mode()
+    def _capture_all(self, decode_graph: bool) -> None:
+        saved = self.cache.seq_len
+        # capture over slot 0.. with start 0; the cache is reset afterwards
+        self.ints.zero_()
+        self.tree_mask.copy_(torch.ones_like(self.tree_mask).tril())
+        if decode_graph:
+            self.decode = self._capture(1, verify=False)
+        for t in self.buckets:
+            self.graphs[t] = self._capture(t, verify=True)
+        self.cache.reset()
+        self.cache.seq_len = saved
+
+    def _upload(self, step: StepInput) -> None:
+        self.ints.copy_(self.host_ints, non_blocking=True)
+        self.tree_mask.copy_(self.host_mask, non_blocking=True)
+
+    def forward(self, step: StepInput, capture_layers: tuple[int, ...] = (), logits_at=None, compute_logits: bool = True) -> ForwardOutput:
+        n = step.num_tokens
+        graphed = tuple(capture_layers) == tuple(self.capture_layers) and compute_logits and logits_at is None
+        if not graphed or (not step.is_verify and (n != 1 or self.decode is None)) or n > self.buckets[-1]:
+            return super().forward(step, capture_layers, logits_at, compute_logits)  # prefill and odd shapes
+        cache = self.cache
+        cache.begin(n, verify=step.is_verify)
+        tm = self.buckets[-1]
+        h = self.host_ints
+        t = 1 if not step.is_verify else next(b for b in self.buckets if b >= n)
+        h[:n] = step.input_ids.cpu()
+        h[n:t] = 0
+        if step.is_verify:
+            h[tm : tm + n] = step.depths.cpu()
+            h[tm + n : tm + t] = 1  # padding nodes: children of the root that no real node sees
+            h[2 * tm : 2 * tm + n] = step.parents.cpu()
+            h[2 * tm + n : 2 * tm + t] = 0
+            self.host_mask[:n, :n] = step.tree_mask.cpu()
+            self.host_mask[n:t, :t] = False
+            self.host_mask[:t, n:t] = False
+            for i in range(n, t):
+                self.host_mask[i, 0] = self.host_mask[i, i] = True
+        else:
+            h[tm] = 0
+        h[3 * tm] = cache.seq_len
+        self._upload(step)
+        g = self.graphs[t] if step.is_verify else self.decode
+        g.replay()
+        if step.is_verify:
+            self._last_bucket = t
+            self._install(g)
+        else:
+            cache.end_plain(1)
+        logits = g.logits[:n]
+        captured = g.captured[:n] if g.captured is not None else None
+        return ForwardOutput(logits=logits, hidden=logits.new_empty(0), captured=captured)
+
+    def commit(self, path: list[int]) -> None:
+        cache = self.cache
+        if self._last_bucket is None:
+            return cache.commit(path)
+        t, self._last_bucket = self._last_bucket, None
+        tm = self.buckets[-1]
+        h = self.host_ints
+        o = 3 * tm + 1
+        start = cache.seq_len
+        padded = path + [path[-1]] * (t - len(path))
+        h[o : o + t] = torch.tensor(padded) + start
+        h[o + tm : o + tm + t] = torch.arange(t) + start
+        h[o + 2 * tm] = path[-1]
+        if self.k1:
+            rows = list(range(self.k1)) + [self.k1 + p for p in path]
+            h[o + 2 * tm + 1 : o + 2 * tm + 1 + self.k1] = torch.tensor(rows[-self.k1 :])
+        self.ints.copy_(h, non_blocking=True)
+        self._install(self.graphs[t])
+        self.graphs[t].commit()
+        cache.seq_len += len(path)
+        cache.pending = 0

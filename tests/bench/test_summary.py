@@ -1,0 +1,42 @@
+"""Aggregation: token-weighted passes, exact acceptance counts, paired speedup, collapse and identity checks."""
+
+from treeflash.bench.runner import RunRecord
+from treeflash.bench.summary import collapse_warnings, identical_outputs, summarize
+
+
+def rec(target, prompt, run, tokens=101, seconds=2.0, ttft=1.0, tau=None, ids=None):
+    spec = None
+    if tau is not None:
+        passes = 50
+        spec = {"passes": passes, "committed": int(tau * passes), "tau": tau, "acceptance_per_depth": [0.5],
+                "proposed_per_depth": [passes, passes // 2], "accepted_per_depth": [passes // 2, passes // 10],
+                "time_s": {"draft": 0.1, "verify": 0.8, "rest": 0.1}}
+    return RunRecord(target, prompt, 0, run, 10, tokens, seconds, ttft, "length", spec, ids)
+
+
+def test_collapse_flags_a_synthetic_drop():
+    records = [rec("ngram", "p", 0, tau=3.0), rec("ngram", "p", 1, tau=2.9),  # -3%: noise, not flagged
+               rec("ngram", "p", 2, tau=2.0),  # tau -33%
+               rec("ngram", "p", 3, seconds=3.0, tau=3.0)]  # 100 tok/s -> 50 tok/s
+    w = collapse_warnings(records)
+    assert [(x["run"], x["metric"]) for x in w] == [(2, "tau"), (3, "tokens_per_second")]
+    assert w[0]["drop"] == round(1 - 2.0 / 3.0, 4) and w[1]["first"] == 100.0
+
+
+def test_summary_fields_speedup_and_identity():
+    records = []
+    for run in range(2):
+        for p in ("a", "b"):
+            records.append(rec("ar", p, run, seconds=2.0, ids=[1, 2, 3]))
+            records.append(rec("ngram", p, run, seconds=1.5, tau=2.0, ids=[1, 2, 3] if p == "a" else [1, 9, 3]))
+    summary, warnings = summarize(records, ["ar", "ngram"], "ar")
+    assert warnings == []
+    assert summary["best"] == "ngram" and summary["tau"] == 2.0
+    assert summary["tokens_per_second"] == 200.0 and summary["baseline_tokens_per_second"] == 100.0
+    assert summary["speedup_vs_baseline"] == 2.0
+    ngram = summary["configs"][1]
+    assert ngram["acceptance_per_depth"] == [0.5, 0.2]  # exact counts summed over runs
+    assert abs(sum(ngram["time_split"].values()) - 1) < 1e-3
+    assert summary["outputs_identical"] is False
+    same = identical_outputs(records, "ar", "ngram")
+    assert same["checked"] == 4 and [m["first_difference_at"] for m in same["mismatches"]] == [1, 1]

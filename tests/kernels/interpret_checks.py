@@ -1,0 +1,200 @@
+"""Kernel-vs-reference checks, run in a subprocess with TRITON_INTERPRET=1 (Triton on the CPU).
+
+`python -m tests.kernels.interpret_checks GROUP` prints one JSON object {check: error or null}.
+A subprocess keeps the interpreter switch (read by triton.jit when a kernel is defined) out
+of the pytest process, where other tests import Triton normally; this module imports the
+kernel modules only inside the checks, so pytest can import it to list the check names.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import traceback
+
+import torch
+
+from treeflash.kv import formats
+
+QUANT = ("q8_0", "q4_0", "tq3_0")
+ALL = ("bf16", "q8_0", "q4_0", "tq3_0")
+
+
+def _planes(name: str, x: torch.Tensor):
+    from treeflash.kernels.kv_quant import Planes, quantize_into_reference
+
+    fmt = formats.get_format(name)
+    if fmt.is_dense:
+        return Planes(name, None, x.to(fmt.dense_dtype).contiguous())
+    s, d = x.shape[1], x.shape[2]
+    scales = torch.zeros(x.shape[0], s, fmt.num_scales(d), dtype=torch.float16)
+    codes = torch.zeros(x.shape[0], s, fmt.code_bytes(d), dtype=fmt.code_dtype)
+    quantize_into_reference(name, x, scales, codes, 0)
+    return Planes(name, scales, codes)
+
+
+def _tree_mask(parents: list[int]) -> torch.Tensor:
+    n = len(parents)
+    mask = torch.zeros(n, n, dtype=torch.bool)
+    for i, p in enumerate(parents):
+        if p >= 0:
+            mask[i] = mask[p]
+        mask[i, i] = True
+    return mask
+
+
+def check_quantize(name: str, head_dim: int, dtype: torch.dtype) -> None:
+    from treeflash.kernels.kv_quant import quantize_into, quantize_into_reference
+
+    fmt = formats.get_format(name)
+    x = (torch.randn(7, 3, head_dim) * 3).to(dtype)
+    x[0, 0, :32] = 0  # an all-zero block: scale 0, no division by zero
+    x[1, 1, 5] = -40.0  # an outlier
+    shape_s, shape_c = (12, 3, fmt.num_scales(head_dim)), (12, 3, fmt.code_bytes(head_dim))
+    got = torch.full(shape_s, 7.0, dtype=torch.float16), torch.full(shape_c, 1, dtype=fmt.code_dtype)
+    want = got[0].clone(), got[1].clone()
+    quantize_into(name, x, *got, slots=4)
+    quantize_into_reference(name, x, *want, slots=4)
+    assert torch.equal(got[0], want[0]), f"scales differ: {(got[0].float() - want[0].float()).abs().max()}"
+    assert torch.equal(got[1], want[1]), f"codes differ in {(got[1] != want[1]).sum().item()} bytes"
+
+
+def check_quantize_at_slots(name: str) -> None:
+    """A [N] slots tensor (static mode) writes rows anywhere, out of order."""
+    from treeflash.kernels.kv_quant import quantize_into, quantize_into_reference
+
+    fmt = formats.get_format(name)
+    x = torch.randn(20, 2, 128)  # 40 rows: the tq3_0 kernel's 16-row tiles end inside the batch
+    slots = torch.randperm(30)[:20]
+    got = torch.zeros(30, 2, fmt.num_scales(128), dtype=torch.float16), torch.zeros(30, 2, fmt.code_bytes(128), dtype=fmt.code_dtype)
+    want = got[0].clone(), got[1].clone()
+    quantize_into(name, x, *got, slots=slots)
+    quantize_into_reference(name, x, *want, slots=slots)
+    assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
+
+
+def check_quantize_rejects_bad_input() -> None:
+    from treeflash.kernels.kv_quant import quantize_into
+
+    fmt = formats.get_format("q8_0")
+    scales = torch.zeros(4, 2, 4, dtype=torch.float16)
+    codes = torch.zeros(4, 2, 128, dtype=fmt.code_dtype)
+    bad = [
+        (torch.randn(2, 2, 128).transpose(0, 1), scales, codes, 0),  # not contiguous
+        (torch.randn(2, 2, 128), scales.float(), codes, 0),  # scales not fp16
+        (torch.randn(2, 2, 128), scales, codes, 3),  # past the end
+        (torch.randn(2, 2, 64), scales, codes, 0),  # head_dim mismatch
+    ]
+    for args in bad:
+        try:
+            quantize_into("q8_0", *args)
+        except ValueError:
+            continue
+        raise AssertionError(f"accepted bad input {[tuple(a.shape) if hasattr(a, 'shape') else a for a in args]}")
+
+
+def check_attention(
+    fmt_k: str, fmt_v: str, head_dim: int = 64, heads: int = 6, kv_heads: int = 2, num_new: int = 1,
+    start: int = 150, parents: list[int] | None = None, splits: int | None = 3, dtype: torch.dtype = torch.float32,
+) -> None:
+    from treeflash.kernels.quant_attention import quant_attention, quant_attention_reference
+
+    length = start + num_new + 5  # rows past start + T exist but must not be read
+    k = _planes(fmt_k, torch.randn(length, kv_heads, head_dim))
+    v = _planes(fmt_v, torch.randn(length, kv_heads, head_dim))
+    q = torch.randn(num_new, heads, head_dim).to(dtype)
+    mask = None if parents is None else _tree_mask(parents)
+    scale = head_dim**-0.5
+    out = quant_attention(q, k, v, start, mask, scale, num_splits=splits)
+    ref = quant_attention_reference(q.float(), k, v, start, mask, scale)
+    assert out.dtype == dtype and out.shape == q.shape
+    tol = 1e-5 if dtype == torch.float32 else 2e-2
+    err = (out.float() - ref).abs().max().item()
+    assert err < tol, f"max error {err:.3g} >= {tol}"
+
+
+def check_attention_masked(fmt_k: str, fmt_v: str, num_new: int, splits: int | None) -> None:
+    """Static mode: every slot of the cache under a [T, S] key mask (holes included)."""
+    from treeflash.kernels.quant_attention import quant_attention_masked, quant_attention_masked_reference
+
+    length, heads, kv_heads, d = 150, 4, 2, 64
+    k = _planes(fmt_k, torch.randn(length, kv_heads, d))
+    v = _planes(fmt_v, torch.randn(length, kv_heads, d))
+    q = torch.randn(num_new, heads, d)
+    key_mask = torch.rand(num_new, length) < 0.6
+    key_mask[:, 0] = True  # every query sees at least one key
+    out = quant_attention_masked(q, k, v, key_mask, 0.125, num_splits=splits)
+    ref = quant_attention_masked_reference(q, k, v, key_mask, 0.125)
+    err = (out - ref).abs().max().item()
+    assert err < 1e-5, f"max error {err:.3g}"
+
+
+def check_attention_rejects_bad_input() -> None:
+    from treeflash.kernels.quant_attention import quant_attention
+
+    k = _planes("q8_0", torch.randn(16, 2, 64))
+    q = torch.randn(2, 6, 64)
+    bad = [
+        dict(q=torch.randn(2, 5, 64)),  # heads not a multiple of kv heads
+        dict(q=torch.randn(2, 6, 64).double()),
+        dict(start=15),  # start + T past the cache
+        dict(tree_mask=torch.ones(3, 3, dtype=torch.bool)),
+        dict(k=k._replace(scales=k.scales.float())),
+    ]
+    for over in bad:
+        args = dict(q=q, k=k, v=k, start=4, tree_mask=None, scale=0.125) | over
+        try:
+            quant_attention(**args)
+        except ValueError:
+            continue
+        raise AssertionError(f"accepted bad input {list(over)}")
+
+
+def groups() -> dict[str, dict]:
+    quant = {
+        f"quantize_{n}_d{d}_{str(t)[6:]}": (check_quantize, (n, d, t))
+        for n in QUANT
+        for d in (32, 64, 128, 256)
+        for t in (torch.float32, torch.bfloat16)
+    }
+    quant |= {f"quantize_at_slots_{n}": (check_quantize_at_slots, (n,)) for n in QUANT}
+    quant["quantize_rejects_bad_input"] = (check_quantize_rejects_bad_input, ())
+    attn = {f"decode_{a}_{b}": (check_attention, (a, b)) for a in ALL for b in ALL}
+    tree = [-1, 0, 0, 1, 2, 2, 4]  # siblings 1/2 and 4/5 must not see each other
+    attn |= {
+        f"verify_tree_{a}_{b}": (check_attention, (a, b, 64, 6, 2, len(tree), 100, tree)) for a, b in
+        [("q8_0", "q8_0"), ("q4_0", "tq3_0"), ("tq3_0", "q4_0"), ("bf16", "q8_0")]
+    }
+    attn |= {
+        "decode_f32_tq3_0": (check_attention, ("f32", "tq3_0")),
+        "verify_causal_no_prefix": (check_attention, ("q8_0", "tq3_0", 64, 6, 2, 9, 0, None)),
+        "verify_tree_across_splits": (check_attention, ("q4_0", "q8_0", 64, 4, 2, 7, 60, tree, 2)),
+        "decode_mha_d32_short": (check_attention, ("tq3_0", "q8_0", 32, 2, 2, 1, 5, None, None)),
+        "decode_gqa8_d128_one_split": (check_attention, ("q4_0", "tq3_0", 128, 8, 1, 1, 200, None, 1)),
+        "decode_d256_many_splits": (check_attention, ("tq3_0", "tq3_0", 256, 4, 2, 1, 300, None, 64)),
+        "verify_rows_over_block_m": (check_attention, ("q8_0", "q4_0", 64, 8, 1, 5, 40, None)),  # 40 rows
+        "decode_fp16": (check_attention, ("q8_0", "q4_0", 64, 6, 2, 1, 150, None, 3, torch.float16)),
+        "verify_fp16": (check_attention, ("tq3_0", "tq3_0", 64, 6, 2, 7, 90, tree, 3, torch.float16)),
+        "masked_decode_q8_0_tq3_0": (check_attention_masked, ("q8_0", "tq3_0", 1, 2)),
+        "masked_verify_tq3_0_q4_0": (check_attention_masked, ("tq3_0", "q4_0", 6, None)),
+        "attention_rejects_bad_input": (check_attention_rejects_bad_input, ()),
+    }
+    return {"quantize": quant, "attention": attn}
+
+
+def main(group: str) -> None:
+    results = {}
+    for name, (fn, args) in groups()[group].items():
+        torch.manual_seed(0)
+        try:
+            fn(*args)
+            results[name] = None
+        except Exception as e:  # reported per check by the pytest side
+            results[name] = f"{type(e).__name__}: {e}\n{traceback.format_exc(limit=3)}"
+    print(json.dumps(results))
+
+
+if __name__ == "__main__":
+    os.environ["TRITON_INTERPRET"] = "1"  # before any kernel module is imported (the checks import lazily)
+    main(sys.argv[1])

@@ -1,0 +1,191 @@
+"""Quantize-on-write: new K/V rows into a compressed cache's planes (Triton, with the torch reference).
+
+Planes of one cache tensor (layouts in treeflash/kv/formats.py, a leaf module of pure functions
+that both the cache and these kernels read the format definitions from):
+    scales: [max_len, num_kv_heads, head_dim / 32] fp16
+    codes:  [max_len, num_kv_heads, code_bytes] uint8 (q8_0: [.., head_dim] int8)
+`quantize_into(name, x, scales, codes, slots)` writes x [N, Hkv, D] into slots start..start+N-1
+(slots an int start) or slots[0..N-1] (a [N] long tensor on x's device: no host sync, so it can be
+captured in a CUDA graph). Each row is quantized on its own: a row written here equals
+`formats.quantize` of it.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import NamedTuple
+
+import torch
+import triton
+import triton.language as tl
+
+from treeflash.kv import formats
+
+TQ3_ROWS = 16  # rows per program of the tq3_0 kernel (tl.dot needs M >= 16)
+
+
+class Planes(NamedTuple):
+    """One cache tensor (K or V) as the kernels see it."""
+
+    name: str  # a concrete format name (formats.FORMATS), never "auto"
+    scales: torch.Tensor | None  # [S, Hkv, D / 32] fp16; None for dense formats
+    codes: torch.Tensor  # [S, Hkv, code_bytes]; dense formats: the rows themselves [S, Hkv, D]
+
+
+@triton.jit
+def _round_half_away(v):
+    return tl.where(v < 0, -tl.floor(-v + 0.5), tl.floor(v + 0.5))
+
+
+@triton.jit
+def _safe_inverse(d):
+    return tl.where(d == 0, 0.0, 1.0 / tl.where(d == 0, 1.0, d))
+
+
+@triton.jit
+def _dest_row(slot_ptr, row, num_kv_heads):
+    """Source row (token * Hkv + head) -> destination row (slot * Hkv + head) in the planes."""
+    return tl.load(slot_ptr + row // num_kv_heads) * num_kv_heads + row % num_kv_heads
+
+
+@triton.jit
+def _q8_0_kernel(x_ptr, scale_ptr, code_ptr, slot_ptr, num_kv_heads, D: tl.constexpr):
+    # one program = one row (token, kv head): [D / 32, 32] blocks
+    NB: tl.constexpr = D // 32
+    row = tl.program_id(0).to(tl.int64)
+    offs = tl.arange(0, NB)[:, None] * 32 + tl.arange(0, 32)[None, :]
+    x = tl.load(x_ptr + row * D + offs).to(tl.float32)
+    d = tl.max(tl.abs(x), axis=1) / 127.0
+    q = _round_half_away(x * _safe_inverse(d)[:, None])
+    dst = _dest_row(slot_ptr, row, num_kv_heads)
+    tl.store(scale_ptr + dst * NB + tl.arange(0, NB), d.to(tl.float16))
+    tl.store(code_ptr + dst * D + offs, q.to(tl.int8))
+
+
+@triton.jit
+def _q4_0_kernel(x_ptr, scale_ptr, code_ptr, slot_ptr, num_kv_heads, D: tl.constexpr):
+    NB: tl.constexpr = D // 32
+    row = tl.program_id(0).to(tl.int64)
+    j = tl.arange(0, 32)[None, :]
+    offs = tl.arange(0, NB)[:, None] * 32 + j
+    x = tl.load(x_ptr + row * D + offs).to(tl.float32)
+    a = tl.abs(x)
+    amax = tl.max(a, axis=1)
+    first = tl.min(tl.where(a == amax[:, None], j, 32), axis=1)  # ggml keeps the first largest
+    d = tl.sum(tl.where(j == first[:, None], x, 0.0), axis=1) / -8.0
+    q = tl.floor(x * _safe_inverse(d)[:, None] + 8.5)
+    q = tl.minimum(tl.maximum(q, 0.0), 15.0).to(tl.int32)
+    # byte i = q[i] | q[i + 16] << 4
+    nib = tl.reshape(q, (NB, 2, 16)) << (4 * tl.arange(0, 2))[None, :, None]
+    packed = tl.sum(nib, axis=1)  # [NB, 16]
+    dst = _dest_row(slot_ptr, row, num_kv_heads)
+    tl.store(scale_ptr + dst * NB + tl.arange(0, NB), d.to(tl.float16))
+    b_offs = tl.arange(0, NB)[:, None] * 16 + tl.arange(0, 16)[None, :]
+    tl.store(code_ptr + dst * (D // 2) + b_offs, packed.to(tl.uint8))
+
+
+@triton.jit
+def _tq3_0_kernel(
+    x_ptr, scale_ptr, code_ptr, rot_ptr, slot_ptr, num_rows, num_kv_heads,
+    C0: tl.constexpr, C1: tl.constexpr, C2: tl.constexpr, C3: tl.constexpr,  # centroids
+    B0: tl.constexpr, B1: tl.constexpr, B2: tl.constexpr,  # cuts between them
+    SQ: tl.constexpr, D: tl.constexpr, G: tl.constexpr, ROWS: tl.constexpr,
+):
+    NB: tl.constexpr = D // 32
+    GB: tl.constexpr = G // 32  # blocks per group
+    rows = tl.program_id(0).to(tl.int64) * ROWS + tl.arange(0, ROWS)
+    ok = rows < num_rows
+    gi = tl.arange(0, G)
+    rot_t = tl.load(rot_ptr + gi[None, :] * G + gi[:, None])  # R^T [G, G]: xr = x @ R^T
+    dst = _dest_row(slot_ptr, tl.where(ok, rows, 0), num_kv_heads)  # padding rows: stores are masked
+    for grp in tl.static_range(D // G):
+        x = tl.load(x_ptr + rows[:, None] * D + grp * G + gi[None, :], mask=ok[:, None], other=0.0)
+        xr = tl.dot(x.to(tl.float32), rot_t, input_precision="ieee")  # [ROWS, G]
+        norm = tl.sqrt(tl.sum(xr * xr, axis=1))
+        y = xr * _safe_inverse(norm)[:, None] * SQ  # SQ = sqrt(G / 128)
+        a = tl.abs(y)
+        mag = (a > B0).to(tl.int32) + (a > B1).to(tl.int32) + (a > B2).to(tl.int32)
+        neg = (y < 0).to(tl.int32)
+        c = tl.where(mag == 0, C0, tl.where(mag == 1, C1, tl.where(mag == 2, C2, C3)))
+        xb = tl.reshape(xr, (ROWS, GB, 32))
+        cb = tl.reshape(c, (ROWS, GB, 32))
+        s = tl.sqrt(tl.sum(xb * xb, axis=2)) / tl.sqrt(tl.sum(cb * cb, axis=2))  # [ROWS, GB]
+        blk = grp * GB + tl.arange(0, GB)
+        tl.store(scale_ptr + dst[:, None] * NB + blk[None, :], s.to(tl.float16), mask=ok[:, None])
+        # magnitudes: byte i holds values i + 8k at bits 2k; signs: byte 8 + i holds values i + 4k at bit k
+        m4 = tl.reshape(mag, (ROWS, GB, 4, 8)) << (2 * tl.arange(0, 4))[None, None, :, None]
+        s8 = tl.reshape(neg, (ROWS, GB, 8, 4)) << tl.arange(0, 8)[None, None, :, None]
+        mags = tl.sum(m4, axis=2)  # [ROWS, GB, 8]
+        signs = tl.sum(s8, axis=2)  # [ROWS, GB, 4]
+        base = dst[:, None, None] * (NB * 12) + blk[None, :, None] * 12
+        ok3 = ok[:, None, None]
+        tl.store(code_ptr + base + tl.arange(0, 8)[None, None, :], mags.to(tl.uint8), mask=ok3)
+        tl.store(code_ptr + base + 8 + tl.arange(0, 4)[None, None, :], signs.to(tl.uint8), mask=ok3)
+
+
+def _slot_tensor(slots: int | torch.Tensor, n: int, device: torch.device) -> torch.Tensor:
+    if isinstance(slots, int):
+        return torch.arange(slots, slots + n, device=device)
+    return slots
+
+
+def _check(name: str, x: torch.Tensor, scales: torch.Tensor, codes: torch.Tensor, slots: int | torch.Tensor) -> None:
+    fmt = formats.get_format(name)
+    if fmt.is_dense:
+        raise ValueError(f"quantize_into: {name} is a dense type, nothing to quantize")
+    if x.dim() != 3 or not x.is_contiguous() or x.dtype not in (torch.float32, torch.float16, torch.bfloat16):
+        raise ValueError(f"quantize_into: x must be a contiguous [N, Hkv, D] float tensor, got {x.dtype} {tuple(x.shape)}")
+    n, hkv, d = x.shape
+    fmt.check_head_dim(d)
+    if d & (d - 1):
+        raise ValueError(f"quantize_into: the Triton kernels need a power-of-two head_dim, got {d}")
+    want_s, want_c = (hkv, fmt.num_scales(d)), (hkv, fmt.code_bytes(d))
+    if scales.dtype != torch.float16 or tuple(scales.shape[1:]) != want_s or not scales.is_contiguous():
+        raise ValueError(f"quantize_into: scales must be contiguous fp16 [S, {want_s[0]}, {want_s[1]}]")
+    if codes.dtype != fmt.code_dtype or tuple(codes.shape[1:]) != want_c or not codes.is_contiguous():
+        raise ValueError(f"quantize_into: codes must be contiguous {fmt.code_dtype} [S, {want_c[0]}, {want_c[1]}]")
+    if scales.shape[0] != codes.shape[0] or not (x.device == scales.device == codes.device):
+        raise ValueError("quantize_into: x, scales and codes must be on one device, scales and codes of one length")
+    if isinstance(slots, int):
+        if slots < 0 or slots + n > codes.shape[0]:
+            raise ValueError(f"quantize_into: slots {slots}..{slots + n} outside the cache of {codes.shape[0]}")
+    elif slots.shape != (n,) or slots.dtype != torch.long or slots.device != x.device:
+        raise ValueError(f"quantize_into: slots must be a [{n}] long tensor on {x.device}")
+
+
+def quantize_into(
+    name: str, x: torch.Tensor, scales: torch.Tensor, codes: torch.Tensor, slots: int | torch.Tensor
+) -> None:
+    """Triton: x [N, Hkv, D] -> rows `slots` of scales and codes (format `name`). A slots tensor
+    is trusted to be in range (checking it would sync with the host)."""
+    _check(name, x, scales, codes, slots)
+    n, hkv, d = x.shape
+    num_rows = n * hkv
+    if num_rows == 0:
+        return
+    slot = _slot_tensor(slots, n, x.device)
+    if name == "q8_0":
+        _q8_0_kernel[(num_rows,)](x, scales, codes, slot, hkv, D=d, num_warps=1)
+    elif name == "q4_0":
+        _q4_0_kernel[(num_rows,)](x, scales, codes, slot, hkv, D=d, num_warps=1)
+    else:
+        g = min(formats.TQ3_GROUP, d)
+        rot = formats.tq3_rotation(g, x.device)
+        c0, c1, c2, c3 = formats.TQ3_CENTROIDS
+        b0, b1, b2 = formats.TQ3_BOUNDS
+        grid = (triton.cdiv(num_rows, TQ3_ROWS),)
+        _tq3_0_kernel[grid](
+            x, scales, codes, rot, slot, num_rows, hkv,
+            C0=c0, C1=c1, C2=c2, C3=c3, B0=b0, B1=b1, B2=b2, SQ=math.sqrt(g / formats.TQ3_GROUP),
+            D=d, G=g, ROWS=TQ3_ROWS, num_warps=4,
+        )
+
+
+def quantize_into_reference(
+    name: str, x: torch.Tensor, scales: torch.Tensor, codes: torch.Tensor, slots: int | torch.Tensor
+) -> None:
+    """Plain torch, same contract as `quantize_into` (any head_dim the format accepts)."""
+    s, c = formats.quantize(name, x)
+    slot = _slot_tensor(slots, x.shape[0], x.device)
+    scales.index_copy_(0, slot, s)
+    codes.index_copy_(0, slot, c)

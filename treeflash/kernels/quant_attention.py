@@ -1,0 +1,312 @@
+"""Attention that reads a (possibly) compressed KV cache directly: decode and tree verify.
+
+Query token i (of T new tokens written at slots start..start+T-1) sees every committed key
+s < start, and new key start + j iff tree_mask[i, j] (causal when tree_mask is None).
+
+`quant_attention_masked` is the static-shape variant (CUDA graphs): it reads the first S slots
+under an explicit [T, S] key mask, with no host-side lengths.
+
+Flash-decoding: the key axis [0, start + T) is cut into splits so that one query token still
+fills the GPU. Program (m_tile, kv_head, split) takes BLOCK_M query rows of one KV head's GQA
+group (row = token * G + g, head = kv_head * G + g), dequantizes BLOCK_N keys and values at a
+time in registers, and keeps an online softmax (m, l, acc) that it writes out unnormalized;
+`_combine_kernel` merges the splits of each row.
+
+tq3_0 keys are stored rotated, so queries are rotated the same way (R is orthonormal: q.k is
+unchanged); tq3_0 values are stored rotated, so the output is accumulated rotated and
+un-rotated once at the end.
+"""
+
+from __future__ import annotations
+
+
+import torch
+import torch.nn.functional as F
+import triton
+import triton.language as tl
+
+from treeflash.kernels.kv_quant import Planes
+from treeflash.kv import formats
+
+FMT_IDS = {"q8_0": 1, "q4_0": 2, "tq3_0": 3}  # anything dense is 0
+LOG2E = 1.4426950408889634
+MAX_KERNEL_TOKENS = 128  # longer steps (prefill) go through dequantize + SDPA
+
+
+@triton.jit
+def _load_rows(
+    scale_ptr, code_ptr, keys, kvh, num_kv_heads, ok,
+    FMT: tl.constexpr, D: tl.constexpr,
+    C0: tl.constexpr, C1: tl.constexpr, C2: tl.constexpr, C3: tl.constexpr,
+):
+    """Rows `keys` [N] (int64) of KV head kvh, dequantized -> [N, D] fp32 (tq3_0: rotated domain)."""
+    d = tl.arange(0, D)[None, :]
+    row = (keys * num_kv_heads + kvh)[:, None]
+    m = ok[:, None]
+    if FMT == 0:
+        x = tl.load(code_ptr + row * D + d, mask=m, other=0.0).to(tl.float32)
+    else:
+        s = tl.load(scale_ptr + row * (D // 32) + d // 32, mask=m, other=0.0).to(tl.float32)
+        if FMT == 1:
+            q = tl.load(code_ptr + row * D + d, mask=m, other=0).to(tl.float32)
+        elif FMT == 2:
+            b = tl.load(code_ptr + row * (D // 2) + (d // 32) * 16 + d % 16, mask=m, other=0).to(tl.int32)
+            q = ((b >> (4 * ((d % 32) // 16))) & 15).to(tl.float32) - 8.0
+        else:
+            base = code_ptr + row * (D // 32 * 12) + (d // 32) * 12
+            bm = tl.load(base + d % 8, mask=m, other=0).to(tl.int32)
+            bs = tl.load(base + 8 + d % 4, mask=m, other=0).to(tl.int32)
+            mag = (bm >> (2 * ((d % 32) // 8))) & 3
+            neg = (bs >> ((d % 32) // 4)) & 1
+            c = tl.where(mag == 0, C0, tl.where(mag == 1, C1, tl.where(mag == 2, C2, C3)))
+            q = tl.where(neg == 1, -c, c)
+        x = q * s
+    return x
+
+
+@triton.jit
+def _dot(a, b, DOT: tl.constexpr):
+    if DOT == tl.float32:
+        out = tl.dot(a, b, input_precision="ieee")
+    else:
+        out = tl.dot(a.to(DOT), b.to(DOT))
+    return out
+
+
+@triton.jit
+def _partial_kernel(
+    q_ptr, ks_ptr, kc_ptr, vs_ptr, vc_ptr, mask_ptr, m_ptr, l_ptr, acc_ptr,
+    start, num_tokens, kv_len, num_kv_heads, scale_log2, stride_qt, stride_qh,
+    KEY_MASK: tl.constexpr, GROUP: tl.constexpr, D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+    BLOCKS_PER_SPLIT: tl.constexpr, FMT_K: tl.constexpr, FMT_V: tl.constexpr, DOT: tl.constexpr,
+    C0: tl.constexpr, C1: tl.constexpr, C2: tl.constexpr, C3: tl.constexpr,
+):
+    pid_m, kvh, split = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+    num_heads = num_kv_heads * GROUP
+    rows = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    row_ok = rows < num_tokens * GROUP
+    t = rows // GROUP
+    h = kvh * GROUP + rows % GROUP
+    d = tl.arange(0, D)
+    q = tl.load(q_ptr + t[:, None] * stride_qt + h[:, None] * stride_qh + d[None, :], mask=row_ok[:, None], other=0.0)
+    q = q.to(DOT)
+    m_i = tl.full((BLOCK_M,), -1.0e30, tl.float32)  # finite: a fully masked block leaves no NaN
+    l_i = tl.zeros((BLOCK_M,), tl.float32)
+    acc = tl.zeros((BLOCK_M, D), tl.float32)
+    first = split.to(tl.int64) * (BLOCKS_PER_SPLIT * BLOCK_N)
+    for b in range(BLOCKS_PER_SPLIT):
+        keys = first + b * BLOCK_N + tl.arange(0, BLOCK_N)
+        key_ok = keys < kv_len
+        k = _load_rows(ks_ptr, kc_ptr, keys, kvh, num_kv_heads, key_ok, FMT_K, D, C0, C1, C2, C3)
+        s = _dot(q, tl.trans(k), DOT) * scale_log2  # [BLOCK_M, BLOCK_N]
+        if KEY_MASK:  # mask [T, kv_len] over every slot (static mode)
+            m2 = row_ok[:, None] & key_ok[None, :]
+            visible = tl.load(mask_ptr + t[:, None] * kv_len + keys[None, :], mask=m2, other=0) != 0
+        else:  # committed prefix, then the [T, T] tree mask over the keys written in this step
+            new = keys - start
+            is_new = (new >= 0)[None, :]
+            vis = tl.load(
+                mask_ptr + t[:, None] * num_tokens + new[None, :],
+                mask=row_ok[:, None] & key_ok[None, :] & is_new,
+                other=1,
+            )
+            visible = key_ok[None, :] & ((vis != 0) | (~is_new))
+        s = tl.where(visible, s, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(s, axis=1))
+        alpha = tl.exp2(m_i - m_new)
+        p = tl.exp2(s - m_new[:, None])
+        l_i = l_i * alpha + tl.sum(p, axis=1)
+        v = _load_rows(vs_ptr, vc_ptr, keys, kvh, num_kv_heads, key_ok, FMT_V, D, C0, C1, C2, C3)
+        acc = acc * alpha[:, None] + _dot(p, v, DOT)
+        m_i = m_new
+    out_row = split.to(tl.int64) * (num_tokens * num_heads) + t * num_heads + h
+    tl.store(m_ptr + out_row, m_i, mask=row_ok)
+    tl.store(l_ptr + out_row, l_i, mask=row_ok)
+    tl.store(acc_ptr + out_row[:, None] * D + d[None, :], acc, mask=row_ok[:, None])
+
+
+@triton.jit
+def _combine_kernel(m_ptr, l_ptr, acc_ptr, out_ptr, num_rows, num_splits, D: tl.constexpr, SPLITS: tl.constexpr):
+    row = tl.program_id(0).to(tl.int64)
+    sp = tl.arange(0, SPLITS)
+    ok = sp < num_splits
+    m = tl.load(m_ptr + sp * num_rows + row, mask=ok, other=float("-inf"))
+    l = tl.load(l_ptr + sp * num_rows + row, mask=ok, other=0.0)
+    w = tl.exp2(m - tl.max(m, axis=0))  # [SPLITS]
+    d = tl.arange(0, D)
+    acc = tl.load(acc_ptr + (sp[:, None] * num_rows + row) * D + d[None, :], mask=ok[:, None], other=0.0)
+    out = tl.sum(acc * w[:, None], axis=0) / tl.sum(l * w, axis=0)
+    tl.store(out_ptr + row * D + d, out.to(out_ptr.dtype.element_ty))
+
+
+# ---------------------------------------------------------------- wrapper
+
+
+def _next_pow2(n: int) -> int:
+    return 1 << max(0, n - 1).bit_length()
+
+
+def launch_config(head_dim: int, rows: int) -> tuple[int, int, int]:
+    """(BLOCK_M, BLOCK_N, num_warps): fixed per head_dim and step size, no autotuning."""
+    block_m = 16 if rows <= 16 else 32
+    block_n = 64 if head_dim <= 128 else 32
+    return block_m, block_n, 4 if head_dim <= 128 else 8
+
+
+def plan_splits(num_blocks: int, programs_per_split: int, head_dim: int, device: torch.device) -> tuple[int, int]:
+    """(num_splits, blocks_per_split): about two programs per SM; blocks_per_split is a power of
+    two (a compile-time loop bound), so contexts recompile only when it doubles."""
+    sms = torch.cuda.get_device_properties(device).multi_processor_count if device.type == "cuda" else 4
+    max_splits = max(1, 8192 // head_dim)  # the combine kernel holds [splits, D] in registers
+    want = max(1, min(num_blocks, triton.cdiv(2 * sms, programs_per_split), max_splits))
+    per_split = _next_pow2(triton.cdiv(num_blocks, want))
+    return triton.cdiv(num_blocks, per_split), per_split
+
+
+def _check_planes(p: Planes, num_kv_heads: int, head_dim: int, kv_len: int, device: torch.device, what: str) -> None:
+    fmt = formats.get_format(p.name)
+    shape = (num_kv_heads, fmt.code_bytes(head_dim) if not fmt.is_dense else head_dim)
+    if p.codes.dtype != (fmt.dense_dtype or fmt.code_dtype) or tuple(p.codes.shape[1:]) != shape:
+        raise ValueError(f"quant_attention: {what} codes must be {fmt.dense_dtype or fmt.code_dtype} [S, {shape[0]}, {shape[1]}]")
+    if not p.codes.is_contiguous() or p.codes.shape[0] < kv_len or p.codes.device != device:
+        raise ValueError(f"quant_attention: {what} codes must be contiguous, on the query's device, >= {kv_len} rows")
+    if fmt.is_dense:
+        return
+    s = p.scales
+    if s is None or s.dtype != torch.float16 or tuple(s.shape) != (p.codes.shape[0], num_kv_heads, head_dim // 32):
+        raise ValueError(f"quant_attention: {what} scales must be fp16 [S, {num_kv_heads}, {head_dim // 32}]")
+    if not s.is_contiguous() or s.device != device:
+        raise ValueError(f"quant_attention: {what} scales must be contiguous and on the query's device")
+
+
+def _check_query(q: torch.Tensor, k: Planes, v: Planes, kv_len: int) -> None:
+    if q.dim() != 3 or q.stride(-1) != 1 or q.dtype not in (torch.float32, torch.float16, torch.bfloat16):
+        raise ValueError(f"quant_attention: q must be [T, H, D] float with a contiguous last dim, got {tuple(q.shape)}")
+    _, num_heads, head_dim = q.shape
+    num_kv_heads = k.codes.shape[1]
+    if num_heads % num_kv_heads or head_dim & (head_dim - 1) or not 32 <= head_dim <= 256:
+        raise ValueError(
+            f"quant_attention: need H % Hkv == 0 and a power-of-two head_dim in 32..256 "
+            f"(H={num_heads}, Hkv={num_kv_heads}, D={head_dim})"
+        )
+    _check_planes(k, num_kv_heads, head_dim, kv_len, q.device, "K")
+    _check_planes(v, num_kv_heads, head_dim, kv_len, q.device, "V")
+
+
+def quant_attention(
+    q: torch.Tensor,  # [T, H, D] fp32/fp16/bf16 (rotary applied), last dim contiguous
+    k: Planes,
+    v: Planes,
+    start: int,
+    tree_mask: torch.Tensor | None,  # [T, T] bool; None = causal
+    scale: float,
+    num_splits: int | None = None,  # None: plan for the device
+) -> torch.Tensor:  # [T, H, D] q.dtype
+    """Triton. The new rows (slots start..start+T-1) must already be written to k and v."""
+    n = q.shape[0]
+    _check_query(q, k, v, start + n)
+    if tree_mask is None:
+        vis = torch.ones(n, n, dtype=torch.int8, device=q.device).tril()
+    elif tree_mask.shape != (n, n) or tree_mask.dtype != torch.bool:
+        raise ValueError(f"quant_attention: tree_mask must be bool [{n}, {n}]")
+    else:
+        vis = tree_mask.to(device=q.device, dtype=torch.int8).contiguous()
+    return _launch(q, k, v, vis, start, start + n, False, scale, num_splits)
+
+
+def quant_attention_masked(
+    q: torch.Tensor,  # [T, H, D]
+    k: Planes,
+    v: Planes,
+    key_mask: torch.Tensor,  # [T, S] bool: which of the first S slots each query sees
+    scale: float,
+    num_splits: int | None = None,
+) -> torch.Tensor:  # [T, H, D] q.dtype
+    """Triton, static shapes: reads slots [0, S) under key_mask (no host sync: CUDA-graph capturable)."""
+    n, kv_len = q.shape[0], key_mask.shape[-1]
+    _check_query(q, k, v, kv_len)
+    if key_mask.shape != (n, kv_len) or key_mask.dtype != torch.bool or key_mask.device != q.device:
+        raise ValueError(f"quant_attention_masked: key_mask must be bool [{n}, S] on {q.device}")
+    return _launch(q, k, v, key_mask.to(torch.int8).contiguous(), 0, kv_len, True, scale, num_splits)
+
+
+def _launch(q, k, v, vis, start, kv_len, key_mask, scale, num_splits):
+    n, num_heads, head_dim = q.shape
+    num_kv_heads = k.codes.shape[1]
+    group = num_heads // num_kv_heads
+    block_m, block_n, warps = launch_config(head_dim, n * group)
+    m_tiles = triton.cdiv(n * group, block_m)
+    num_blocks = triton.cdiv(kv_len, block_n)
+    if num_splits is None:
+        splits, per_split = plan_splits(num_blocks, m_tiles * num_kv_heads, head_dim, q.device)
+    else:
+        per_split = triton.cdiv(num_blocks, max(1, min(num_splits, num_blocks)))
+        splits = triton.cdiv(num_blocks, per_split)
+
+    in_dtype = q.dtype
+    dot = {torch.float32: tl.float32, torch.float16: tl.float16, torch.bfloat16: tl.bfloat16}[in_dtype]
+    if k.name == "tq3_0":
+        q = formats.rotate(q)  # fp32, contiguous
+    m = torch.empty(splits, n * num_heads, dtype=torch.float32, device=q.device)
+    l = torch.empty_like(m)
+    acc = torch.empty(splits, n * num_heads, head_dim, dtype=torch.float32, device=q.device)
+    c0, c1, c2, c3 = formats.TQ3_CENTROIDS
+    fmt_k, fmt_v = FMT_IDS.get(k.name, 0), FMT_IDS.get(v.name, 0)
+    _partial_kernel[(m_tiles, num_kv_heads, splits)](
+        q, k.scales if fmt_k else k.codes, k.codes, v.scales if fmt_v else v.codes, v.codes, vis, m, l, acc,
+        start, n, kv_len, num_kv_heads, scale * LOG2E, q.stride(0), q.stride(1),
+        KEY_MASK=key_mask, GROUP=group, D=head_dim, BLOCK_M=block_m, BLOCK_N=block_n, BLOCKS_PER_SPLIT=per_split,
+        FMT_K=fmt_k, FMT_V=fmt_v, DOT=dot, C0=c0, C1=c1, C2=c2, C3=c3, num_warps=warps,
+    )
+    rotated_out = v.name == "tq3_0"
+    out = torch.empty(n, num_heads, head_dim, dtype=torch.float32 if rotated_out else in_dtype, device=q.device)
+    _combine_kernel[(n * num_heads,)](
+        m, l, acc, out, n * num_heads, splits, D=head_dim, SPLITS=_next_pow2(splits), num_warps=4
+    )
+    return formats.unrotate(out).to(in_dtype) if rotated_out else out
+
+
+# ---------------------------------------------------------------- reference
+
+
+def visibility(num_new: int, start: int, tree_mask: torch.Tensor | None, device: torch.device) -> torch.Tensor:
+    """[T, start + T] bool: the committed prefix, then causal (or tree-ancestor) visibility of new tokens."""
+    new = torch.ones(num_new, num_new, dtype=torch.bool, device=device).tril() if tree_mask is None else tree_mask
+    prefix = torch.ones(num_new, start, dtype=torch.bool, device=device)
+    return torch.cat((prefix, new.to(device)), dim=1)
+
+
+def dequantize_planes(p: Planes, length: int, dtype: torch.dtype) -> torch.Tensor:
+    """Rows [0, length) of one cache tensor -> [length, Hkv, D] in `dtype` (original domain)."""
+    if p.scales is None:
+        return p.codes[:length].to(dtype)
+    return formats.dequantize(p.name, p.scales[:length], p.codes[:length]).to(dtype)
+
+
+def quant_attention_reference(
+    q: torch.Tensor, k: Planes, v: Planes, start: int, tree_mask: torch.Tensor | None, scale: float
+) -> torch.Tensor:
+    """Plain torch, same contract as `quant_attention`: dequantize the rows, then SDPA."""
+    n, num_heads, _ = q.shape
+    keys = dequantize_planes(k, start + n, q.dtype)
+    values = dequantize_planes(v, start + n, q.dtype)
+    mask = None if n == 1 else visibility(n, start, tree_mask, q.device)
+    out = F.scaled_dot_product_attention(
+        q.transpose(0, 1), keys.transpose(0, 1), values.transpose(0, 1),
+        attn_mask=mask, scale=scale, enable_gqa=keys.shape[1] != num_heads,
+    )
+    return out.transpose(0, 1)
+
+
+def quant_attention_masked_reference(
+    q: torch.Tensor, k: Planes, v: Planes, key_mask: torch.Tensor, scale: float
+) -> torch.Tensor:
+    """Plain torch, same contract as `quant_attention_masked`."""
+    kv_len = key_mask.shape[-1]
+    keys = dequantize_planes(k, kv_len, q.dtype)
+    values = dequantize_planes(v, kv_len, q.dtype)
+    out = F.scaled_dot_product_attention(
+        q.transpose(0, 1), keys.transpose(0, 1), values.transpose(0, 1),
+        attn_mask=key_mask, scale=scale, enable_gqa=keys.shape[1] != q.shape[1],
+    )
+    return out.transpose(0, 1)

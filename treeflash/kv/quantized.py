@@ -1,0 +1,136 @@
+"""Attention KV cache with compressed rows (q8_0, q4_0, tq3_0; K and V formats chosen separately).
+
+Every row written (prefill, decode, verify node) is quantized on write, and attention reads the
+stored rows only, the new ones included: the result of a step does not depend on how the
+tokens before it were batched. Rows are quantized one token and one KV head at a time along
+head_dim, so `commit` (compacting the accepted verify nodes) is a row gather in the planes.
+
+On CUDA, writes and decode/verify attention run Triton kernels (treeflash/kernels/kv_quant.py,
+treeflash/kernels/quant_attention.py) that read the packed blocks directly; long steps
+(prefill) and CPU runs dequantize the rows and call SDPA (the plain-torch reference path).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import torch
+
+from treeflash.kv import formats
+from treeflash.kv.attention_cache import attention_reference, build_mask
+
+if TYPE_CHECKING:
+    from treeflash.kv.cache import CacheSpec
+
+MAX_KERNEL_TOKENS = 128  # steps with more new tokens (prefill) take the dequantize + SDPA path
+
+
+@dataclass
+class _Rows:
+    """One cache tensor (K or V): its format and its planes."""
+
+    fmt: formats.CacheFormat
+    scales: torch.Tensor | None  # [max_len, Hkv, D / 32] fp16; None when dense
+    codes: torch.Tensor  # [max_len, Hkv, code_bytes] (dense: [max_len, Hkv, D] of the dense dtype)
+
+    @staticmethod
+    def allocate(fmt: formats.CacheFormat, max_len: int, num_kv_heads: int, head_dim: int, device) -> "_Rows":
+        fmt.check_head_dim(head_dim)
+        if fmt.is_dense:
+            return _Rows(fmt, None, torch.zeros(max_len, num_kv_heads, head_dim, dtype=fmt.dense_dtype, device=device))
+        scales = torch.zeros(max_len, num_kv_heads, fmt.num_scales(head_dim), dtype=torch.float16, device=device)
+        codes = torch.zeros(max_len, num_kv_heads, fmt.code_bytes(head_dim), dtype=fmt.code_dtype, device=device)
+        return _Rows(fmt, scales, codes)
+
+    def write(self, slots: int | torch.Tensor, x: torch.Tensor, use_kernel: bool) -> None:
+        """x: [N, Hkv, D] -> slots start..start+N-1 (slots: int start) or slots[i] ([N] long tensor)."""
+        n = x.shape[0]
+        if use_kernel and not self.fmt.is_dense:
+            from treeflash.kernels.kv_quant import quantize_into
+
+            quantize_into(self.fmt.name, x.contiguous(), self.scales, self.codes, slots)
+            return
+        s, c = formats.quantize(self.fmt.name, x)
+        if isinstance(slots, int):
+            self.codes[slots : slots + n] = c
+            if s is not None:
+                self.scales[slots : slots + n] = s
+        else:
+            self.codes.index_copy_(0, slots, c)
+            if s is not None:
+                self.scales.index_copy_(0, slots, s)
+
+    def read(self, length: int, dtype: torch.dtype) -> torch.Tensor:
+        """Rows [0, length), dequantized (tq3_0: un-rotated) -> [length, Hkv, D] in dtype."""
+        if self.scales is None:
+            return self.codes[:length].to(dtype)
+        return formats.dequantize(self.fmt.name, self.scales[:length], self.codes[:length]).to(dtype)
+
+    def move(self, dest: torch.Tensor, src: torch.Tensor) -> None:
+        """Rows src -> rows dest ([N] long each; index_select copies first, so overlap is safe)."""
+        for t in (self.scales, self.codes):
+            if t is not None:
+                t.index_copy_(0, dest, t.index_select(0, src))
+
+    def planes(self):
+        from treeflash.kernels.kv_quant import Planes
+
+        return Planes(self.fmt.name, self.scales, self.codes)
+
+    def nbytes(self) -> int:
+        return sum(t.numel() * t.element_size() for t in (self.scales, self.codes) if t is not None)
+
+
+class QuantizedAttentionCache:
+    def __init__(self, num_kv_heads: int, head_dim: int, spec: "CacheSpec"):
+        device = torch.device(spec.device)
+        fmt_k = formats.get_format(spec.cache_type_k, spec.dtype)
+        fmt_v = formats.get_format(spec.cache_type_v, spec.dtype)
+        self.k = _Rows.allocate(fmt_k, spec.max_len, num_kv_heads, head_dim, device)
+        self.v = _Rows.allocate(fmt_v, spec.max_len, num_kv_heads, head_dim, device)
+        pow2 = head_dim & (head_dim - 1) == 0 and 32 <= head_dim <= 256
+        self.use_kernels = device.type == "cuda" and pow2  # other head dims: the reference path
+
+    def attend(self, q, k, v, start, tree_mask, scale):
+        # q: [T, H, D], k/v: [T, Hkv, D], tree_mask: [T, T] bool or None -> [T, H, D]
+        n = q.shape[0]
+        self.k.write(start, k, self.use_kernels)
+        self.v.write(start, v, self.use_kernels)
+        if self.use_kernels and n <= MAX_KERNEL_TOKENS:
+            from treeflash.kernels.quant_attention import quant_attention
+
+            return quant_attention(q, self.k.planes(), self.v.planes(), start, tree_mask, scale)
+        keys = self.k.read(start + n, q.dtype)
+        values = self.v.read(start + n, q.dtype)
+        return attention_reference(q, keys, values, build_mask(n, start, tree_mask, q.device), scale)
+
+    def attend_static(self, q, k, v, slots, key_mask, scale):
+        # slots: [T] long, key_mask: [T, max_len] bool; fixed shapes, no host sync on the kernel path
+        self.k.write(slots, k, self.use_kernels)
+        self.v.write(slots, v, self.use_kernels)
+        if self.use_kernels and q.shape[0] <= MAX_KERNEL_TOKENS:
+            from treeflash.kernels.quant_attention import quant_attention_masked
+
+            return quant_attention_masked(q, self.k.planes(), self.v.planes(), key_mask, scale)
+        length = key_mask.shape[-1]
+        keys, values = self.k.read(length, q.dtype), self.v.read(length, q.dtype)
+        return attention_reference(q, keys, values, key_mask, scale)
+
+    def commit(self, start: int, path: list[int]) -> None:
+        if path == list(range(len(path))):
+            return  # already contiguous
+        src = torch.tensor(path, device=self.k.codes.device) + start
+        dest = torch.arange(start, start + len(path), device=src.device)
+        self.commit_static(dest, src)
+
+    def commit_static(self, dest: torch.Tensor, src: torch.Tensor) -> None:
+        """Rows src -> rows dest ([N] long each): the accepted nodes' slots into contiguous ones."""
+        self.k.move(dest, src)
+        self.v.move(dest, src)
+
+    def reset(self) -> None:
+        pass  # slots past seq_len are never read
+
+    def nbytes(self) -> int:
+        return self.k.nbytes() + self.v.nbytes()

@@ -1,0 +1,107 @@
+"""treeflash serve: the OpenAI-compatible HTTP server (FastAPI + uvicorn).
+
+The socket opens first and the model loads on the engine's thread behind it, so a supervisor can
+poll GET /health (503 while loading, 200 when ready) instead of guessing a start-up delay.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+from collections.abc import Callable
+from pathlib import Path
+
+from treeflash.cli.common import add_model_args, build_engine
+from treeflash.errors import ModelLoadError
+
+EXAMPLES = """examples:
+  treeflash serve                                    # the embedded SmolLM2-135M-Instruct on 127.0.0.1:8000
+  treeflash serve --draft ngram --port 8080 --api-key secret
+  treeflash serve --model ./Qwen2.5-Coder-1.5B-Instruct.gguf --served-model-name qwen-coder \\
+      --draft draft --draft-model ./Qwen2.5-Coder-0.5B-Instruct.gguf --max-queue 16
+
+  curl http://127.0.0.1:8000/health
+  curl http://127.0.0.1:8000/v1/chat/completions -H 'Content-Type: application/json' \\
+      -d '{"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 32, "stream": true}'
+
+routes (each also without /v1): POST /v1/chat/completions, POST /v1/completions, GET /v1/models,
+POST /tokenize, POST /detokenize, GET /health, GET /metrics (Prometheus). See docs/server.md.
+"""
+
+DEFAULT_NAME = "SmolLM2-135M-Instruct"
+
+
+def add_parser(sub) -> None:
+    p = sub.add_parser("serve", help="run the OpenAI-compatible HTTP server", description=__doc__.splitlines()[0],
+                       epilog=EXAMPLES, formatter_class=argparse.RawDescriptionHelpFormatter)
+    s = p.add_argument_group("server")
+    s.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1; 0.0.0.0 for every interface)")
+    s.add_argument("--port", type=int, default=8000, help="port (default 8000)")
+    s.add_argument("--api-key", default=None, help="require 'Authorization: Bearer KEY' on every route but /health and /metrics")
+    s.add_argument("--served-model-name", default=None,
+                   help=f"the model id clients send and /v1/models lists (default: the model file's name, or {DEFAULT_NAME})")
+    s.add_argument("--max-queue", type=int, default=64, help="requests that may wait for the engine; more get 429 (default 64)")
+    s.add_argument("--max-body-mb", type=float, default=4.0, help="largest request body in MB; larger gets 413 (default 4)")
+    s.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"], help="default info")
+    add_model_args(p)
+    p.set_defaults(func=run)
+
+
+def served_name(model: str | None) -> str:
+    if model is None:
+        return DEFAULT_NAME
+    path = Path(model)
+    return path.stem if path.suffix.lower() == ".gguf" else path.name or model
+
+
+def run(args: argparse.Namespace) -> int:
+    from treeflash.server.app import ServerConfig
+
+    if args.model is not None and not Path(args.model).expanduser().exists():
+        raise ModelLoadError(f"{args.model}: no such file or directory; pass a Hugging Face model directory or a .gguf file")
+    config = ServerConfig(
+        served_model_name=args.served_model_name or served_name(args.model),
+        api_key=args.api_key,
+        max_queue=args.max_queue,
+        max_body_bytes=int(args.max_body_mb * 1024 * 1024),
+    )
+    return serve(config, lambda: build_engine(args, progress=False), args.host, args.port, args.log_level)
+
+
+def serve(config, load: Callable[[], object], host: str, port: int, log_level: str = "info") -> int:
+    """Run until SIGINT/SIGTERM. Returns 2 if the model failed to load (the server then exits by itself)."""
+    import uvicorn
+
+    from treeflash.server.app import create_app
+
+    logging.basicConfig(level=log_level.upper(), format="%(levelname)s:     %(name)s: %(message)s")
+    failures: list[str] = []
+    holder: list[uvicorn.Server] = []
+
+    def on_load_failed(message: str) -> None:
+        failures.append(message)
+        holder[0].should_exit = True
+
+    app = create_app(config, load, on_load_failed)
+    worker = app.state.treeflash.worker
+
+    class Server(uvicorn.Server):
+        async def shutdown(self, sockets=None) -> None:
+            worker.begin_stop()  # in-flight generations end at their next step, so the graceful wait is short
+            await super().shutdown(sockets)
+
+    uv_config = uvicorn.Config(app, host=host, port=port, log_level=log_level, timeout_graceful_shutdown=10,
+                               h11_max_incomplete_event_size=64 * 1024)
+    server = Server(uv_config)
+    holder.append(server)
+    print(f"treeflash serve: http://{host}:{port}/v1 model {config.served_model_name!r} (loading; GET /health answers 200 when ready)",
+          file=sys.stderr, flush=True)
+    try:
+        server.run()
+    except KeyboardInterrupt:  # uvicorn re-raises the SIGINT it handled, after the graceful shutdown
+        pass
+    if failures:
+        print(f"treeflash serve: error: the model failed to load: {failures[0]}", file=sys.stderr)
+        return 2
+    return 0

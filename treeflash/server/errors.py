@@ -1,0 +1,58 @@
+"""HTTP errors in the OpenAI envelope: {"error": {"message", "type", "param", "code"}}.
+
+Every failure a client can see goes through `APIError`, so the status, the type and the
+envelope are decided in one place. Engine-side typed errors map onto it with `from_exception`.
+"""
+
+from __future__ import annotations
+
+from http import HTTPStatus
+
+from fastapi.responses import JSONResponse
+
+from treeflash.errors import InvalidRequestError, TreeflashError
+
+# OpenAI's error types by status; clients (the openai package) pick the exception class by status.
+_TYPES = {
+    400: "invalid_request_error",
+    401: "authentication_error",
+    404: "not_found_error",
+    405: "invalid_request_error",
+    413: "invalid_request_error",
+    429: "rate_limit_error",
+    500: "server_error",
+    503: "service_unavailable",
+}
+
+
+class APIError(Exception):
+    def __init__(self, status: int, message: str, param: str | None = None, code: str | None = None):
+        super().__init__(message)
+        self.status = status
+        self.message = message
+        self.param = param
+        self.code = code
+
+    def body(self) -> dict:
+        kind = _TYPES.get(self.status, "invalid_request_error" if self.status < 500 else "server_error")
+        code = self.code if self.code is not None else HTTPStatus(self.status).phrase.lower().replace(" ", "_")
+        return {"error": {"message": self.message, "type": kind, "param": self.param, "code": code}}
+
+    def response(self) -> JSONResponse:
+        headers = {"WWW-Authenticate": "Bearer"} if self.status == 401 else None
+        return JSONResponse(self.body(), status_code=self.status, headers=headers)
+
+
+def bad_request(message: str, param: str | None = None) -> APIError:
+    return APIError(400, message, param)
+
+
+def from_exception(e: BaseException) -> APIError:
+    """A typed error from the engine or the loader -> 400; anything else -> 500 (this request only)."""
+    if isinstance(e, APIError):
+        return e
+    if isinstance(e, InvalidRequestError):
+        return APIError(400, str(e), e.param)
+    if isinstance(e, TreeflashError):
+        return APIError(400, str(e))
+    return APIError(500, f"generation failed: {type(e).__name__}: {e}")

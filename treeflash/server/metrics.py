@@ -1,0 +1,91 @@
+"""Prometheus metrics, in a registry of the app's own (two apps in one process never share counters).
+
+Per request: status by route, time to first token (as the server sees it: queue wait included),
+time per output token and tokens per second (the engine's own timing of each choice). Read at
+scrape time: queue depth, whether a request is running, and the engine's running speculation
+totals, tau and acceptance per depth (definitions in treeflash.spec.stats).
+"""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+
+from treeflash.server.worker import Job, Worker
+
+ROUTES = ("/chat/completions", "/completions", "/models", "/health", "/metrics", "/tokenize", "/detokenize")
+
+_TIME_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600)
+_TPOT_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5)
+_RATE_BUCKETS = (1, 2, 5, 10, 20, 50, 100, 200, 500, 1000, 2000)
+
+
+def route_label(path: str) -> str:
+    """A fixed set of labels, whatever paths clients send (label values must not be unbounded)."""
+    if path.startswith("/v1/"):
+        path = path[3:]
+    if path.startswith("/models/"):
+        return "/models"
+    return path if path in ROUTES else "other"
+
+
+class Metrics:
+    def __init__(self, worker: Worker):
+        self.registry = r = CollectorRegistry()
+        self.requests = Counter("treeflash_requests", "HTTP requests by route and status", ["route", "status"], registry=r)
+        self.ttft = Histogram("treeflash_time_to_first_token_seconds", "request arrival to first token, queue wait included",
+                              buckets=_TIME_BUCKETS, registry=r)
+        self.tpot = Histogram("treeflash_time_per_output_token_seconds", "decode time per output token after the first, per choice",
+                              buckets=_TPOT_BUCKETS, registry=r)
+        self.rate = Histogram("treeflash_tokens_per_second", "output tokens per second of generation, per choice",
+                              buckets=_RATE_BUCKETS, registry=r)
+        self.prompt_tokens = Counter("treeflash_prompt_tokens", "prompt tokens processed", registry=r)
+        self.output_tokens = Counter("treeflash_generation_tokens", "tokens generated", registry=r)
+        queue = Gauge("treeflash_queue_depth", "requests waiting for the engine", registry=r)
+        queue.set_function(lambda: worker.queue_depth)
+        running = Gauge("treeflash_requests_running", "requests the engine is generating for (0 or 1)", registry=r)
+        running.set_function(lambda: float(worker.busy))
+        ready = Gauge("treeflash_model_ready", "1 once the model is loaded", registry=r)
+        ready.set_function(lambda: float(worker.state == "ready"))
+        r.register(_SpecCollector(worker))
+
+    def observe_job(self, job: Job, arrived_at: float) -> None:
+        if job.first_event_at is not None:
+            self.ttft.observe(job.first_event_at - arrived_at)
+        for u in job.usages:
+            self.prompt_tokens.inc(u.prompt_tokens)
+            self.output_tokens.inc(u.completion_tokens)
+            if u.seconds > 0:
+                self.rate.observe(u.completion_tokens / u.seconds)
+            if u.completion_tokens > 1:
+                self.tpot.observe((u.seconds - u.first_token_s) / (u.completion_tokens - 1))
+
+    def render(self) -> bytes:
+        return generate_latest(self.registry)
+
+
+class _SpecCollector:
+    """tau and acceptance per depth from the engine's running totals, read when scraped."""
+
+    def __init__(self, worker: Worker):
+        self.worker = worker
+
+    def describe(self):
+        return []
+
+    def collect(self):
+        engine = self.worker.engine
+        if engine is None:
+            return
+        stats = engine.totals
+        passes = CounterMetricFamily("treeflash_spec_target_passes", "target forward passes while decoding")
+        passes.add_metric([], stats.passes)
+        committed = CounterMetricFamily("treeflash_spec_committed_tokens", "tokens committed by those passes (accepted + bonus)")
+        committed.add_metric([], stats.committed)
+        tau = GaugeMetricFamily("treeflash_spec_tau", "mean tokens committed per target pass (1.0 without a drafter)")
+        tau.add_metric([], stats.tau)
+        accept = GaugeMetricFamily("treeflash_spec_acceptance", "fraction of passes whose draft reached a depth and was accepted there",
+                                   labels=["depth"])
+        for depth, rate in enumerate(stats.acceptance_per_depth(), start=1):
+            accept.add_metric([str(depth)], rate)
+        yield from (passes, committed, tau, accept)

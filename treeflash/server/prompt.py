@@ -1,0 +1,153 @@
+"""From a validated HTTP request to the engine's input: prompt token ids and GenerationRequests.
+
+Chat history is normalized before the template sees it: text parts joined, `developer` as
+`system`, tool-call arguments decoded from JSON strings into dicts (the Qwen and Hermes templates
+expect dicts), and, for templates that know nothing about tools, the tool definitions and past
+calls written out in the Hermes format the output parser reads back.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Any
+
+from treeflash.engine.chat import render_chat
+from treeflash.engine.request import GenerationRequest
+from treeflash.server.errors import bad_request, from_exception
+from treeflash.server.frontend import Frontend
+from treeflash.server.protocol import ChatCompletionRequest, Message, ToolDef
+from treeflash.server.reasoning import prompt_opens_thinking
+from treeflash.server.tools import tool_call_text, tools_system_text
+from treeflash.spec.sampling import SamplingParams
+
+RESERVED_TEMPLATE_KWARGS = ("messages", "tools", "add_generation_prompt", "bos_token", "eos_token", "template")
+
+
+@dataclass(frozen=True)
+class ChatPrompt:
+    text: str
+    ids: list[int]
+    in_think: bool  # the template opened a <think> block at the end of the prompt
+
+
+def render_messages(fe: Frontend, messages: list[Message], tools: list[ToolDef] | None, add_generation_prompt: bool = True,
+                    template_kwargs: dict[str, Any] | None = None) -> ChatPrompt:
+    template = fe.chat_template
+    knows_tools = template is not None and "tools" in template
+    knows_calls = template is not None and "tool_calls" in template
+    msgs = [_message_dict(i, m, knows_calls) for i, m in enumerate(messages)]
+    tool_dicts = [t.model_dump(exclude_none=True) for t in tools] if tools else None
+    if tool_dicts and not knows_tools:
+        block = tools_system_text(tool_dicts)
+        if msgs[0]["role"] == "system":
+            msgs[0] = {**msgs[0], "content": msgs[0]["content"] + "\n\n" + block}
+        else:
+            msgs.insert(0, {"role": "system", "content": block})
+    kwargs = dict(template_kwargs or {})
+    for key in RESERVED_TEMPLATE_KWARGS:
+        if key in kwargs:
+            raise bad_request(f"chat_template_kwargs may not set {key!r}", "chat_template_kwargs")
+    text = render_chat(template, msgs, add_generation_prompt=add_generation_prompt, tools=tool_dicts if knows_tools else None,
+                       bos_token=fe.bos_token, eos_token=fe.eos_token, **kwargs)
+    return ChatPrompt(text, fe.encode(text, add_special_tokens=False), prompt_opens_thinking(text))
+
+
+def chat_prompt(fe: Frontend, req: ChatCompletionRequest) -> ChatPrompt:
+    tools = req.tools if req.tool_choice != "none" else None
+    return render_messages(fe, req.messages, tools, True, req.chat_template_kwargs)
+
+
+def _message_dict(i: int, m: Message, knows_calls: bool) -> dict[str, Any]:
+    where = f"messages[{i}]"
+    content = _content_text(where, m.content)
+    if content is None:
+        if m.role != "assistant":
+            raise bad_request(f"{where}.content is required for a {m.role} message", f"{where}.content")
+        content = ""
+    out: dict[str, Any] = {"role": "system" if m.role == "developer" else m.role, "content": content}
+    if m.name is not None:
+        out["name"] = m.name
+    if m.tool_call_id is not None:
+        out["tool_call_id"] = m.tool_call_id
+    if m.reasoning_content is not None:
+        out["reasoning_content"] = m.reasoning_content
+    if m.tool_calls:
+        if m.role != "assistant":
+            raise bad_request(f"{where}.tool_calls is only allowed on assistant messages", f"{where}.tool_calls")
+        calls = []
+        for j, c in enumerate(m.tool_calls):
+            args = c.function.arguments
+            if isinstance(args, str):
+                try:
+                    args = json.loads(args) if args.strip() else {}
+                except json.JSONDecodeError as e:
+                    raise bad_request(f"{where}.tool_calls[{j}].function.arguments is not valid JSON: {e}",
+                                      f"{where}.tool_calls[{j}].function.arguments") from None
+            if not isinstance(args, dict):
+                raise bad_request(f"{where}.tool_calls[{j}].function.arguments must encode a JSON object",
+                                  f"{where}.tool_calls[{j}].function.arguments")
+            calls.append({"id": c.id or f"call_{i}_{j}", "type": "function", "function": {"name": c.function.name, "arguments": args}})
+        if knows_calls:
+            out["tool_calls"] = calls
+        else:
+            written = "\n".join(tool_call_text(c["function"]["name"], c["function"]["arguments"]) for c in calls)
+            out["content"] = (content + "\n" if content else "") + written
+    return out
+
+
+def _content_text(where: str, content) -> str | None:
+    if content is None or isinstance(content, str):
+        return content
+    texts = []
+    for k, part in enumerate(content):
+        if part.type != "text" or part.text is None:
+            raise bad_request(f"{where}.content[{k}]: only text parts are supported, got type {part.type!r}", f"{where}.content")
+        texts.append(part.text)
+    return "\n".join(texts)
+
+
+def completion_prompt_ids(fe: Frontend, prompts: list[str | list[int]]) -> list[list[int]]:
+    out = []
+    for p in prompts:
+        ids = fe.encode(p) if isinstance(p, str) else list(p)
+        if not ids:
+            raise bad_request("the prompt is empty (it encodes to no tokens)", "prompt")
+        out.append(ids)
+    return out
+
+
+def check_token_ids(fe: Frontend, ids: list[int], param: str) -> None:
+    vocab = fe.vocab_size
+    bad = next((t for t in ids if not 0 <= t < vocab), None)
+    if bad is not None:
+        raise bad_request(f"token id {bad} is out of range [0, {vocab})", param)
+
+
+def generation_requests(fe: Frontend, req, prompt_ids: list[list[int]], logprobs: int | None) -> list[GenerationRequest]:
+    """n GenerationRequests per prompt (choice index = prompt index * n + i), each checked against the context."""
+    limit = fe.max_context
+    stop = req.stop_strings()
+    stop_ids = tuple(req.stop_token_ids or ())
+    check_token_ids(fe, list(stop_ids), "stop_token_ids")
+    out = []
+    for ids in prompt_ids:
+        check_token_ids(fe, ids, "prompt")
+        if len(ids) >= limit:
+            raise bad_request(f"the prompt is {len(ids)} tokens, but the context is {limit} tokens "
+                              f"(and at least one token must be left for the output)", "messages" if hasattr(req, "messages") else "prompt")
+        max_tokens = req.token_limit if req.token_limit is not None else limit - len(ids)
+        try:
+            fe.check_fits(len(ids), max_tokens)
+            for i in range(req.n):
+                sampling = SamplingParams(
+                    temperature=1.0 if req.temperature is None else req.temperature,
+                    top_k=max(req.top_k or 0, 0),
+                    top_p=1.0 if req.top_p is None else req.top_p,
+                    min_p=req.min_p or 0.0,
+                    seed=None if req.seed is None else req.seed + i,
+                )
+                out.append(GenerationRequest(tuple(ids), sampling, max_tokens, stop, stop_ids, req.ignore_eos, logprobs))
+        except Exception as e:  # the engine's typed errors name the numbers; they become 400s
+            raise from_exception(e) from None
+    return out

@@ -1,0 +1,291 @@
+"""GPU speed of treeflash at real model shapes with random weights (speed does not depend on
+weight values; acceptance does, so no tau is reported here).
+
+Reports, per shape: decode tokens/s through the CUDA-graph runner and its fraction of the
+measured copy bandwidth (bytes per token = every weight read once + the KV/state read); verify
+step time for 1..128 nodes as a ratio to the one-token decode step; prefill tokens/s; and, for the
+dense shape, transformers' generate on the same weights. Writes JSON.
+
+    python bench/gpu_speed.py --shapes qwen3-8b,qwen3.5-27b --out bench/results/gpu_speed.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from treeflash.models.config import ModelConfig  # noqa: E402
+from treeflash.models.runner import CudaGraphRunner  # noqa: E402
+from treeflash.models.step import StepInput  # noqa: E402
+from treeflash.models.transformer import CausalLM  # noqa: E402
+
+SHAPES = {
+    # Qwen3-8B: 36 layers, hidden 4096, 32 q heads / 8 kv heads of 128, MLP 12288, vocab 151936
+    "qwen3-8b": dict(arch="qwen3", vocab_size=151936, hidden_size=4096, intermediate_size=12288, num_layers=36,
+                     num_heads=32, num_kv_heads=8, head_dim=128, qk_norm=True, rope_theta=1e6),
+    # Qwen3.5-27B: 64 layers (48 Gated DeltaNet + 16 gated attention), hidden 5120, MLP 17408,
+    # attention 24 q / 4 kv heads of 256 (partial rotary 0.25), linear 16 k / 48 v heads of 128
+    "qwen3.5-27b": dict(arch="qwen3_5", vocab_size=248320, hidden_size=5120, intermediate_size=17408, num_layers=64,
+                        num_heads=24, num_kv_heads=4, head_dim=256, qk_norm=True, attn_output_gate=True,
+                        norm_unit_offset=True, partial_rotary_factor=0.25, rope_theta=1e7,
+                        layer_types=tuple("full_attention" if (i + 1) % 4 == 0 else "linear_attention" for i in range(64)),
+                        linear_conv_kernel_dim=4, linear_key_head_dim=128, linear_value_head_dim=128,
+                        linear_num_key_heads=16, linear_num_value_heads=48),
+    # small shapes to check the script itself
+    "tiny-dense": dict(arch="qwen3", vocab_size=1000, hidden_size=256, intermediate_size=512, num_layers=4,
+                       num_heads=4, num_kv_heads=2, head_dim=64, qk_norm=True),
+    "tiny-hybrid": dict(arch="qwen3_5", vocab_size=1000, hidden_size=256, intermediate_size=512, num_layers=4,
+                        num_heads=4, num_kv_heads=2, head_dim=64, qk_norm=True, attn_output_gate=True,
+                        norm_unit_offset=True, partial_rotary_factor=0.25,
+                        layer_types=("linear_attention", "linear_attention", "linear_attention", "full_attention"),
+                        linear_key_head_dim=32, linear_value_head_dim=32, linear_num_key_heads=2, linear_num_value_heads=4),
+}
+
+
+def cuda_time(fn, iters: int = 20, warmup: int = 3) -> float:
+    """Median seconds of fn() by CUDA events (device time, launches included)."""
+    if not torch.cuda.is_available():
+        return wall_time(fn, iters, warmup)
+    for _ in range(warmup):
+        fn()
+    times = []
+    for _ in range(iters):
+        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        a.record()
+        fn()
+        b.record()
+        b.synchronize()
+        times.append(a.elapsed_time(b) / 1000)
+    return statistics.median(times)
+
+
+def wall_time(fn, iters: int = 20, warmup: int = 3) -> float:
+    """Median seconds of fn() by the host clock; fn must synchronize (e.g. read a token back)."""
+    for _ in range(warmup):
+        fn()
+    times = []
+    for _ in range(iters):
+        t0 = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times)
+
+
+def measure_bandwidth(gib: float = 4.0) -> float:
+    n = int(gib * 2**30) // 2
+    src = torch.randn(n, device=DEV, dtype=torch.bfloat16)
+    dst = torch.empty_like(src)
+    t = cuda_time(lambda: dst.copy_(src), iters=10)
+    del src, dst
+    return 2 * n * 2 / t  # bytes read + written per second
+
+
+DEV = "cuda" if torch.cuda.is_available() else "cpu"
+
+
+def sync() -> None:
+    if DEV == "cuda":
+        torch.cuda.synchronize()
+
+
+def build_model(shape: str, device=None, dtype=torch.bfloat16) -> CausalLM:
+    device = device or DEV
+    cfg = ModelConfig(**SHAPES[shape])
+    torch.manual_seed(0)
+    with torch.device(device):
+        prev = torch.get_default_dtype()
+        torch.set_default_dtype(dtype)
+        try:
+            model = CausalLM(cfg)
+        finally:
+            torch.set_default_dtype(prev)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if p.dim() >= 2:
+                p.normal_(0, 0.02)
+    return model.eval()
+
+
+def weight_bytes(model: CausalLM) -> int:
+    """Bytes a decode step reads: every parameter once, except the embedding table (one row)."""
+    total = sum(p.numel() * p.element_size() for p in model.parameters())
+    emb = model.model.embed_tokens.weight
+    if model.lm_head is not None:
+        total -= emb.numel() * emb.element_size()
+    return total
+
+
+def step_bytes(model: CausalLM, cache, context: int) -> int:
+    c = model.config
+    kv = len(c.attention_layer_ids) * context * c.num_kv_heads * c.head_dim * 2 * 2
+    rec = 0
+    if c.is_hybrid:  # state read + written, conv window
+        rec = len(c.linear_layer_ids) * c.linear_num_value_heads * c.linear_key_head_dim * c.linear_value_head_dim * 4 * 2
+    return weight_bytes(model) + kv + rec
+
+
+@torch.inference_mode()
+def bench_shape(shape: str, args, bandwidth: float) -> dict:
+    dev = DEV
+    model = build_model(shape)
+    c = model.config
+    res: dict = {"shape": shape, "params_b": sum(p.numel() for p in model.parameters()) / 1e9,
+                 "weight_gb": weight_bytes(model) / 1e9}
+    ctx = args.context
+    cache = model.new_cache(ctx + 2 * max(args.buckets) + args.decode_tokens + 64)
+    t0 = time.perf_counter()
+    runner = CudaGraphRunner(model, cache, buckets=tuple(args.buckets))
+    res["capture_s"] = time.perf_counter() - t0
+    prompt = torch.randint(0, c.vocab_size, (ctx,), device=dev)
+    runner.forward(StepInput.plain(prompt, 0), compute_logits=False)
+    sync()
+
+    # plain decode: graph replay + argmax read back, as the decoder does it
+    tok = torch.zeros(1, dtype=torch.long, device=dev)
+
+    def decode_one():
+        out = runner.forward(StepInput.plain(tok, cache.seq_len))
+        return int(out.logits[0].argmax())
+
+    base = cache.seq_len
+    t_decode = wall_time(decode_one, iters=args.decode_tokens)
+    g_decode = cuda_time(lambda: runner.decode.replay(), iters=20)
+    nbytes = step_bytes(model, cache, cache.seq_len)
+    res["decode"] = {
+        "context": ctx,
+        "tokens_per_s": 1 / t_decode,
+        "step_ms": t_decode * 1e3,
+        "graph_ms": g_decode * 1e3,
+        "bytes_per_token_gb": nbytes / 1e9,
+        "roofline_tokens_per_s": bandwidth / nbytes,
+        "fraction_of_roofline": (nbytes / t_decode) / bandwidth,
+        "graph_fraction_of_roofline": (nbytes / g_decode) / bandwidth,
+    }
+    cache.seq_len = base  # the replays above appended tokens; rewind (attention-only positions; states are junk anyway)
+
+    # verify: a chain of n nodes (width does not change the cost: the batch is n tokens either way)
+    verify = {}
+    for n in args.buckets:
+        ids = torch.randint(0, c.vocab_size, (n,))
+
+        def one():
+            step = StepInput.chain(ids, cache.seq_len)
+            out = runner.forward(step)
+            out.logits.argmax(-1).tolist()
+            runner.commit([0])
+
+        t = wall_time(one, iters=10)
+        g = cuda_time(lambda: runner.graphs[n].replay(), iters=10)
+        verify[n] = {"step_ms": t * 1e3, "graph_ms": g * 1e3, "ratio_to_decode_step": t / t_decode, "graph_ratio": g / g_decode}
+    res["verify"] = verify
+
+    # prefill (eager, chunked)
+    prefill = {}
+    for n in args.prefill:
+        pc = model.new_cache(n + 8)
+        ids = torch.randint(0, c.vocab_size, (n,), device=dev)
+
+        def pre():
+            pc.reset()
+            for s in range(0, n, args.prefill_chunk):
+                model(StepInput.plain(ids[s : s + args.prefill_chunk], s), pc, compute_logits=False)
+            sync()
+
+        try:
+            t = wall_time(pre, iters=2, warmup=1)
+            prefill[n] = {"tokens_per_s": n / t, "seconds": t}
+        except torch.OutOfMemoryError as e:
+            prefill[n] = {"error": str(e)[:200]}
+        del pc
+        if DEV == "cuda":
+            torch.cuda.empty_cache()
+    res["prefill"] = prefill
+
+    if args.hf and c.arch == "qwen3":
+        res["transformers"] = bench_transformers(model, args)
+    del runner, cache, model
+    if DEV == "cuda":
+        torch.cuda.empty_cache()
+    return res
+
+
+@torch.inference_mode()
+def bench_transformers(model: CausalLM, args) -> dict:
+    """transformers' generate on the same weights (shared, not copied)."""
+    import transformers as tf
+
+    c = model.config
+    hcfg = tf.Qwen3Config(vocab_size=c.vocab_size, hidden_size=c.hidden_size, intermediate_size=c.intermediate_size,
+                          num_hidden_layers=c.num_layers, num_attention_heads=c.num_heads, num_key_value_heads=c.num_kv_heads,
+                          head_dim=c.head_dim, rope_theta=c.rope_theta, max_position_embeddings=c.max_position_embeddings,
+                          tie_word_embeddings=False, torch_dtype="bfloat16")
+    with torch.device("meta"):
+        hf = tf.Qwen3ForCausalLM(hcfg)
+    hf.load_state_dict({k: v for k, v in model.state_dict().items() if not k.startswith("rotary")}, assign=True, strict=False)
+    hf.model.rotary_emb = type(hf.model.rotary_emb)(hcfg, device="cuda")
+    hf = hf.to("cuda").eval()
+    ids = torch.randint(0, c.vocab_size, (1, args.context), device="cuda")
+    out = {}
+    for mode in ["eager_dynamic", "static"] + (["static_compiled"] if args.hf_compile else []):
+        kw = dict(max_new_tokens=args.hf_tokens, min_new_tokens=args.hf_tokens, do_sample=False)
+        if mode != "eager_dynamic":
+            kw["cache_implementation"] = "static"
+        if mode == "static_compiled":
+            hf.forward = torch.compile(hf.forward, mode="reduce-overhead", fullgraph=True)
+        try:
+            hf.generate(ids, **{**kw, "max_new_tokens": 4, "min_new_tokens": 4})  # warm up / compile
+            torch.cuda.synchronize()
+            t0 = time.perf_counter()
+            hf.generate(ids, **kw)
+            torch.cuda.synchronize()
+            dt = time.perf_counter() - t0
+            out[mode] = {"tokens_per_s": args.hf_tokens / dt, "note": "includes the prefill of the context"}
+        except Exception as e:  # report, do not hide
+            out[mode] = {"error": f"{type(e).__name__}: {str(e)[:300]}"}
+    return out
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--shapes", default="qwen3-8b,qwen3.5-27b")
+    p.add_argument("--context", type=int, default=512)
+    p.add_argument("--decode-tokens", type=int, default=64)
+    p.add_argument("--buckets", type=lambda s: [int(x) for x in s.split(",")], default=[1, 2, 4, 8, 16, 32, 64, 128])
+    p.add_argument("--prefill", type=lambda s: [int(x) for x in s.split(",") if x], default=[4096, 32768])
+    p.add_argument("--prefill-chunk", type=int, default=4096)
+    p.add_argument("--hf", action="store_true", help="also time transformers' generate on the dense shape")
+    p.add_argument("--hf-compile", action="store_true")
+    p.add_argument("--hf-tokens", type=int, default=32)
+    p.add_argument("--out", default="bench/results/gpu_speed.json")
+    args = p.parse_args()
+    bw = measure_bandwidth(4.0 if DEV == "cuda" else 0.25)
+    result = {"gpu": torch.cuda.get_device_name() if DEV == "cuda" else platform.processor() or "cpu", "torch": torch.__version__, "python": platform.python_version(),
+              "copy_bandwidth_gb_s": bw / 1e9, "shapes": {}}
+    print(f"copy bandwidth {bw / 1e9:.0f} GB/s", flush=True)
+    for shape in args.shapes.split(","):
+        r = bench_shape(shape, args, bw)
+        result["shapes"][shape] = r
+        d = r["decode"]
+        print(f"{shape}: decode {d['tokens_per_s']:.1f} tok/s ({d['fraction_of_roofline']:.0%} of roofline; graph alone "
+              f"{d['graph_fraction_of_roofline']:.0%}), capture {r['capture_s']:.1f}s", flush=True)
+        for n, v in r["verify"].items():
+            print(f"  verify {n:4d} nodes: {v['step_ms']:.2f} ms ({v['ratio_to_decode_step']:.2f}x decode; graph {v['graph_ms']:.2f} ms)", flush=True)
+        for n, v in r["prefill"].items():
+            print(f"  prefill {n}: {v}", flush=True)
+        if "transformers" in r:
+            print(f"  transformers: {r['transformers']}", flush=True)
+        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.out).write_text(json.dumps(result, indent=2))
+
+
+if __name__ == "__main__":
+    main()

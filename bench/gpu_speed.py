@@ -137,6 +137,8 @@ def step_bytes(model: CausalLM, cache, context: int) -> int:
 def bench_shape(shape: str, args, bandwidth: float) -> dict:
     dev = DEV
     model = build_model(shape)
+    if not args.unfused:
+        model.fuse_projections()
     c = model.config
     res: dict = {"shape": shape, "params_b": sum(p.numel() for p in model.parameters()) / 1e9,
                  "weight_gb": weight_bytes(model) / 1e9}
@@ -262,6 +264,7 @@ def main() -> None:
     p.add_argument("--buckets", type=lambda s: [int(x) for x in s.split(",")], default=[1, 2, 4, 8, 16, 32, 64, 128])
     p.add_argument("--prefill", type=lambda s: [int(x) for x in s.split(",") if x], default=[4096, 32768])
     p.add_argument("--prefill-chunk", type=int, default=4096)
+    p.add_argument("--unfused", action="store_true", help="skip fusing q/k/v, gate/up and linear-attention projections")
     p.add_argument("--hf", action="store_true", help="also time transformers' generate on the dense shape")
     p.add_argument("--hf-compile", action="store_true")
     p.add_argument("--hf-tokens", type=int, default=32)

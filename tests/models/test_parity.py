@@ -9,10 +9,13 @@ from tests.models.hf_oracle import make_pair
 ARCHS = ["llama", "qwen2", "qwen3", "qwen3_5"]
 
 
+@pytest.mark.parametrize("fused", [False, True])
 @pytest.mark.parametrize("arch", ARCHS)
 @torch.inference_mode()
-def test_prefill_logits_match_transformers(arch):
+def test_prefill_logits_match_transformers(arch, fused):
     hf, ours = make_pair(arch)
+    if fused:
+        ours.fuse_projections()
     ids = torch.randint(0, 97, (1, 23))
     ref = hf(ids).logits[0].float()
     cache = ours.new_cache(64)

@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
+from treeflash.kernels.rotary import norm_rotary
 from treeflash.kv.attention_cache import AttentionCache
 from treeflash.models.config import ModelConfig
-from treeflash.models.layers import RMSNorm, apply_rotary
+from treeflash.models.layers import RMSNorm
 from treeflash.models.step import StepInput
 
 
@@ -28,6 +30,25 @@ class Attention(nn.Module):
         else:
             self.q_norm = self.k_norm = None
         self.scale = d**-0.5
+        self.eps, self.unit_offset = config.rms_norm_eps, config.norm_unit_offset
+        self.qkv_weight: torch.Tensor | None = None  # [q_out + 2 * kv_out, hidden] once fused
+        self.qkv_bias: torch.Tensor | None = None
+
+    def fuse(self) -> None:
+        """One GEMV for q, k and v: the three weights (and biases) become views of one tensor."""
+        if self.qkv_weight is not None:
+            return
+        lins = (self.q_proj, self.k_proj, self.v_proj)
+        sizes = [lin.weight.shape[0] for lin in lins]
+        fused = torch.cat([lin.weight.data for lin in lins], dim=0)
+        for lin, part in zip(lins, fused.split(sizes, dim=0)):
+            lin.weight = nn.Parameter(part, requires_grad=False)
+        self.qkv_weight = fused
+        if self.q_proj.bias is not None:
+            fused_b = torch.cat([lin.bias.data for lin in lins], dim=0)
+            for lin, part in zip(lins, fused_b.split(sizes, dim=0)):
+                lin.bias = nn.Parameter(part, requires_grad=False)
+            self.qkv_bias = fused_b
 
     def forward(
         self,
@@ -37,18 +58,24 @@ class Attention(nn.Module):
         cache: AttentionCache,
     ) -> torch.Tensor:  # [T, hidden]
         n = x.shape[0]
-        q = self.q_proj(x)
+        if self.qkv_weight is not None:
+            q, k, v = F.linear(x, self.qkv_weight, self.qkv_bias).split(
+                [self.q_proj.weight.shape[0], self.k_proj.weight.shape[0], self.v_proj.weight.shape[0]], dim=-1)
+        else:
+            q, k, v = self.q_proj(x), self.k_proj(x), self.v_proj(x)
         gate = None
-        if self.gated:
+        if self.gated:  # q_proj yields [q | gate] per head
             q, gate = q.view(n, self.num_heads, 2 * self.head_dim).chunk(2, dim=-1)
             gate = gate.reshape(n, -1)
-        q = q.reshape(n, self.num_heads, self.head_dim)
-        k = self.k_proj(x).view(n, self.num_kv_heads, self.head_dim)
-        v = self.v_proj(x).view(n, self.num_kv_heads, self.head_dim)
-        if self.q_norm is not None:
-            q, k = self.q_norm(q), self.k_norm(k)
+        else:
+            q = q.view(n, self.num_heads, self.head_dim)
+        k = k.view(n, self.num_kv_heads, self.head_dim)
+        v = v.view(n, self.num_kv_heads, self.head_dim)
         cos, sin = rope
-        q, k = apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)
+        q_w = self.q_norm.weight if self.q_norm is not None else None
+        k_w = self.k_norm.weight if self.k_norm is not None else None
+        q = norm_rotary(q, cos, sin, q_w, self.eps, self.unit_offset)  # [T, H, D], qk-norm then rotary, fused
+        k = norm_rotary(k, cos, sin, k_w, self.eps, self.unit_offset)
         if step.key_mask is not None:
             out = cache.attend_static(q, k, v, step.slots, step.key_mask, self.scale).reshape(n, -1)
         else:

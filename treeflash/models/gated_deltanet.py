@@ -26,6 +26,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from treeflash.kernels.gdn_decode import conv_step, recurrent_step
+from treeflash.kernels.norm import rmsnorm_gated
 from treeflash.kv.recurrent_cache import RecurrentCache
 from treeflash.models.config import ModelConfig
 from treeflash.models.step import StepInput
@@ -228,6 +230,8 @@ class RMSNormGated(nn.Module):
         self.weight = nn.Parameter(torch.ones(dim))
 
     def forward(self, x: torch.Tensor, gate: torch.Tensor) -> torch.Tensor:
+        if x.is_cuda:
+            return rmsnorm_gated(x.contiguous(), gate.contiguous(), self.weight, self.eps)
         dtype = x.dtype
         xf = x.float()
         xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)
@@ -258,15 +262,36 @@ class GatedDeltaNet(nn.Module):
         self.in_proj_z = nn.Linear(c.hidden_size, self.value_dim, bias=False)
         self.in_proj_b = nn.Linear(c.hidden_size, self.num_v_heads, bias=False)
         self.in_proj_a = nn.Linear(c.hidden_size, self.num_v_heads, bias=False)
+        self.in_proj: torch.Tensor | None = None  # [conv_dim + value_dim + 2 Hv, hidden] once fused
+
+    def fuse(self) -> None:
+        """One GEMV for the four input projections (they become views of one weight)."""
+        if self.in_proj is not None:
+            return
+        lins = (self.in_proj_qkv, self.in_proj_z, self.in_proj_b, self.in_proj_a)
+        fused = torch.cat([lin.weight.data for lin in lins], dim=0)
+        for lin, part in zip(lins, fused.split([lin.weight.shape[0] for lin in lins], dim=0)):
+            lin.weight = nn.Parameter(part, requires_grad=False)
+        self.in_proj = fused
 
     def forward(self, x: torch.Tensor, step: StepInput, cache: RecurrentCache) -> torch.Tensor:
         # x: [T, hidden] -> [T, hidden]
         n = x.shape[0]
-        mixed = self.in_proj_qkv(x)  # [T, conv_dim]: the conv inputs, kept per node for commit
-        z = self.in_proj_z(x).view(n, self.num_v_heads, self.v_head_dim)
-        beta = torch.sigmoid(self.in_proj_b(x).float())  # [T, Hv]
-        g = -self.A_log.float().exp() * F.softplus(self.in_proj_a(x).float() + self.dt_bias.float())  # [T, Hv]
+        if self.in_proj is not None:
+            mixed, z, b, a = F.linear(x, self.in_proj).split([self.conv_dim, self.value_dim, self.num_v_heads, self.num_v_heads], dim=-1)
+        else:
+            mixed, z, b, a = self.in_proj_qkv(x), self.in_proj_z(x), self.in_proj_b(x), self.in_proj_a(x)
+        # mixed: [T, conv_dim], the conv inputs, kept per node for commit
+        z = z.reshape(n, self.num_v_heads, self.v_head_dim)
         weight = self.conv1d.weight[:, 0]  # [conv_dim, K]
+        if n == 1 and not step.is_verify and x.is_cuda:  # decode: two fused kernels, state updated in place
+            y = conv_step(mixed[0].contiguous(), cache.conv, weight)
+            o = recurrent_step(y, a[0], b[0], self.A_log, self.dt_bias, cache.state,
+                               self.num_k_heads, self.k_head_dim, self.v_head_dim)[None]
+            out = self.norm(o.to(x.dtype), z)
+            return self.out_proj(out.reshape(n, self.value_dim))
+        beta = torch.sigmoid(b.float())  # [T, Hv]
+        g = -self.A_log.float().exp() * F.softplus(a.float() + self.dt_bias.float())  # [T, Hv]
 
         if step.is_verify:
             assert step.depths is not None

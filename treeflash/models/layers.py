@@ -8,6 +8,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from treeflash.kernels.activation import silu_mul
+from treeflash.kernels.norm import rmsnorm
 from treeflash.models.config import ModelConfig
 
 
@@ -21,13 +23,11 @@ class RMSNorm(nn.Module):
         self.weight = nn.Parameter(torch.zeros(dim) if unit_offset else torch.ones(dim))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        dtype = x.dtype
-        xf = x.float()
-        xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)
-        w = self.weight.float()
-        if self.unit_offset:
-            return (xf * (1.0 + w)).to(dtype)
-        return w.to(dtype) * xf.to(dtype) if dtype != torch.float32 else xf * w
+        return rmsnorm(x, self.weight, self.eps, self.unit_offset)[0]
+
+    def add_forward(self, x: torch.Tensor, residual: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
+        """s = x + residual (x alone when residual is None); returns (norm(s), s) in one pass."""
+        return rmsnorm(x, self.weight, self.eps, self.unit_offset, residual)
 
 
 class Rotary(nn.Module):
@@ -86,5 +86,19 @@ class MLP(nn.Module):
         self.up_proj = nn.Linear(hidden, inner, bias=False)
         self.down_proj = nn.Linear(inner, hidden, bias=False)
 
+        self.gate_up: torch.Tensor | None = None  # [2 * inner, hidden] once fused (gate_proj/up_proj become views)
+
+    def fuse(self) -> None:
+        """One GEMV for gate and up: the two weights become views of one [2I, H] tensor."""
+        if self.gate_up is not None:
+            return
+        fused = torch.cat((self.gate_proj.weight.data, self.up_proj.weight.data), dim=0)
+        gate, up = fused.split(self.gate_proj.weight.shape[0], dim=0)
+        self.gate_proj.weight = nn.Parameter(gate, requires_grad=False)
+        self.up_proj.weight = nn.Parameter(up, requires_grad=False)
+        self.gate_up = fused
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.gate_up is not None:
+            return self.down_proj(silu_mul(F.linear(x, self.gate_up)))
         return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))

@@ -42,13 +42,22 @@ class DecoderLayer(nn.Module):
         self.mlp = MLP(config.hidden_size, config.intermediate_size)
 
     def forward(self, x, rope, step: StepInput, cache) -> torch.Tensor:
-        h = self.input_layernorm(x)
+        out, residual = self.forward_residual(x, None, rope, step, cache)
+        return out + residual
+
+    def forward_residual(self, x, residual, rope, step: StepInput, cache) -> tuple[torch.Tensor, torch.Tensor]:
+        """The layer with the residual add fused into each norm: the stream is x + residual."""
+        h, residual = self.input_layernorm.add_forward(x, residual)
         if self.layer_type == FULL_ATTENTION:
             h = self.self_attn(h, rope, step, cache)
         else:
             h = self.linear_attn(h, step, cache)
-        x = x + h
-        return x + self.mlp(self.post_attention_layernorm(x))
+        h, residual = self.post_attention_layernorm.add_forward(h, residual)
+        return self.mlp(h), residual
+
+    def fuse(self) -> None:
+        (self.self_attn if self.layer_type == FULL_ATTENTION else self.linear_attn).fuse()
+        self.mlp.fuse()
 
 
 class Backbone(nn.Module):
@@ -70,6 +79,14 @@ class CausalLM(nn.Module):
         else:
             self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
         self.mtp: nn.Module | None = None  # set by the loader when the checkpoint carries mtp.* weights
+
+    def fuse_projections(self) -> "CausalLM":
+        """Fuse q/k/v, gate/up and the linear-attention input projections into single GEMVs
+        (the per-projection parameters become views, so names and loading are unchanged).
+        Call after the weights are loaded and placed on their device."""
+        for layer in self.model.layers:
+            layer.fuse()
+        return self
 
     # -- shared with drafters (DFlash and MTP reuse the target's embedding and head) --
     def embed(self, input_ids: torch.Tensor) -> torch.Tensor:
@@ -137,11 +154,12 @@ class CausalLM(nn.Module):
         x = self.embed(step.input_ids)
         rope = self.rotary.cos_sin(step.positions, x.dtype)
         captured = []
+        residual = None
         for i, layer in enumerate(self.model.layers):
-            x = layer(x, rope, step, cache.layers[i])
+            x, residual = layer.forward_residual(x, residual, rope, step, cache.layers[i])
             if i in capture_layers:
-                captured.append(x)
-        hidden = self.model.norm(x)
+                captured.append(x + residual)  # the layer's output stream
+        hidden, _ = self.model.norm.add_forward(x, residual)
         logits = None
         if compute_logits:
             logits = self.head(hidden if logits_at is None else hidden.index_select(0, logits_at))

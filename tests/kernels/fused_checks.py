@@ -1,0 +1,67 @@
+"""Kernel-vs-reference checks for the fused decode kernels; run under TRITON_INTERPRET=1 in a
+subprocess by tests/kernels/test_fused_kernels.py (prints one JSON line of max errors)."""
+
+from __future__ import annotations
+
+import json
+import sys
+
+import torch
+
+
+def check_norms() -> dict:
+    from treeflash.kernels.norm import rmsnorm, rmsnorm_gated, rmsnorm_gated_ref, rmsnorm_ref
+
+    out = {}
+    for n, unit, res in ((64, False, False), (96, True, True), (40, False, True)):
+        x, r, w = torch.randn(3, n), torch.randn(3, n), torch.randn(n)
+        y, s = rmsnorm(x, w, 1e-6, unit, r if res else None)
+        yr, sr = rmsnorm_ref(x, w, 1e-6, unit, r if res else None)
+        out[f"rmsnorm_{n}_{unit}_{res}"] = max((y - yr).abs().max().item(), (s - sr).abs().max().item())
+    x, g, w = torch.randn(5, 32), torch.randn(5, 32), torch.randn(32)
+    out["rmsnorm_gated"] = (rmsnorm_gated(x, g, w, 1e-6) - rmsnorm_gated_ref(x, g, w, 1e-6)).abs().max().item()
+    return out
+
+
+def check_rotary() -> dict:
+    from treeflash.kernels.rotary import norm_rotary, norm_rotary_ref
+
+    out = {}
+    for d, rd, norm, unit in ((64, 64, False, False), (64, 16, True, True), (32, 32, True, False)):
+        base = torch.randn(3, 4, 2 * d)
+        x = base[..., :d]  # a strided view, like the gated q of qwen3_5
+        cos, sin = torch.randn(3, rd), torch.randn(3, rd)
+        w = torch.randn(d) if norm else None
+        out[f"rotary_{d}_{rd}_{norm}"] = (norm_rotary(x, cos, sin, w, 1e-6, unit) - norm_rotary_ref(x, cos, sin, w, 1e-6, unit)).abs().max().item()
+    return out
+
+
+def check_activation() -> dict:
+    from treeflash.kernels.activation import silu_mul, silu_mul_ref
+
+    x = torch.randn(3, 2 * 1500)
+    return {"silu_mul": (silu_mul(x) - silu_mul_ref(x)).abs().max().item()}
+
+
+def check_gdn() -> dict:
+    from treeflash.kernels.gdn_decode import conv_step, conv_step_ref, recurrent_step, recurrent_step_ref
+
+    hk, hv, dk, dv = 2, 4, 16, 32
+    c = 2 * hk * dk + hv * dv
+    x, win, w = torch.randn(c), torch.randn(c, 3), torch.randn(c, 4)
+    win2 = win.clone()
+    y = conv_step(x, win, w)
+    yr = conv_step_ref(x, win2, w)
+    out = {"conv_step": max((y - yr).abs().max().item(), (win - win2).abs().max().item())}
+    a, b, alog, dtb = torch.randn(hv), torch.randn(hv), torch.randn(hv), torch.randn(hv)
+    s1 = torch.randn(hv, dk, dv)
+    s2 = s1.clone()
+    o = recurrent_step(yr, a, b, alog, dtb, s1, hk, dk, dv)
+    orf = recurrent_step_ref(yr, a, b, alog, dtb, s2, hk, dk, dv)
+    out["recurrent_step"] = max((o - orf).abs().max().item(), (s1 - s2).abs().max().item())
+    return out
+
+
+if __name__ == "__main__":
+    torch.manual_seed(0)
+    print(json.dumps(globals()[f"check_{sys.argv[1]}"]()))

@@ -1,0 +1,99 @@
+"""Fused RMSNorm kernels (with residual add; with a SiLU gate), each beside its plain-torch reference.
+
+rmsnorm:       s = x (+ residual);  y = s / rms(s) * w   (w -> 1 + w with unit_offset)
+rmsnorm_gated: y = x / rms(x) * w * silu(gate)          (Gated DeltaNet output norm, per head)
+Math in fp32, one rounding to the output dtype.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+
+def rmsnorm_ref(x, weight, eps: float, unit_offset: bool = False, residual=None):
+    """x: [T, N] -> (y [T, N], s [T, N]) where s = x + residual (or x)."""
+    s = x if residual is None else (x.float() + residual.float()).to(x.dtype)
+    sf = s.float()
+    w = weight.float() + 1.0 if unit_offset else weight.float()
+    y = sf * torch.rsqrt(sf.pow(2).mean(-1, keepdim=True) + eps) * w
+    return y.to(x.dtype), s
+
+
+def rmsnorm_gated_ref(x, gate, weight, eps: float):
+    """x, gate: [R, N] -> [R, N]."""
+    xf = x.float()
+    y = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps) * weight.float()
+    return (y * torch.nn.functional.silu(gate.float())).to(x.dtype)
+
+
+@triton.jit
+def _rmsnorm_kernel(X, R, W, Y, S, sx, sr, N, eps, HAS_RES: tl.constexpr, UNIT: tl.constexpr, BLOCK: tl.constexpr):
+    row = tl.program_id(0)
+    cols = tl.arange(0, BLOCK)
+    m = cols < N
+    x = tl.load(X + row * sx + cols, mask=m, other=0.0).to(tl.float32)
+    if HAS_RES:
+        x = x + tl.load(R + row * sr + cols, mask=m, other=0.0).to(tl.float32)
+        x = x.to(S.dtype.element_ty).to(tl.float32)  # the residual stream is kept in the model dtype
+        tl.store(S + row * N + cols, x.to(S.dtype.element_ty), mask=m)
+    var = tl.sum(x * x, axis=0) / N
+    w = tl.load(W + cols, mask=m, other=0.0).to(tl.float32)
+    if UNIT:
+        w = w + 1.0
+    y = x * tl.rsqrt(var + eps) * w
+    tl.store(Y + row * N + cols, y.to(Y.dtype.element_ty), mask=m)
+
+
+@triton.jit
+def _rmsnorm_gated_kernel(X, G, W, Y, sx, sg, N, eps, BLOCK: tl.constexpr):
+    row = tl.program_id(0)
+    cols = tl.arange(0, BLOCK)
+    m = cols < N
+    x = tl.load(X + row * sx + cols, mask=m, other=0.0).to(tl.float32)
+    g = tl.load(G + row * sg + cols, mask=m, other=0.0).to(tl.float32)
+    w = tl.load(W + cols, mask=m, other=0.0).to(tl.float32)
+    var = tl.sum(x * x, axis=0) / N
+    y = x * tl.rsqrt(var + eps) * w * (g / (1.0 + tl.exp(-g)))
+    tl.store(Y + row * N + cols, y.to(Y.dtype.element_ty), mask=m)
+
+
+def _check_rows(name: str, *ts: torch.Tensor) -> None:
+    for t in ts:
+        if t.dim() != 2 or t.stride(1) != 1:
+            raise ValueError(f"{name}: expected 2-d row-major tensors, got shape {tuple(t.shape)} strides {t.stride()}")
+
+
+def rmsnorm(x, weight, eps: float, unit_offset: bool = False, residual=None):
+    """Triton on CUDA (or TRITON_INTERPRET), the reference elsewhere. x: [..., N]."""
+    if not (x.is_cuda or _interpreting()):
+        return rmsnorm_ref(x, weight, eps, unit_offset, residual)
+    shape = x.shape
+    x2 = x.reshape(-1, shape[-1])
+    r2 = residual.reshape(-1, shape[-1]) if residual is not None else x2
+    _check_rows("rmsnorm", x2, r2)
+    n = x2.shape[1]
+    y = torch.empty(x2.shape, dtype=x.dtype, device=x.device)
+    s = torch.empty_like(y) if residual is not None else y
+    _rmsnorm_kernel[(x2.shape[0],)](x2, r2, weight, y, s, x2.stride(0), r2.stride(0), n, eps,
+                                    HAS_RES=residual is not None, UNIT=unit_offset, BLOCK=triton.next_power_of_2(n))
+    return y.view(shape), (s.view(shape) if residual is not None else x)
+
+
+def rmsnorm_gated(x, gate, weight, eps: float):
+    if not (x.is_cuda or _interpreting()):
+        return rmsnorm_gated_ref(x, gate, weight, eps)
+    shape = x.shape
+    x2, g2 = x.reshape(-1, shape[-1]), gate.reshape(-1, shape[-1])
+    _check_rows("rmsnorm_gated", x2, g2)
+    y = torch.empty(x2.shape, dtype=x.dtype, device=x.device)
+    n = x2.shape[1]
+    _rmsnorm_gated_kernel[(x2.shape[0],)](x2, g2, weight, y, x2.stride(0), g2.stride(0), n, eps, BLOCK=triton.next_power_of_2(n))
+    return y.view(shape)
+
+
+def _interpreting() -> bool:
+    import os
+
+    return os.environ.get("TRITON_INTERPRET") == "1"

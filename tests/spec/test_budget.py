@@ -1,0 +1,117 @@
+"""`--budget auto`: the choice logic on synthetic timings and acceptance."""
+
+import pytest
+import torch
+
+from treeflash.spec.budget import AcceptanceByRank, BudgetTuner, choose_budget, context_bucket, interpolate, measure_verify_times
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _one_thread():
+    """Tiny models on a shared 2-core machine: one intra-op thread is ~20x faster than two."""
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)
+
+
+def linear_times(fixed: float, per_node: float) -> dict[int, float]:
+    return {n: fixed + per_node * n for n in (1, 2, 3, 5, 9, 17, 33, 65)}
+
+
+def geometric(p: float, max_budget: int) -> list[float]:
+    """E[accepted | b] when node r is accepted with probability p**r (a chain-like tree)."""
+    out = [0.0]
+    for r in range(1, max_budget + 1):
+        out.append(out[-1] + p**r)
+    return out
+
+
+def brute_force(expected, times, draft_s, max_budget) -> int:
+    rates = {b: (1 + expected[b]) / (draft_s + interpolate(times, b + 1)) for b in range(1, max_budget + 1)}
+    return max(rates, key=lambda b: (rates[b], -b))
+
+
+def test_interpolate():
+    times = {1: 1.0, 3: 2.0, 9: 5.0}
+    assert interpolate(times, 1) == 1.0 and interpolate(times, 0) == 1.0
+    assert interpolate(times, 2) == pytest.approx(1.5)
+    assert interpolate(times, 6) == pytest.approx(3.5)
+    assert interpolate(times, 15) == pytest.approx(8.0)  # extrapolated along the last segment
+
+
+@pytest.mark.parametrize(
+    "p, fixed, per_node, expect",
+    [
+        (0.9, 0.020, 0.0001, "large"),  # memory-bound GPU: extra nodes are nearly free -> big tree
+        (0.3, 0.010, 0.0010, "small"),  # compute-bound: each node costs 10% of a pass -> tiny tree
+    ],
+)
+def test_choice_follows_the_tradeoff(p, fixed, per_node, expect):
+    expected, times = geometric(p, 64), linear_times(fixed, per_node)
+    choice = choose_budget(expected, times, draft_s=0.002, max_budget=64)
+    assert choice.budget == brute_force(expected, times, 0.002, 64)
+    assert (choice.budget >= 20) if expect == "large" else (choice.budget <= 3)
+    assert choice.tokens_per_s == pytest.approx((1 + expected[choice.budget]) / (0.002 + fixed + per_node * (choice.budget + 1)))
+    assert f"budget {choice.budget}" in choice.reason()
+
+
+def test_choice_with_a_knee_in_verify_time():
+    """Verify time flat up to 17 nodes, then steep (a GPU tile boundary): the choice stops at the knee."""
+    times = {1: 0.010, 2: 0.010, 3: 0.010, 5: 0.010, 9: 0.010, 17: 0.010, 33: 0.030, 65: 0.060}
+    choice = choose_budget(geometric(0.8, 64), times, draft_s=0.001, max_budget=64)
+    assert choice.budget == 16
+
+
+def test_acceptance_by_rank_reads_smaller_budgets_off_larger_trees():
+    stats = AcceptanceByRank(decay=1.0)
+    stats.record(8, [1, 3])  # accepted nodes 1 and 3: a budget-2 tree would have accepted 1, budget-3 two
+    stats.record(8, [])
+    stats.record(4, [2])
+    e = stats.expected_accepted(10)
+    assert e[0] == 0.0
+    assert e[1] == pytest.approx(1 / 3)
+    assert e[2] == pytest.approx(1 / 3 + 1 / 3)
+    assert e[3] == pytest.approx(1 / 3 + 1 / 3 + 1 / 3)
+    assert e[8] == pytest.approx(1.0) and e[10] == pytest.approx(1.0)  # ranks never held count 0
+
+
+def test_decay_follows_drift():
+    stats = AcceptanceByRank(decay=0.9)
+    for _ in range(100):
+        stats.record(1, [1])
+    for _ in range(100):
+        stats.record(1, [])
+    assert stats.expected_accepted(1)[1] < 0.01
+
+
+def test_tuner_warms_up_then_revises_and_probes():
+    calls = []
+
+    def measure(context_len):
+        calls.append(context_len)
+        return linear_times(0.010, 0.0010)
+
+    tuner = BudgetTuner(max_budget=64, measure=measure, revise_every=10, warmup=5)
+    budgets = []
+    for step in range(40):
+        b = tuner.next_budget(100 + step)
+        budgets.append(b)
+        accepted = [r for r in range(1, min(b, 3) + 1)] if step % 2 else []  # ranks 1..3 are accepted half the time
+        tuner.record(b, accepted, draft_s=0.001)
+    assert budgets[:5] == [64] * 5  # warm-up explores the largest budget
+    assert tuner.budget < 64 and calls[0] == 105  # revised at the first step after warm-up
+    assert len(calls) == 4  # then every 10 steps
+    assert budgets[5 + 9] == 64 and budgets[5 + 19] == 64  # one probe per period
+    assert budgets[6] == tuner.budget == 3  # ranks above 3 are never accepted: no point verifying them
+    assert "budget 3" in tuner.reason
+
+
+def test_measure_verify_times_is_cached_per_bucket():
+    from tests.models.hf_oracle import make_pair
+
+    _, model = make_pair("qwen3")
+    times = measure_verify_times(model, 100, node_counts=(1, 4), repeats=1)
+    assert set(times) == {1, 4} and all(t > 0 for t in times.values())
+    assert measure_verify_times(model, 120, node_counts=(1, 4), repeats=1) is times  # same bucket: cached
+    assert context_bucket(100) == context_bucket(128) == 128 and context_bucket(129) == 256

@@ -1,0 +1,190 @@
+"""`--budget auto`: pick the draft-tree budget that maximizes committed tokens per second here.
+
+    rate(b) = (1 + E[accepted | b]) / (t_draft + t_verify(b + 1 nodes))
+
+- t_verify: the target's verify pass timed at 1 .. 65 nodes at the current context length
+  (`measure_verify_times`; cached per process and per context-length bucket).
+- E[accepted | b]: from the trees verified so far. Node r of a tree (r >= 1, in tree order) is
+  accepted with probability P_r; since the tree of budget b is the first b nodes of any larger
+  tree (ddtree.py), accepted(b) = #{accepted nodes r <= b} and E[accepted | b] = sum_{r<=b} P_r.
+  `AcceptanceByRank` estimates P_r with exponentially decayed counts, so it follows drift.
+- t_draft: the drafter's mean propose time (DFlash drafts all depths in one pass: it barely
+  depends on b).
+
+`BudgetTuner` explores at the largest budget for a few warm-up steps (that observes every rank),
+then revises its choice every `revise_every` steps; one step per period probes the largest budget
+again so that the statistics of ranks above the current choice stay fresh.
+"""
+
+from __future__ import annotations
+
+import time
+import weakref
+from dataclasses import dataclass, field
+from typing import Callable
+
+import torch
+
+from treeflash.models.step import StepInput
+
+NODE_COUNTS = (1, 2, 3, 5, 9, 17, 33, 65)  # verify sizes timed: budgets 0, 1, 2, 4, 8, 16, 32, 64 plus the root
+
+
+@dataclass
+class AcceptanceByRank:
+    decay: float = 0.998  # per recorded tree; ~500 trees of memory
+    held: list[float] = field(default_factory=list)  # [rank-1]: decayed count of trees that held node `rank`
+    accepted: list[float] = field(default_factory=list)  # [rank-1]: ... of those that accepted it
+
+    def record(self, num_draft_nodes: int, accepted_nodes: list[int]) -> None:
+        """num_draft_nodes: the verified tree's budget; accepted_nodes: its accepted node ids (root excluded)."""
+        self.held = [h * self.decay for h in self.held]
+        self.accepted = [a * self.decay for a in self.accepted]
+        while len(self.held) < num_draft_nodes:
+            self.held.append(0.0)
+            self.accepted.append(0.0)
+        for r in range(num_draft_nodes):
+            self.held[r] += 1.0
+        for node in accepted_nodes:
+            self.accepted[node - 1] += 1.0
+
+    def expected_accepted(self, max_budget: int) -> list[float]:
+        """[max_budget + 1]: E[accepted | b] for b = 0 .. max_budget (ranks never held count 0)."""
+        out = [0.0]
+        for r in range(max_budget):
+            p = self.accepted[r] / self.held[r] if r < len(self.held) and self.held[r] > 0 else 0.0
+            out.append(out[-1] + p)
+        return out
+
+
+def interpolate(times: dict[int, float], num_nodes: int) -> float:
+    """Piecewise-linear in the node count between measured points; flat below, linear above."""
+    xs = sorted(times)
+    if num_nodes <= xs[0]:
+        return times[xs[0]]
+    for lo, hi in zip(xs, xs[1:]):
+        if num_nodes <= hi:
+            return times[lo] + (times[hi] - times[lo]) * (num_nodes - lo) / (hi - lo)
+    if len(xs) == 1:
+        return times[xs[0]]
+    lo, hi = xs[-2], xs[-1]
+    return times[hi] + (times[hi] - times[lo]) * (num_nodes - hi) / (hi - lo)
+
+
+@dataclass(frozen=True)
+class BudgetChoice:
+    budget: int
+    tokens_per_s: float  # estimated committed tokens per second at `budget`
+    expected_accepted: float  # E[accepted | budget]
+    verify_s: float  # t_verify(budget + 1)
+    draft_s: float
+    plain_tokens_per_s: float  # 1 / t_verify(1): plain decoding, for comparison
+
+    def reason(self) -> str:
+        return (
+            f"budget {self.budget} maximizes est. (1 + {self.expected_accepted:.2f} accepted) / "
+            f"({self.draft_s * 1e3:.1f} ms draft + {self.verify_s * 1e3:.1f} ms verify) = {self.tokens_per_s:.1f} tok/s "
+            f"(plain decoding est. {self.plain_tokens_per_s:.1f} tok/s)"
+        )
+
+
+def choose_budget(expected_accepted: list[float], verify_times: dict[int, float], draft_s: float, max_budget: int) -> BudgetChoice:
+    """expected_accepted[b] = E[accepted | b]; verify_times: node count -> seconds."""
+    best = None
+    for b in range(1, min(max_budget, len(expected_accepted) - 1) + 1):
+        t_verify = interpolate(verify_times, b + 1)
+        rate = (1.0 + expected_accepted[b]) / max(draft_s + t_verify, 1e-9)
+        if best is None or rate > best.tokens_per_s * (1 + 1e-9):  # ties keep the smaller budget
+            best = BudgetChoice(b, rate, expected_accepted[b], t_verify, draft_s, 1.0 / max(interpolate(verify_times, 1), 1e-9))
+    assert best is not None, "max_budget must be >= 1"
+    return best
+
+
+class BudgetTuner:
+    def __init__(
+        self,
+        max_budget: int,
+        measure: Callable[[int], dict[int, float]],  # context length -> {node count: verify seconds}
+        revise_every: int = 32,
+        warmup: int = 8,
+        decay: float = 0.998,
+    ):
+        self.max_budget, self.measure = max_budget, measure
+        self.revise_every, self.warmup = revise_every, warmup
+        self.stats = AcceptanceByRank(decay)
+        self.draft_s = 0.0  # running mean of the drafter's propose time
+        self.steps = 0
+        self.choice: BudgetChoice | None = None
+        self.reason = f"warming up: the first {warmup} steps draft at the largest budget, {max_budget}"
+
+    def next_budget(self, context_len: int) -> int:
+        """The budget of the next tree; revises the choice when a period ends."""
+        self.steps += 1
+        if self.steps <= self.warmup:
+            return self.max_budget
+        since = self.steps - self.warmup - 1
+        if since % self.revise_every == 0:
+            self.revise(context_len)
+        if since % self.revise_every == self.revise_every - 1:
+            return self.max_budget  # a probe: keeps the statistics of high ranks current
+        assert self.choice is not None
+        return self.choice.budget
+
+    def record(self, num_draft_nodes: int, accepted_nodes: list[int], draft_s: float) -> None:
+        self.stats.record(num_draft_nodes, accepted_nodes)
+        n = min(self.steps, 50)  # a running mean over about the last 50 steps
+        self.draft_s += (draft_s - self.draft_s) / max(n, 1)
+
+    def revise(self, context_len: int) -> BudgetChoice:
+        times = self.measure(context_len)
+        self.choice = choose_budget(self.stats.expected_accepted(self.max_budget), times, self.draft_s, self.max_budget)
+        self.reason = self.choice.reason() + f"; revised every {self.revise_every} steps at context {context_len}"
+        return self.choice
+
+    @property
+    def budget(self) -> int:
+        return self.choice.budget if self.choice is not None else self.max_budget
+
+
+# -- timing the target's verify pass --------------------------------------------------------------
+
+# Measurements cost a few target passes, so they are made once per process, model and context
+# bucket (a deliberate per-process cache; it dies with the model).
+_TIMES: "weakref.WeakKeyDictionary[torch.nn.Module, dict[int, dict[int, float]]]" = weakref.WeakKeyDictionary()
+
+
+def context_bucket(context_len: int) -> int:
+    """The power of two >= context_len (at least 128): timings are measured there."""
+    return 1 << max(7, (max(context_len, 1) - 1).bit_length())
+
+
+def measure_verify_times(target, context_len: int, node_counts: tuple[int, ...] = NODE_COUNTS, repeats: int = 3) -> dict[int, float]:
+    """{node count: median seconds of one verify pass} at context_len's bucket, cached per process."""
+    bucket = context_bucket(context_len)
+    per_model = _TIMES.setdefault(target, {})
+    if bucket not in per_model:
+        per_model[bucket] = _time_verify(target, bucket, node_counts, repeats)
+    return per_model[bucket]
+
+
+@torch.inference_mode()
+def _time_verify(target, context_len: int, node_counts: tuple[int, ...], repeats: int) -> dict[int, float]:
+    cache = target.new_cache(context_len + max(node_counts))
+    # Timing only: the committed prefix is zeros, which costs attention exactly what real keys do.
+    cache.seq_len = context_len
+    device = target.device
+    sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
+    out: dict[int, float] = {}
+    for n in (max(node_counts), *node_counts):  # the first pass warms up
+        ids = torch.randint(0, target.config.vocab_size, (n,), device=device)
+        step = StepInput.chain(ids, context_len)
+        samples = []
+        for _ in range(repeats):
+            sync()
+            t0 = time.perf_counter()
+            target(step, cache, compute_logits=True)
+            sync()
+            samples.append(time.perf_counter() - t0)
+            cache.pending = 0  # drop the uncommitted nodes
+        out[n] = sorted(samples)[len(samples) // 2]
+    return out

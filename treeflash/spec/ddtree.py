@@ -1,0 +1,88 @@
+"""DDTree (Ringel & Romano, arXiv 2604.12989): the best draft tree from per-depth distributions.
+
+A block drafter (DFlash) gives one distribution per depth, the same whatever the tokens above it,
+so a prefix (t_1, ..., t_d) scores sum_k logp[k-1, t_k] (the factorized score). The tree holds the
+`budget` best-scoring prefixes. Since a child scores no more than its parent and, with each depth's
+candidates sorted, a sibling no more than the sibling before it, best-first search finds them:
+pop the best prefix, push its next sibling and its first child, stop at `budget` nodes.
+
+With `seed_chain` (Lucebox's variant) the top-1 chain goes in first, then best-first fills the
+rest of the budget: its frontier starts as the second-best sibling of every chain node.
+
+Nodes enter the tree in the order they are popped, so parents precede children, and the tree of
+budget b is the first b nodes of the tree of any larger budget (with or without the seed): the
+budget tuner relies on this to read off what a smaller tree would have accepted.
+"""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+import math
+
+import torch
+
+from treeflash.spec.tree import DraftTree
+
+
+def build_tree(
+    logprobs: torch.Tensor,  # [D, vocab] fp32: row d = log-probabilities of the token at depth d + 1
+    root: int,
+    budget: int,  # draft nodes, the root excluded
+    seed_chain: bool = False,
+) -> DraftTree:
+    depth_max, vocab = logprobs.shape
+    k = max(1, min(budget, vocab))  # a top-`budget` prefix never uses a rank >= budget at any depth
+    top_lp, top_ids = logprobs.float().topk(k, dim=-1)
+    parents, ranks = best_first(top_lp.tolist(), budget, seed_chain)
+    ids = top_ids.tolist()
+    depth = [0] * len(parents)
+    tokens = [root]
+    for i in range(1, len(parents)):
+        depth[i] = depth[parents[i]] + 1
+        tokens.append(ids[depth[i] - 1][ranks[i]])
+    return DraftTree(torch.tensor(tokens, dtype=torch.long, device=logprobs.device), parents)
+
+
+def best_first(top_lp: list[list[float]], budget: int, seed_chain: bool = False) -> tuple[list[int], list[int]]:
+    """top_lp[d][r]: log-prob of the rank-r candidate at depth d + 1, each row sorted descending.
+
+    Returns (parents, ranks) of the tree's nodes, root first (parents[0] = -1, ranks[0] = -1).
+    Candidates scoring -inf (impossible tokens) never enter."""
+    num_depths = len(top_lp)
+    width = len(top_lp[0]) if num_depths else 0
+    parents, ranks, scores, depths = [-1], [-1], [0.0], [0]
+    heap: list[tuple[float, int, int, int, int]] = []  # (-score, push order, parent, depth, rank)
+    order = itertools.count()  # equal scores pop first-pushed first
+
+    def push(parent: int, depth: int, rank: int) -> None:
+        if depth > num_depths or rank >= width:
+            return
+        score = scores[parent] + top_lp[depth - 1][rank]
+        if score > -math.inf:
+            heapq.heappush(heap, (-score, next(order), parent, depth, rank))
+
+    def add(parent: int, depth: int, rank: int, score: float) -> int:
+        parents.append(parent)
+        ranks.append(rank)
+        scores.append(score)
+        depths.append(depth)
+        return len(parents) - 1
+
+    if seed_chain:
+        node = 0
+        for d in range(1, min(num_depths, budget) + 1):
+            score = scores[node] + top_lp[d - 1][0]
+            if score == -math.inf:
+                break
+            node = add(node, d, 0, score)
+        for chain_node in range(1, len(parents)):
+            push(parents[chain_node], depths[chain_node], 1)  # the chain's second-best siblings
+    else:
+        push(0, 1, 0)
+    while heap and len(parents) <= budget:
+        neg, _, parent, depth, rank = heapq.heappop(heap)
+        node = add(parent, depth, rank, -neg)
+        push(parent, depth, rank + 1)  # next sibling
+        push(node, depth + 1, 0)  # first child
+    return parents, ranks

@@ -1,0 +1,183 @@
+"""`dflash` drafter: one DFlash pass drafts every depth of a block; DDTree turns it into a tree.
+
+Per step: embed the block [root, MASK x (B-1)] at positions len(tokens) .. len(tokens)+B-1 with the
+target's embedding, run the DFlash layers over it and the context rows committed since the last
+step (their target hidden states arrive through `observe`), and read B - 1 distributions (depths
+1 .. B-1) through the target's head. Then:
+
+- tree (default): DDTree best-first over the per-depth log-probabilities, seeded with the top-1
+  chain, `budget` nodes. Sampled requests are verified by sample-and-match, lossless for any tree.
+- chain (`tree=False`): the top-1 token per depth (greedy), or one sample per depth from the
+  request's processed distribution q, attached as `child_probs` so that verification uses
+  rejection sampling. DFlash samples each depth independently of the tokens above it, so q is
+  exactly the conditional distribution the token was drawn from, as rejection sampling requires.
+
+`budget="auto"` hands the budget to a BudgetTuner (budget.py), fed with the accepted path of
+every tree this drafter proposed.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import torch
+
+from treeflash.errors import ModelLoadError
+from treeflash.models.transformer import CausalLM
+from treeflash.spec.budget import BudgetTuner, measure_verify_times
+from treeflash.spec.ddtree import build_tree
+from treeflash.spec.dflash_model import DFlashModel, load_dflash
+from treeflash.spec.drafter import DraftContext, Drafter, DraftOptions, register
+from treeflash.spec.sampling import sample, target_probs
+from treeflash.spec.tree import DraftTree
+
+AUTO_MAX_BUDGET = 64
+
+
+class DFlashDrafter(Drafter):
+    name = "dflash"
+
+    def __init__(self, target: CausalLM, model: DFlashModel, budget: int | str = "auto", tree: bool = True, seed_chain: bool = True):
+        c = model.config
+        _check_pair(target, model)
+        self.target, self.model, self.tree, self.seed_chain = target, model, tree, seed_chain
+        self.capture_layers = tuple(c.target_layer_ids)
+        self.max_depth = c.block_size - 1
+        # HF's hidden_states[-1] (what the reference trains on) is after the target's final norm
+        self.normed_slot = c.target_layer_ids.index(target.config.num_layers - 1) if target.config.num_layers - 1 in c.target_layer_ids else None
+        limit = AUTO_MAX_BUDGET if tree else self.max_depth
+        self.tuner: BudgetTuner | None = None
+        if budget == "auto":
+            self.tuner = BudgetTuner(limit, lambda n: measure_verify_times(target, n))
+            self.fixed_budget = None
+        else:
+            self.fixed_budget = min(int(budget), limit) if not tree else int(budget)
+        self.cache = model.new_cache()
+        self.reset()
+
+    # -- the drafter protocol --
+
+    def reset(self) -> None:
+        self.cache.reset()
+        self._pending: list[torch.Tensor] = []  # [n, C] context rows observed, not yet projected
+        self._observed = 0  # tokens whose hidden states arrived (= the draft context length)
+        self._last: tuple[DraftTree, float] | None = None  # the last proposed tree and its draft time
+
+    def observe(self, committed_ids: list[int], hidden: torch.Tensor | None) -> None:
+        if hidden is None or hidden.shape[0] != len(committed_ids):
+            raise RuntimeError("dflash needs the target's hidden states at every committed token (capture_layers)")
+        if self.normed_slot is not None:
+            h = self.target.config.hidden_size
+            s = self.normed_slot * h
+            hidden = hidden.clone()
+            hidden[:, s : s + h] = self.target.model.norm(hidden[:, s : s + h])
+        self._pending.append(hidden)
+        self._observed += len(committed_ids)
+        if self._last is not None and self.tuner is not None:
+            tree, draft_s = self._last
+            self.tuner.record(tree.budget, _accepted_nodes(tree, committed_ids), draft_s)
+        self._last = None
+
+    @torch.inference_mode()
+    def propose(self, ctx: DraftContext) -> DraftTree:
+        if self._observed != len(ctx.tokens):
+            raise RuntimeError(f"dflash: observed {self._observed} tokens, the context has {len(ctx.tokens)}")
+        budget = self._budget(len(ctx.tokens))
+        budget = min(budget, ctx.max_nodes - 1)
+        if budget < 1:
+            return DraftTree.root_only(ctx.root, self.target.device)
+        t0 = time.perf_counter()
+        logits = self.draft_logits(ctx.root)  # [B-1, vocab] fp32
+        if self.tree:
+            tree = build_tree(self._tree_logprobs(logits, ctx), ctx.root, budget, self.seed_chain)
+        else:
+            tree = self._chain(logits[:budget], ctx)
+        self._last = (tree, time.perf_counter() - t0)
+        return tree
+
+    def describe(self) -> dict[str, Any]:
+        c = self.model.config
+        out: dict[str, Any] = {
+            "name": self.name,
+            "block_size": c.block_size,
+            "draft_layers": c.num_layers,
+            "target_layer_ids": list(c.target_layer_ids),
+            "tree": self.tree,
+            "seed_chain": self.seed_chain,
+        }
+        if self.tuner is None:
+            out.update(budget=self.fixed_budget, budget_mode="fixed")
+        else:
+            out.update(budget=self.tuner.budget, budget_mode="auto", budget_reason=self.tuner.reason)
+        return out
+
+    # -- the parts --
+
+    @torch.inference_mode()
+    def draft_logits(self, root: int) -> torch.Tensor:
+        """One DFlash pass over the new context rows and the block -> [B-1, vocab] fp32 (depths 1 .. B-1)."""
+        c = self.model.config
+        dev = self.target.device
+        block_ids = torch.full((c.block_size,), c.mask_token_id, dtype=torch.long, device=dev)
+        block_ids[0] = root
+        block = self.target.embed(block_ids)
+        if c.input_embedding_scale != 1.0:
+            block = block * c.input_embedding_scale
+        context = torch.cat(self._pending) if self._pending else block.new_zeros(0, len(c.target_layer_ids) * c.hidden_size)
+        self._pending = []
+        hidden = self.model(context.to(block.dtype), block, self.cache)
+        return self.model.logits(hidden[1:], self.target.head).float()
+
+    def _budget(self, context_len: int) -> int:
+        if self.tuner is None:
+            assert self.fixed_budget is not None
+            return self.fixed_budget
+        return self.tuner.next_budget(context_len)
+
+    def _tree_logprobs(self, logits: torch.Tensor, ctx: DraftContext) -> torch.Tensor:
+        """[D, vocab]: the drafter's guess of each depth's target token, under the request's sampler."""
+        if ctx.params.greedy:
+            return torch.log_softmax(logits, dim=-1)
+        return target_probs(logits, ctx.params).log()  # tokens the sampler cannot draw get -inf: never drafted
+
+    def _chain(self, logits: torch.Tensor, ctx: DraftContext) -> DraftTree:
+        if ctx.params.greedy:
+            return DraftTree.chain(ctx.root, logits.argmax(-1).tolist(), self.target.device)
+        q = target_probs(logits, ctx.params)  # [k, vocab]: the distributions the drafts are drawn from
+        drafts = sample(q, ctx.generator)
+        # row i = the distribution node i's child was drawn from; the last node has no drawn child
+        child_probs = torch.cat((q, q.new_zeros(1, q.shape[1])))
+        return DraftTree.chain(ctx.root, drafts.tolist(), self.target.device, child_probs)
+
+
+def _accepted_nodes(tree: DraftTree, committed_ids: list[int]) -> list[int]:
+    """The tree nodes that `committed_ids` ([root, accepted...]) walked through, root excluded."""
+    kids = tree.children()
+    ids = tree.token_ids.tolist()
+    node, path = 0, []
+    for tok in committed_ids[1:]:
+        node = next((c for c in kids[node] if ids[c] == tok), -1)
+        if node < 0:
+            break
+        path.append(node)
+    return path
+
+
+def _check_pair(target: CausalLM, model: DFlashModel) -> None:
+    c, t = model.config, target.config
+    if c.hidden_size != t.hidden_size:
+        raise ModelLoadError(f"dflash drafter hidden_size {c.hidden_size} != the target's {t.hidden_size}: it was trained for another target")
+    bad = [i for i in c.target_layer_ids if not 0 <= i < t.num_layers]
+    if bad:
+        raise ModelLoadError(f"dflash drafter reads target layers {bad}, the target has {t.num_layers}: it was trained for another target")
+    if not 0 <= c.mask_token_id < t.vocab_size:
+        raise ModelLoadError(f"dflash mask_token_id {c.mask_token_id} is outside the target's vocabulary ({t.vocab_size})")
+
+
+@register("dflash")
+def _build(target, options: DraftOptions) -> Drafter:
+    if not options.draft_model:
+        raise ModelLoadError("--draft dflash needs --draft-model: a DFlash checkpoint directory (config.json + *.safetensors)")
+    model = load_dflash(options.draft_model, target.model.device, target.model.dtype)
+    return DFlashDrafter(target.model, model, options.budget, options.tree)

@@ -1,0 +1,336 @@
+"""DFlashModel: z-lab's DFlash block-diffusion drafter (arXiv 2602.06036), and its checkpoint loader.
+
+A few Qwen3-style decoder layers with no embedding and no lm_head of their own (the block is
+embedded with the target's embedding, logits come from the target's head):
+
+    ctx   = hidden_norm(fc(cat(target hidden states at target_layer_ids)))     # [n, H]
+    x     = target.embed([root, MASK, ..., MASK]) * input_embedding_scale      # [B, H]
+    layer:  q from x only; k, v = k_proj / v_proj of [ctx ; x], k_norm, RoPE at absolute positions;
+            no causal mask inside the block (bidirectional), except on `sliding_attention` layers
+            (causal, windowed) or where config.json sets `is_causal`
+    out   = norm(x)[1:] -> target head -> B - 1 draft distributions (depths 1 .. B-1)
+
+Only the context rows' keys and values are kept in a DraftCache: every forward pass projects the
+context rows committed since the last pass, appends them, and writes the block's keys and values
+after them as scratch that the next pass overwrites (the reference crops them instead).
+
+Checkpoint format (z-lab's `DFlashDraftModel.save_pretrained`): config.json is a Qwen3 config plus
+`dflash_config` {target_layer_ids, mask_token_id, block_size}; tensors are named as in the
+reference (`fc.weight`, `hidden_norm.weight`, `norm.weight`, `layers.{i}.self_attn.q_proj.weight`,
+...), so they load by name. The sliding-window rules follow transformers' Qwen3Config:
+`sliding_window` counts only when `use_sliding_window` is true, and missing `layer_types` are
+derived from it and `max_window_layers`.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from treeflash.errors import ModelLoadError
+from treeflash.kv.attention_cache import attention_reference
+from treeflash.models.config import ModelConfig
+from treeflash.models.layers import MLP, RMSNorm, Rotary, apply_rotary
+
+FULL = "full_attention"
+SLIDING = "sliding_attention"
+
+
+@dataclass(frozen=True)
+class DFlashConfig:
+    hidden_size: int
+    intermediate_size: int
+    num_layers: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    target_layer_ids: tuple[int, ...]  # target layers whose outputs are the context features
+    mask_token_id: int
+    block_size: int = 16  # B: the root plus B - 1 masks, drafting depths 1 .. B-1
+    rms_norm_eps: float = 1e-6
+    rope: ModelConfig | None = field(default=None, repr=False)  # rotary settings (rope_theta, scaling) as a qwen3 ModelConfig
+    attention_bias: bool = False
+    layer_types: tuple[str, ...] = ()  # per layer: full_attention | sliding_attention
+    sliding_window: int | None = None
+    is_causal: bool | None = None  # None: causal exactly on sliding layers (the reference's rule)
+    input_embedding_scale: float = 1.0
+    output_multiplier: float = 1.0
+    final_logit_softcapping: float | None = None
+
+    def __post_init__(self) -> None:
+        if not self.layer_types:
+            object.__setattr__(self, "layer_types", (FULL,) * self.num_layers)
+        if len(self.layer_types) != self.num_layers:
+            raise ModelLoadError(f"dflash: layer_types has {len(self.layer_types)} entries for {self.num_layers} layers")
+        for t in self.layer_types:
+            if t not in (FULL, SLIDING):
+                raise ModelLoadError(f"dflash: unsupported layer type {t!r}")
+        if self.num_heads % self.num_kv_heads:
+            raise ModelLoadError(f"dflash: num_heads {self.num_heads} is not a multiple of num_kv_heads {self.num_kv_heads}")
+        if self.block_size < 2:
+            raise ModelLoadError(f"dflash: block_size must be >= 2, got {self.block_size}")
+        if not self.target_layer_ids:
+            raise ModelLoadError("dflash: dflash_config.target_layer_ids is empty")
+        if self.rope is None:
+            object.__setattr__(self, "rope", _rope_config({}, self))
+
+    def layer_causal(self, i: int) -> bool:
+        return self.layer_types[i] == SLIDING if self.is_causal is None else self.is_causal
+
+    def layer_window(self, i: int) -> int | None:
+        return self.sliding_window if self.layer_types[i] == SLIDING else None
+
+    @staticmethod
+    def from_dict(cfg: dict[str, Any], source: str = "config.json") -> "DFlashConfig":
+        """From a z-lab checkpoint's config.json (values in `dflash_config` win over top-level ones)."""
+        if "DFlash2DraftModel" in (cfg.get("architectures") or []):
+            raise ModelLoadError(f"{source}: DFlash2DraftModel checkpoints (conv layers + candidate selector) are not supported; use a DFlash (v1) drafter")
+        extra = cfg.get("dflash_config") or {}
+
+        def value(name: str, default: Any = None) -> Any:
+            return extra.get(name, cfg.get(name, default))
+
+        try:
+            heads = int(cfg["num_attention_heads"])
+            num_layers = int(cfg["num_hidden_layers"])
+            window = cfg.get("sliding_window", 4096) if cfg.get("use_sliding_window", False) else None
+            layer_types = cfg.get("layer_types")
+            if not layer_types:
+                first = int(cfg.get("max_window_layers", 28))
+                layer_types = [SLIDING if window is not None and i >= first else FULL for i in range(num_layers)]
+            if value("target_layer_ids") is None:
+                raise ModelLoadError(f"{source}: dflash_config.target_layer_ids is missing")
+            if value("mask_token_id") is None:
+                raise ModelLoadError(f"{source}: dflash_config.mask_token_id is missing")
+            if cfg.get("hidden_act", "silu") != "silu":
+                raise ModelLoadError(f"{source}: hidden_act {cfg['hidden_act']!r} is not supported (silu only)")
+            softcap = value("final_logit_softcapping")
+            partial = DFlashConfig(
+                hidden_size=int(cfg["hidden_size"]),
+                intermediate_size=int(cfg["intermediate_size"]),
+                num_layers=num_layers,
+                num_heads=heads,
+                num_kv_heads=int(cfg.get("num_key_value_heads") or heads),
+                head_dim=int(cfg.get("head_dim") or 128),  # transformers' Qwen3Config default
+                target_layer_ids=tuple(int(i) for i in value("target_layer_ids")),
+                mask_token_id=int(value("mask_token_id")),
+                block_size=int(value("block_size", 16)),
+                rms_norm_eps=float(cfg.get("rms_norm_eps", 1e-6)),
+                attention_bias=bool(cfg.get("attention_bias", False)),
+                layer_types=tuple(layer_types),
+                sliding_window=None if window is None else int(window),
+                is_causal=None if cfg.get("is_causal") is None else bool(cfg["is_causal"]),
+                input_embedding_scale=float(value("input_embedding_scale", 1.0)),
+                output_multiplier=float(value("output_multiplier", 1.0)),
+                final_logit_softcapping=None if softcap is None or float(softcap) <= 0 else float(softcap),
+            )
+        except KeyError as e:
+            raise ModelLoadError(f"{source}: missing field {e.args[0]!r}") from None
+        return replace(partial, rope=_rope_config(cfg, partial))
+
+
+def _rope_config(cfg: dict[str, Any], c: DFlashConfig) -> ModelConfig:
+    """The rotary settings of a Qwen3 config, read by the target's own config parser."""
+    return ModelConfig.from_hf_dict(
+        {
+            **cfg,
+            "model_type": "qwen3",
+            "vocab_size": cfg.get("vocab_size", 1),
+            "hidden_size": c.hidden_size,
+            "intermediate_size": c.intermediate_size,
+            "num_hidden_layers": c.num_layers,
+            "num_attention_heads": c.num_heads,
+            "num_key_value_heads": c.num_kv_heads,
+            "head_dim": c.head_dim,
+            "layer_types": None,
+        }
+    )
+
+
+class DraftCache:
+    """Keys and values of the committed context rows, per draft layer; `length` rows are final.
+
+    Rows past `length` are scratch (the block of the last pass). Buffers grow by doubling."""
+
+    def __init__(self, num_layers: int, num_kv_heads: int, head_dim: int, dtype: torch.dtype, device: torch.device):
+        self.shape = (num_kv_heads, head_dim)
+        self.dtype, self.device = dtype, device
+        self.k: list[torch.Tensor] = [self._empty(0) for _ in range(num_layers)]
+        self.v: list[torch.Tensor] = [self._empty(0) for _ in range(num_layers)]
+        self.length = 0
+
+    def _empty(self, n: int) -> torch.Tensor:
+        return torch.zeros(n, *self.shape, dtype=self.dtype, device=self.device)
+
+    def reserve(self, total: int) -> None:
+        cap = self.k[0].shape[0]
+        if total <= cap:
+            return
+        cap = max(total, 2 * cap, 256)
+        for bufs in (self.k, self.v):
+            for i, old in enumerate(bufs):
+                new = self._empty(cap)
+                new[: self.length] = old[: self.length]
+                bufs[i] = new
+
+    def reset(self) -> None:
+        self.length = 0
+
+
+class DFlashAttention(nn.Module):
+    def __init__(self, c: DFlashConfig, layer: int):
+        super().__init__()
+        h, d = c.hidden_size, c.head_dim
+        self.num_heads, self.num_kv_heads, self.head_dim = c.num_heads, c.num_kv_heads, d
+        self.q_proj = nn.Linear(h, c.num_heads * d, bias=c.attention_bias)
+        self.k_proj = nn.Linear(h, c.num_kv_heads * d, bias=c.attention_bias)
+        self.v_proj = nn.Linear(h, c.num_kv_heads * d, bias=c.attention_bias)
+        self.o_proj = nn.Linear(c.num_heads * d, h, bias=c.attention_bias)
+        self.q_norm = RMSNorm(d, c.rms_norm_eps)
+        self.k_norm = RMSNorm(d, c.rms_norm_eps)
+        self.causal, self.window = c.layer_causal(layer), c.layer_window(layer)
+        self.scale = d**-0.5
+
+    def forward(
+        self,
+        x: torch.Tensor,  # [B, H] the block
+        ctx: torch.Tensor,  # [n, H] context features of the newly committed rows
+        rope: tuple[torch.Tensor, torch.Tensor],  # cos, sin: [n + B, head_dim] at positions start .. start+n+B-1
+        keys: torch.Tensor,  # [>= start + n + B, Hkv, D] this layer's DraftCache buffers
+        values: torch.Tensor,
+        start: int,  # committed context rows before ctx
+    ) -> torch.Tensor:  # [B, H]
+        b, n = x.shape[0], ctx.shape[0]
+        both = torch.cat((ctx, x)) if n else x
+        q = self.q_norm(self.q_proj(x).view(b, self.num_heads, self.head_dim))
+        k = self.k_norm(self.k_proj(both).view(n + b, self.num_kv_heads, self.head_dim))
+        v = self.v_proj(both).view(n + b, self.num_kv_heads, self.head_dim)
+        cos, sin = rope
+        q, k = apply_rotary(q, cos[n:], sin[n:]), apply_rotary(k, cos, sin)
+        end = start + n + b
+        keys[start:end] = k.to(keys.dtype)
+        values[start:end] = v.to(values.dtype)
+        mask = self._mask(end - b, b, end, x.device)
+        out = attention_reference(q, keys[:end].to(q.dtype), values[:end].to(q.dtype), mask, self.scale)
+        return self.o_proj(out.reshape(b, -1))
+
+    def _mask(self, first: int, b: int, total: int, device: torch.device) -> torch.Tensor | None:
+        """[B, total] bool over absolute positions; None = the block sees everything."""
+        if not self.causal and self.window is None:
+            return None
+        q_pos = torch.arange(first, first + b, device=device)[:, None]
+        k_pos = torch.arange(total, device=device)[None, :]
+        visible = torch.ones(b, total, dtype=torch.bool, device=device)
+        if self.causal:
+            visible &= k_pos <= q_pos
+        if self.window is not None:
+            visible &= q_pos - k_pos < self.window
+            if not self.causal:
+                visible &= k_pos - q_pos < self.window
+        return visible
+
+
+class DFlashLayer(nn.Module):
+    def __init__(self, c: DFlashConfig, layer: int):
+        super().__init__()
+        self.input_layernorm = RMSNorm(c.hidden_size, c.rms_norm_eps)
+        self.self_attn = DFlashAttention(c, layer)
+        self.post_attention_layernorm = RMSNorm(c.hidden_size, c.rms_norm_eps)
+        self.mlp = MLP(c.hidden_size, c.intermediate_size)
+
+    def forward(self, x, ctx, rope, keys, values, start) -> torch.Tensor:
+        # the context features enter every layer as they are; only the block goes through the norms
+        x = x + self.self_attn(self.input_layernorm(x), ctx, rope, keys, values, start)
+        return x + self.mlp(self.post_attention_layernorm(x))
+
+
+class DFlashModel(nn.Module):
+    def __init__(self, config: DFlashConfig):
+        super().__init__()
+        c = self.config = config
+        self.layers = nn.ModuleList(DFlashLayer(c, i) for i in range(c.num_layers))
+        self.norm = RMSNorm(c.hidden_size, c.rms_norm_eps)
+        self.fc = nn.Linear(len(c.target_layer_ids) * c.hidden_size, c.hidden_size, bias=False)
+        self.hidden_norm = RMSNorm(c.hidden_size, c.rms_norm_eps)
+        self.rotary = Rotary(c.rope)  # buffers only, not in the state dict
+
+    def new_cache(self) -> DraftCache:
+        w = self.fc.weight
+        c = self.config
+        return DraftCache(c.num_layers, c.num_kv_heads, c.head_dim, w.dtype, w.device)
+
+    def forward(
+        self,
+        context: torch.Tensor,  # [n, len(target_layer_ids) * H] target hidden states of rows start .. start+n-1
+        block: torch.Tensor,  # [B, H] embedded block (already scaled by input_embedding_scale)
+        cache: DraftCache,  # `cache.length` = start; the n context rows are appended and kept
+    ) -> torch.Tensor:  # [B, H] after the final norm: feed rows 1.. to the target's head
+        start, n, b = cache.length, context.shape[0], block.shape[0]
+        cache.reserve(start + n + b)
+        ctx = self.hidden_norm(self.fc(context)) if n else block[:0]
+        positions = torch.arange(start, start + n + b, device=block.device)
+        rope = self.rotary.cos_sin(positions, block.dtype)
+        x = block
+        for i, layer in enumerate(self.layers):
+            x = layer(x, ctx, rope, cache.k[i], cache.v[i], start)
+        cache.length = start + n  # the block's rows stay scratch
+        return self.norm(x)
+
+    def logits(self, hidden: torch.Tensor, head) -> torch.Tensor:
+        """hidden [T, H] (after norm) -> [T, vocab] fp32 through the target's head, plus the config's scaling."""
+        c = self.config
+        logits = head(hidden)
+        if c.output_multiplier != 1.0:
+            logits = logits * c.output_multiplier
+        if c.final_logit_softcapping is not None:
+            logits = torch.tanh(logits / c.final_logit_softcapping) * c.final_logit_softcapping
+        return logits
+
+
+def load_dflash(path: str | Path, device: torch.device | str = "cpu", dtype: torch.dtype = torch.float32) -> DFlashModel:
+    """A z-lab DFlash checkpoint directory (config.json + *.safetensors) -> DFlashModel in eval mode."""
+    from safetensors import safe_open
+
+    from treeflash.models.hf_loader import weight_files
+
+    p = Path(path).expanduser()
+    config_path = p / "config.json"
+    if not config_path.is_file():
+        raise ModelLoadError(f"{p}: no config.json; a DFlash drafter directory needs config.json and *.safetensors")
+    try:
+        raw = json.loads(config_path.read_text())
+    except (OSError, ValueError) as e:
+        raise ModelLoadError(f"{config_path}: cannot read: {e}") from None
+    config = DFlashConfig.from_dict(raw, str(config_path))
+    with torch.device("meta"):
+        model = DFlashModel(config)
+    expected = {name: tuple(t.shape) for name, t in model.state_dict().items()}
+    tensors: dict[str, torch.Tensor] = {}
+    for file in weight_files(p):
+        try:
+            with safe_open(p / file, framework="pt") as f:
+                for name in f.keys():
+                    ours = name.removeprefix("model.")
+                    if ours.endswith("rotary_emb.inv_freq"):
+                        continue
+                    if ours not in expected:
+                        raise ModelLoadError(f"{p / file}: unexpected tensor {name}; is this a DFlash (v1) drafter?")
+                    t = f.get_tensor(name)
+                    if tuple(t.shape) != expected[ours]:
+                        raise ModelLoadError(f"{p / file}: {name} has shape {tuple(t.shape)}, the config implies {expected[ours]}")
+                    tensors[ours] = t.to(device=device, dtype=dtype)
+        except ModelLoadError:
+            raise
+        except Exception as e:
+            raise ModelLoadError(f"{p / file}: not a readable safetensors file: {e}") from None
+    missing = sorted(set(expected) - set(tensors))
+    if missing:
+        raise ModelLoadError(f"{p}: missing tensors: {', '.join(missing[:5])}{' ...' if len(missing) > 5 else ''}")
+    model.load_state_dict(tensors, assign=True, strict=True)
+    model.rotary = Rotary(config.rope).to(device)
+    return model.eval()

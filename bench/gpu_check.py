@@ -61,11 +61,20 @@ def main() -> None:
         plain = decode(ours, prompt, 60)
         graph_plain = decode(ours, prompt, 60, graphs=True)
         graph_spec = decode(ours, prompt, 60, OracleDrafter(ours, depth=4, width=2, corrupt=0.4), graphs=True)
+        # bf16: the CUDA kernels (attention over the dense cache, tree recurrence) through the graphs
+        _, b16 = make_pair(arch, dtype=torch.bfloat16)
+        b16 = b16.cuda().fuse_projections()
+        b_plain = decode(b16, prompt, 60)
+        b_graph = decode(b16, prompt, 60, OracleDrafter(b16, depth=4, width=2, corrupt=0.4), graphs=True)
+        agree = sum(x == y for x, y in zip(b_plain, b_graph)) / len(b_plain)
+        res[arch + "_bf16"] = {"graph_spec_vs_eager_plain_token_agreement": agree,
+                               "note": "bf16 eager and graph paths use different kernels; rounding can flip near-ties"}
         res[arch] = {"prefill_max_abs_err": err, "decode_max_abs_err": inc,
                      "graph_plain_identical": graph_plain == plain, "graph_spec_identical": graph_spec == plain}
         print(arch, res[arch], flush=True)
-    ok = all(r["prefill_max_abs_err"] < 1e-3 and r["decode_max_abs_err"] < 1e-3 and r["graph_plain_identical"]
-             and r["graph_spec_identical"] for r in res.values())
+    ok = all(r["prefill_max_abs_err"] < 1e-3 if "prefill_max_abs_err" in r else r["graph_spec_vs_eager_plain_token_agreement"] > 0.8
+             for r in res.values()) and all(r["prefill_max_abs_err"] < 1e-3 and r["decode_max_abs_err"] < 1e-3 and r["graph_plain_identical"]
+             and r["graph_spec_identical"] for r in res.values() if "prefill_max_abs_err" in r)
     res["ok"] = ok
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(res, indent=2))

@@ -62,6 +62,28 @@ def check_gdn() -> dict:
     return out
 
 
+
+def check_gdn_tree() -> dict:
+    from treeflash.kernels.gdn_tree import tree_conv, tree_conv_ref, tree_recurrent, tree_recurrent_ref
+
+    hk, hv, dk, dv = 2, 4, 16, 32
+    c = 2 * hk * dk + hv * dv
+    out = {}
+    for name, parents in (("chain", [-1, 0, 1, 2, 3]), ("tree", [-1, 0, 0, 1, 2, 2, 5, 3, 0]), ("root", [-1])):
+        t = len(parents)
+        par = torch.tensor(parents)
+        x, win, w = torch.randn(t, c), torch.randn(c, 3), torch.randn(c, 4)
+        y = tree_conv(x, win, w, par)
+        yr = tree_conv_ref(x, win, w, par)
+        a, b = torch.randn(t, hv), torch.randn(t, hv)
+        alog, dtb, s0 = torch.randn(hv), torch.randn(hv), torch.randn(hv, dk, dv)
+        o, st = tree_recurrent(yr, a, b, alog, dtb, s0, par, hk, dk, dv)
+        orf, stf = tree_recurrent_ref(yr, a, b, alog, dtb, s0, par, hk, dk, dv)
+        out[f"conv_{name}"] = (y - yr).abs().max().item()
+        out[f"recurrent_{name}"] = max((o - orf).abs().max().item(), (st - stf).abs().max().item())
+    return out
+
+
 if __name__ == "__main__":
     torch.manual_seed(0)
     print(json.dumps(globals()[f"check_{sys.argv[1]}"]()))

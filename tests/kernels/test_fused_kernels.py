@@ -12,7 +12,7 @@ import pytest
 ROOT = Path(__file__).resolve().parents[2]
 
 
-@pytest.mark.parametrize("group", ["norms", "rotary", "activation", "gdn"])
+@pytest.mark.parametrize("group", ["norms", "rotary", "activation", "gdn", "gdn_tree"])
 def test_kernel_matches_reference(group):
     env = {**os.environ, "TRITON_INTERPRET": "1", "PYTHONPATH": str(ROOT)}
     proc = subprocess.run([sys.executable, "-m", "tests.kernels.fused_checks", group], cwd=ROOT, env=env,

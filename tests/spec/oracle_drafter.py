@@ -29,13 +29,14 @@ class OracleDrafter(Drafter):
     @torch.inference_mode()
     def _continuation(self, tokens: list[int], root: int, n: int) -> list[int]:
         cache = self.target.new_cache(len(tokens) + n + 2)
-        ids = torch.tensor(tokens + [root])
+        dev = self.target.device
+        ids = torch.tensor(tokens + [root], device=dev)
         out = self.target(StepInput.plain(ids, 0), cache)
         cont = []
         nxt = int(out.logits[-1].argmax())
         for _ in range(n):
             cont.append(nxt)
-            out = self.target(StepInput.plain(torch.tensor([nxt]), cache.seq_len), cache)
+            out = self.target(StepInput.plain(torch.tensor([nxt], device=dev), cache.seq_len), cache)
             nxt = int(out.logits[-1].argmax())
         return cont
 

@@ -117,6 +117,12 @@ class DenseAttentionCache:
     def attend_static(self, q, k, v, slots, key_mask, scale):
         self.k.index_copy_(0, slots, k.to(self.k.dtype))
         self.v.index_copy_(0, slots, v.to(self.v.dtype))
+        name = {torch.bfloat16: "bf16", torch.float16: "f16"}.get(self.k.dtype)
+        if q.is_cuda and name is not None and self.v.dtype == self.k.dtype and q.shape[0] <= 128:
+            from treeflash.kernels.kv_quant import Planes  # split-K attention straight from the cache
+            from treeflash.kernels.quant_attention import quant_attention_masked
+
+            return quant_attention_masked(q, Planes(name, None, self.k), Planes(name, None, self.v), key_mask, scale)
         return grouped_attention(q, self.k.to(q.dtype), self.v.to(q.dtype), key_mask, scale)
 
     def commit_static(self, dest: torch.Tensor, src: torch.Tensor) -> None:

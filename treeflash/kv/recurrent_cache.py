@@ -35,6 +35,7 @@ class RecurrentCache:
         # or, instead of node_states, low-rank factors (decay [H,T,T], k [H,T,Dk], u [H,T,Dv], c [H,T]):
         # state after node i = e^{c_i} S0 + sum_j decay[i, j] k_j u_j^T (see delta_rule_tree_lowrank)
         self.factors: tuple[torch.Tensor, ...] | None = None
+        self.scratch: torch.Tensor | None = None  # [max_nodes, Hv, Dk, Dv] fp32 node states, shared by CUDA graphs
 
     def set_pending(
         self,

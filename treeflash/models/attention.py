@@ -31,8 +31,8 @@ class Attention(nn.Module):
             self.q_norm = self.k_norm = None
         self.scale = d**-0.5
         self.eps, self.unit_offset = config.rms_norm_eps, config.norm_unit_offset
-        self.qkv_weight: torch.Tensor | None = None  # [q_out + 2 * kv_out, hidden] once fused
-        self.qkv_bias: torch.Tensor | None = None
+        self.register_buffer("qkv_weight", None, persistent=False)  # [q_out + 2 * kv_out, hidden] once fused
+        self.register_buffer("qkv_bias", None, persistent=False)
 
     def fuse(self) -> None:
         """One GEMV for q, k and v: the three weights (and biases) become views of one tensor."""
@@ -43,7 +43,7 @@ class Attention(nn.Module):
         fused = torch.cat([lin.weight.data for lin in lins], dim=0)
         for lin, part in zip(lins, fused.split(sizes, dim=0)):
             lin.weight = nn.Parameter(part, requires_grad=False)
-        self.qkv_weight = fused
+        self.qkv_weight = fused  # a registered buffer: .to() carries it
         if self.q_proj.bias is not None:
             fused_b = torch.cat([lin.bias.data for lin in lins], dim=0)
             for lin, part in zip(lins, fused_b.split(sizes, dim=0)):

@@ -27,6 +27,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from treeflash.kernels.gdn_decode import conv_step, recurrent_step
+from treeflash.kernels.gdn_tree import tree_conv, tree_recurrent
 from treeflash.kernels.norm import rmsnorm_gated
 from treeflash.kv.recurrent_cache import RecurrentCache
 from treeflash.models.config import ModelConfig
@@ -262,7 +263,7 @@ class GatedDeltaNet(nn.Module):
         self.in_proj_z = nn.Linear(c.hidden_size, self.value_dim, bias=False)
         self.in_proj_b = nn.Linear(c.hidden_size, self.num_v_heads, bias=False)
         self.in_proj_a = nn.Linear(c.hidden_size, self.num_v_heads, bias=False)
-        self.in_proj: torch.Tensor | None = None  # [conv_dim + value_dim + 2 Hv, hidden] once fused
+        self.register_buffer("in_proj", None, persistent=False)  # [conv_dim + value_dim + 2 Hv, hidden] once fused
 
     def fuse(self) -> None:
         """One GEMV for the four input projections (they become views of one weight)."""
@@ -272,7 +273,7 @@ class GatedDeltaNet(nn.Module):
         fused = torch.cat([lin.weight.data for lin in lins], dim=0)
         for lin, part in zip(lins, fused.split([lin.weight.shape[0] for lin in lins], dim=0)):
             lin.weight = nn.Parameter(part, requires_grad=False)
-        self.in_proj = fused
+        self.in_proj = fused  # a registered buffer: .to() carries it
 
     def forward(self, x: torch.Tensor, step: StepInput, cache: RecurrentCache) -> torch.Tensor:
         # x: [T, hidden] -> [T, hidden]
@@ -288,6 +289,13 @@ class GatedDeltaNet(nn.Module):
             y = conv_step(mixed[0].contiguous(), cache.conv, weight)
             o = recurrent_step(y, a[0], b[0], self.A_log, self.dt_bias, cache.state,
                                self.num_k_heads, self.k_head_dim, self.v_head_dim)[None]
+            out = self.norm(o.to(x.dtype), z)
+            return self.out_proj(out.reshape(n, self.value_dim))
+        if step.is_verify and x.is_cuda:  # tree: two kernels, every node's state kept for commit
+            y = tree_conv(mixed.contiguous(), cache.conv, weight, step.parents)
+            o, states = tree_recurrent(y, a.contiguous(), b.contiguous(), self.A_log, self.dt_bias, cache.state, step.parents,
+                                       self.num_k_heads, self.k_head_dim, self.v_head_dim, out_states=cache.scratch)
+            cache.set_pending(mixed, node_states=states)
             out = self.norm(o.to(x.dtype), z)
             return self.out_proj(out.reshape(n, self.value_dim))
         beta = torch.sigmoid(b.float())  # [T, Hv]

@@ -86,7 +86,7 @@ class MLP(nn.Module):
         self.up_proj = nn.Linear(hidden, inner, bias=False)
         self.down_proj = nn.Linear(inner, hidden, bias=False)
 
-        self.gate_up: torch.Tensor | None = None  # [2 * inner, hidden] once fused (gate_proj/up_proj become views)
+        self.register_buffer("gate_up", None, persistent=False)  # [2 * inner, hidden] once fused (gate_proj/up_proj become views)
 
     def fuse(self) -> None:
         """One GEMV for gate and up: the two weights become views of one [2I, H] tensor."""
@@ -96,7 +96,7 @@ class MLP(nn.Module):
         gate, up = fused.split(self.gate_proj.weight.shape[0], dim=0)
         self.gate_proj.weight = nn.Parameter(gate, requires_grad=False)
         self.up_proj.weight = nn.Parameter(up, requires_grad=False)
-        self.gate_up = fused
+        self.gate_up = fused  # a registered buffer: .to() carries it
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.gate_up is not None:

@@ -70,6 +70,11 @@ class CudaGraphRunner(EagerRunner):
         self.key_pos = torch.arange(self.max_len, device=dev)
         self.node_pos = torch.arange(tmax, device=dev)
         self.pool = torch.cuda.graph_pool_handle() if self.use_graphs else None
+        rec = cache.layout.recurrent
+        if rec is not None and dev.type == "cuda":  # one node-state buffer per layer for every bucket's graph
+            for layer in cache.layers:
+                if isinstance(layer, RecurrentCache):
+                    layer.scratch = torch.empty(tmax, rec.num_v_heads, rec.k_head_dim, rec.v_head_dim, dtype=torch.float32, device=dev)
         self.graphs: dict[int, _Graph] = {}
         self.decode: _Graph | None = None
         self._last_bucket: int | None = None
@@ -109,7 +114,7 @@ class CudaGraphRunner(EagerRunner):
             def replay():
                 out = self._run_static(t, verify)
                 g.logits, g.captured = out.logits, out.captured
-                g.pending = [(l.node_inputs, l.factors) for l in self.cache.layers if isinstance(l, RecurrentCache)]
+                g.pending = [(l.node_inputs, l.factors, l.node_states) for l in self.cache.layers if isinstance(l, RecurrentCache)]
 
             g.replay = replay
             g.commit = lambda: self._commit_static(t)
@@ -126,7 +131,7 @@ class CudaGraphRunner(EagerRunner):
         pending = []
         for layer in self.cache.layers:
             if isinstance(layer, RecurrentCache):
-                pending.append((layer.node_inputs, layer.factors))
+                pending.append((layer.node_inputs, layer.factors, layer.node_states))
                 layer.drop_pending()
         g = _Graph(graph.replay, out.logits, out.captured, pending)
         if verify:
@@ -162,8 +167,8 @@ class CudaGraphRunner(EagerRunner):
 
     def _install(self, g: _Graph) -> None:
         layers = [layer for layer in self.cache.layers if isinstance(layer, RecurrentCache)]
-        for layer, (inputs, factors) in zip(layers, g.pending):
-            layer.node_inputs, layer.factors, layer.node_states = inputs, factors, None
+        for layer, (inputs, factors, states) in zip(layers, g.pending):
+            layer.node_inputs, layer.factors, layer.node_states = inputs, factors, states
 
     @torch.inference_mode()
     def _capture_all(self, decode_graph: bool) -> None:

@@ -62,7 +62,7 @@ def _tree_conv_kernel(X, WIN, W, PAR, Y, C, K: tl.constexpr, BLOCK: tl.constexpr
     beyond = 0
     for j in tl.static_range(1, K):
         if cur >= 0:
-            cur = tl.load(PAR + cur)
+            cur = tl.load(PAR + cur).to(tl.int32)
         if cur >= 0:
             val = tl.load(X + cur * C + c, mask=m, other=0.0).to(tl.float32)
         else:

@@ -118,7 +118,8 @@ class DenseAttentionCache:
         self.k.index_copy_(0, slots, k.to(self.k.dtype))
         self.v.index_copy_(0, slots, v.to(self.v.dtype))
         name = {torch.bfloat16: "bf16", torch.float16: "f16"}.get(self.k.dtype)
-        if q.is_cuda and name is not None and self.v.dtype == self.k.dtype and q.shape[0] <= 128:
+        d = q.shape[-1]
+        if q.is_cuda and name is not None and self.v.dtype == self.k.dtype and q.shape[0] <= 128 and d in (32, 64, 128, 256):
             from treeflash.kernels.kv_quant import Planes  # split-K attention straight from the cache
             from treeflash.kernels.quant_attention import quant_attention_masked
 

@@ -50,8 +50,8 @@ class RecurrentCache:
 
     def state_after(self, last: int | torch.Tensor) -> torch.Tensor:
         """[Hv, Dk, Dv]: the recurrent state after pending node `last` (an int or a 0-d device tensor)."""
-        if self.node_states is not None:
-            return self.node_states[last]
+        if self.node_states is not None:  # index_select keeps a device index on the device (graph-safe)
+            return self.node_states.index_select(0, torch.as_tensor(last, device=self.node_states.device).reshape(1))[0]
         decay, k, u, c = self.factors
         w = decay.index_select(1, torch.as_tensor(last, device=decay.device).reshape(1))  # [H, 1, T]
         c_last = c.index_select(1, torch.as_tensor(last, device=c.device).reshape(1))  # [H, 1]

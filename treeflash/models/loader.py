@@ -9,6 +9,7 @@ so a checkpoint never sits in memory twice.
 
 from __future__ import annotations
 
+import contextlib
 import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -105,7 +106,7 @@ def load_model(
 
 def build_model(ckpt: Checkpoint, device: torch.device, dtype: torch.dtype, progress: bool = True) -> CausalLM:
     config = ckpt.config
-    with torch.device("meta"):
+    with _empty_weights():
         model = CausalLM(config)
     mtp_names = {n for n in ckpt.tensors if n.startswith(MTP_PREFIX)}
     if mtp_names and config.mtp_num_layers > 0:
@@ -132,7 +133,7 @@ def build_model(ckpt: Checkpoint, device: torch.device, dtype: torch.dtype, prog
             if tuple(value.shape) != expected[name]:
                 raise ModelLoadError(f"{ckpt.source}: tensor {ref.origin} has shape {tuple(value.shape)}, expected {expected[name]}")
             _assign(model, name, value)
-        _materialize_rotaries(model, device)
+        _move_buffers(model, device)
         if ckpt.rope_freq_factors is not None:
             factors = ckpt.rope_freq_factors.read(device, torch.float32)
             for m in model.modules():
@@ -169,8 +170,35 @@ def _new_mtp_head(config: ModelConfig) -> nn.Module | None:
     except ImportError:
         warnings.warn("treeflash.models.mtp is not available; the checkpoint's mtp.* weights are not loaded", stacklevel=3)
         return None
-    with torch.device("meta"):
+    with _empty_weights():
         return MTPHead(config, config.mtp_num_layers)
+
+
+@contextlib.contextmanager
+def _empty_weights():
+    """Build modules with every parameter on the meta device (no memory, no random init) and every
+    buffer (computed tables such as rotary frequencies) for real on the CPU. Parameters are created
+    on the CPU uninitialized (untouched pages cost nothing) and swapped for meta ones as they are
+    registered: a module built inside `torch.device("meta")` instead would compute its tables
+    through torch's reference ops, whose first call imports torch._dynamo (seconds)."""
+    init_names = ("normal_", "uniform_", "kaiming_uniform_", "kaiming_normal_", "trunc_normal_", "xavier_uniform_", "xavier_normal_")
+    saved_init = {n: getattr(nn.init, n) for n in init_names}
+    register = nn.Module.register_parameter
+
+    def register_on_meta(module, name, param):
+        if param is not None and not param.is_meta:
+            param = nn.Parameter(param.to("meta"), requires_grad=param.requires_grad)
+        register(module, name, param)
+
+    try:
+        for n in init_names:
+            setattr(nn.init, n, lambda tensor, *args, **kwargs: tensor)
+        nn.Module.register_parameter = register_on_meta
+        yield
+    finally:
+        nn.Module.register_parameter = register
+        for n, f in saved_init.items():
+            setattr(nn.init, n, f)
 
 
 def _assign(model: nn.Module, name: str, value: torch.Tensor) -> None:
@@ -182,11 +210,9 @@ def _assign(model: nn.Module, name: str, value: torch.Tensor) -> None:
         module._buffers[leaf] = value
 
 
-def _materialize_rotaries(model: nn.Module, device: torch.device) -> None:
-    """Rotary tables are computed buffers, not checkpoint tensors: build them for real."""
-    for name, m in list(model.named_modules()):
-        if isinstance(m, Rotary):
-            parent_path, _, leaf = name.rpartition(".")
-            parent = model.get_submodule(parent_path)
-            config = getattr(parent, "config", None) or model.config
-            setattr(parent, leaf, Rotary(config).to(device))
+def _move_buffers(model: nn.Module, device: torch.device) -> None:
+    """Computed buffers (not in the checkpoint) were built on the CPU: move them, keeping their dtype."""
+    for module in model.modules():
+        for name, buf in module._buffers.items():
+            if buf is not None and buf.device != device:
+                module._buffers[name] = buf.to(device)

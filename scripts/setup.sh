@@ -18,4 +18,7 @@ if ! python -c "import torch" 2>/dev/null; then
   fi
 fi
 python -m pip install -q -e ".[test]"
+# z-lab's DFlash reference (MIT), the oracle of our drafter's parity test; its declared
+# dependencies (datasets, requests) serve only its own benchmark script.
+python -m pip install -q --no-deps dflash==0.1.0
 echo "treeflash is installed in .venv ($(python -c 'import torch; print("torch", torch.__version__)'))"

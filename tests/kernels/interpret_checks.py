@@ -97,8 +97,11 @@ def check_quantize_rejects_bad_input() -> None:
 def check_attention(
     fmt_k: str, fmt_v: str, head_dim: int = 64, heads: int = 6, kv_heads: int = 2, num_new: int = 1,
     start: int = 150, parents: list[int] | None = None, splits: int | None = 3, dtype: torch.dtype = torch.float32,
+    prefetch: bool = True,
 ) -> None:
-    from treeflash.kernels.quant_attention import quant_attention, quant_attention_reference
+    import dataclasses
+
+    from treeflash.kernels.quant_attention import launch_config, quant_attention, quant_attention_reference
 
     length = start + num_new + 5  # rows past start + T exist but must not be read
     k = _planes(fmt_k, torch.randn(length, kv_heads, head_dim))
@@ -106,7 +109,8 @@ def check_attention(
     q = torch.randn(num_new, heads, head_dim).to(dtype)
     mask = None if parents is None else _tree_mask(parents)
     scale = head_dim**-0.5
-    out = quant_attention(q, k, v, start, mask, scale, num_splits=splits)
+    config = dataclasses.replace(launch_config(head_dim, num_new * heads // kv_heads), prefetch=prefetch)
+    out = quant_attention(q, k, v, start, mask, scale, num_splits=splits, config=config)
     ref = quant_attention_reference(q.float(), k, v, start, mask, scale)
     assert out.dtype == dtype and out.shape == q.shape
     tol = 1e-5 if dtype == torch.float32 else 2e-2
@@ -155,12 +159,13 @@ def groups() -> dict[str, dict]:
     quant = {
         f"quantize_{n}_d{d}_{str(t)[6:]}": (check_quantize, (n, d, t))
         for n in QUANT
-        for d in (32, 64, 128, 256)
-        for t in (torch.float32, torch.bfloat16)
+        for d, t in ((32, torch.float32), (64, torch.bfloat16), (128, torch.float32), (256, torch.bfloat16))
     }
     quant |= {f"quantize_at_slots_{n}": (check_quantize_at_slots, (n,)) for n in QUANT}
     quant["quantize_rejects_bad_input"] = (check_quantize_rejects_bad_input, ())
-    attn = {f"decode_{a}_{b}": (check_attention, (a, b)) for a in ALL for b in ALL}
+    # every format as K and as V, each pair of compressed formats once
+    pairs = [(a, b) for a in ALL for b in ALL if a == b or "bf16" in (a, b) or a < b]
+    attn = {f"decode_{a}_{b}": (check_attention, (a, b)) for a, b in pairs}
     tree = [-1, 0, 0, 1, 2, 2, 4]  # siblings 1/2 and 4/5 must not see each other
     attn |= {
         f"verify_tree_{a}_{b}": (check_attention, (a, b, 64, 6, 2, len(tree), 100, tree)) for a, b in
@@ -174,6 +179,7 @@ def groups() -> dict[str, dict]:
         "decode_gqa8_d128_one_split": (check_attention, ("q4_0", "tq3_0", 128, 8, 1, 1, 200, None, 1)),
         "decode_d256_many_splits": (check_attention, ("tq3_0", "tq3_0", 256, 4, 2, 1, 300, None, 64)),
         "verify_rows_over_block_m": (check_attention, ("q8_0", "q4_0", 64, 8, 1, 5, 40, None)),  # 40 rows
+        "verify_no_prefetch": (check_attention, ("tq3_0", "q4_0", 64, 6, 2, 7, 90, tree, 3, torch.float32, False)),
         "decode_fp16": (check_attention, ("q8_0", "q4_0", 64, 6, 2, 1, 150, None, 3, torch.float16)),
         "verify_fp16": (check_attention, ("tq3_0", "tq3_0", 64, 6, 2, 7, 90, tree, 3, torch.float16)),
         "masked_decode_q8_0_tq3_0": (check_attention_masked, ("q8_0", "tq3_0", 1, 2)),

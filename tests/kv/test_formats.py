@@ -85,10 +85,10 @@ def test_tq3_0_packing_roundtrip():
     assert codes.shape == (3, 48)
     m2, n2 = formats._unpack3(codes)
     assert torch.equal(m2, mag) and torch.equal(n2, neg)
-    # byte 0 holds the magnitude indices of values 0, 8, 16, 24; byte 8 the signs of 0, 4, ..., 28
+    # byte 1 holds the magnitude indices of values 4..7; byte 9 the signs of values 8..15
     b = codes[0, :12]
-    assert b[0].item() == sum(int(mag[0, 0, 8 * k]) << (2 * k) for k in range(4))
-    assert b[8].item() == sum(int(neg[0, 0, 4 * k]) << k for k in range(8))
+    assert b[1].item() == sum(int(mag[0, 0, 4 + k]) << (2 * k) for k in range(4))
+    assert b[9].item() == sum(int(neg[0, 0, 8 + k]) << k for k in range(8))
 
 
 def test_tq3_0_rotation_is_orthonormal_and_fixed():

@@ -112,11 +112,11 @@ def _tq3_0_kernel(
         s = tl.sqrt(tl.sum(xb * xb, axis=2)) / tl.sqrt(tl.sum(cb * cb, axis=2))  # [ROWS, GB]
         blk = grp * GB + tl.arange(0, GB)
         tl.store(scale_ptr + dst[:, None] * NB + blk[None, :], s.to(tl.float16), mask=ok[:, None])
-        # magnitudes: byte i holds values i + 8k at bits 2k; signs: byte 8 + i holds values i + 4k at bit k
-        m4 = tl.reshape(mag, (ROWS, GB, 4, 8)) << (2 * tl.arange(0, 4))[None, None, :, None]
-        s8 = tl.reshape(neg, (ROWS, GB, 8, 4)) << tl.arange(0, 8)[None, None, :, None]
-        mags = tl.sum(m4, axis=2)  # [ROWS, GB, 8]
-        signs = tl.sum(s8, axis=2)  # [ROWS, GB, 4]
+        # magnitudes: byte i holds values 4i + k at bits 2k; signs: byte 8 + i holds values 8i + k at bit k
+        m4 = tl.reshape(mag, (ROWS, GB, 8, 4)) << (2 * tl.arange(0, 4))[None, None, None, :]
+        s8 = tl.reshape(neg, (ROWS, GB, 4, 8)) << tl.arange(0, 8)[None, None, None, :]
+        mags = tl.sum(m4, axis=3)  # [ROWS, GB, 8]
+        signs = tl.sum(s8, axis=3)  # [ROWS, GB, 4]
         base = dst[:, None, None] * (NB * 12) + blk[None, :, None] * 12
         ok3 = ok[:, None, None]
         tl.store(code_ptr + base + tl.arange(0, 8)[None, None, :], mags.to(tl.uint8), mask=ok3)

@@ -9,9 +9,9 @@ scale and the block's codes. Byte counts per 32 values:
   largest magnitude (sign kept, first one on ties). Byte j of the 16 holds q[j] in its low
   nibble and q[j + 16] in its high nibble (ggml's layout).
 - tq3_0 (14 bytes, TurboQuant-style): see `quantize_tq3_0`. 3-bit codes (sign + 2-bit magnitude
-  index into 4 Lloyd-Max centroids); byte i < 8 holds the magnitude indices of values i, i+8,
-  i+16, i+24 at bits 0-1, 2-3, 4-5, 6-7; byte 8 + i (i < 4) holds the sign bits of values
-  i, i+4, ..., i+28 at bits 0..7 (1 = negative).
+  index into 4 Lloyd-Max centroids); byte i < 8 holds the magnitude indices of values 4i..4i+3
+  at bits 0-1, 2-3, 4-5, 6-7; byte 8 + i (i < 4) holds the sign bits of values 8i..8i+7 at
+  bits 0..7 (1 = negative). Both unpack by widening each byte in place (no interleaving).
 - bf16 / f16 / f32: dense, no scale.
 
 Storage is structure-of-arrays: a row's fp16 scales live in one tensor ([..., head_dim / 32])
@@ -255,19 +255,19 @@ def quantize_tq3_0(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
 
 def _pack3(mag: torch.Tensor, neg: torch.Tensor) -> torch.Tensor:
     """mag, neg: [..., NB, 32] -> [..., NB * 12] bytes (layout in the module docstring)."""
-    shift_m = torch.arange(0, 8, 2, dtype=torch.uint8, device=mag.device)[:, None]  # [4, 1]
-    mags = (mag.unflatten(-1, (4, 8)) << shift_m).sum(-2, dtype=torch.uint8)  # [..., NB, 8]
-    shift_s = torch.arange(8, dtype=torch.uint8, device=mag.device)[:, None]  # [8, 1]
-    signs = (neg.unflatten(-1, (8, 4)) << shift_s).sum(-2, dtype=torch.uint8)  # [..., NB, 4]
+    shift_m = torch.arange(0, 8, 2, dtype=torch.uint8, device=mag.device)  # [4]
+    mags = (mag.unflatten(-1, (8, 4)) << shift_m).sum(-1, dtype=torch.uint8)  # [..., NB, 8]
+    shift_s = torch.arange(8, dtype=torch.uint8, device=mag.device)  # [8]
+    signs = (neg.unflatten(-1, (4, 8)) << shift_s).sum(-1, dtype=torch.uint8)  # [..., NB, 4]
     return torch.cat((mags, signs), dim=-1).flatten(-2)
 
 
 def _unpack3(codes: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     b = codes.reshape(*codes.shape[:-1], -1, 12)  # [..., NB, 12]
-    shift_m = torch.arange(0, 8, 2, dtype=torch.uint8, device=codes.device)[:, None]
-    mag = ((b[..., None, :8] >> shift_m) & 3).flatten(-2)  # [..., NB, 32], value 8k + i
-    shift_s = torch.arange(8, dtype=torch.uint8, device=codes.device)[:, None]
-    neg = ((b[..., None, 8:] >> shift_s) & 1).flatten(-2)  # value 4k + i
+    shift_m = torch.arange(0, 8, 2, dtype=torch.uint8, device=codes.device)
+    mag = ((b[..., :8, None] >> shift_m) & 3).flatten(-2)  # [..., NB, 32]: value 4i + k
+    shift_s = torch.arange(8, dtype=torch.uint8, device=codes.device)
+    neg = ((b[..., 8:, None] >> shift_s) & 1).flatten(-2)  # value 8i + k
     return mag, neg
 
 

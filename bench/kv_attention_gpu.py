@@ -1,0 +1,207 @@
+"""Decode attention over the KV cache on one GPU: every K/V type pair at 32K and 128K context,
+timed and reported as a fraction of the bandwidth roofline of the bytes it reads.
+
+    python bench/kv_attention_gpu.py --out out/kv_attention_gpu.json
+
+For each context and pair: a correctness check against the dequantize + SDPA reference (decode,
+and a 16-node tree verify), then the kernel time (median, CUDA-graph replay so launch overhead
+is not counted; the eager time with launches is reported beside it). The roofline is the copy
+bandwidth measured in the same run (a device-to-device copy, bytes read + written), and
+fraction = (K + V bytes read) / time / copy bandwidth. Runs in about a minute on an H200.
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import json
+import platform
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import torch  # noqa: E402
+import torch.nn.functional as F  # noqa: E402
+import triton  # noqa: E402
+from triton.testing import do_bench, do_bench_cudagraph  # noqa: E402
+
+from treeflash.kernels import quant_attention as qa  # noqa: E402
+from treeflash.kernels.kv_quant import Planes, quantize_into  # noqa: E402
+from treeflash.kv.formats import get_format  # noqa: E402
+
+TYPES = ("bf16", "q8_0", "q4_0", "tq3_0")
+VERIFY_NODES = 16
+
+
+def copy_bandwidth(nbytes: int) -> float:
+    """Bytes/s of a device-to-device copy, counting bytes read and written (median)."""
+    src = torch.empty(nbytes, dtype=torch.uint8, device="cuda")
+    dst = torch.empty_like(src)
+    ms = do_bench(lambda: dst.copy_(src), warmup=50, rep=300, return_mode="median")
+    return 2 * nbytes / (ms * 1e-3)
+
+
+def make_planes(name: str, length: int, kv_heads: int, head_dim: int) -> Planes:
+    fmt = get_format(name)
+    x = torch.randn(length, kv_heads, head_dim, device="cuda", dtype=torch.bfloat16)
+    if fmt.is_dense:
+        return Planes(name, None, x.to(fmt.dense_dtype))
+    scales = torch.empty(length, kv_heads, fmt.num_scales(head_dim), dtype=torch.float16, device="cuda")
+    codes = torch.empty(length, kv_heads, fmt.code_bytes(head_dim), dtype=fmt.code_dtype, device="cuda")
+    quantize_into(name, x, scales, codes, 0)
+    return Planes(name, scales, codes)
+
+
+def chain_mask(n: int) -> torch.Tensor:
+    return torch.ones(n, n, dtype=torch.bool, device="cuda").tril()
+
+
+def rel_err(out: torch.Tensor, ref: torch.Tensor) -> float:
+    return ((out.float() - ref.float()).abs().max() / ref.float().abs().max()).item()
+
+
+def plan(context: int, num_new: int, heads: int, kv_heads: int, head_dim: int, dense_kv: bool) -> tuple[int, int]:
+    group = heads // kv_heads
+    cfg = qa.launch_config(head_dim, num_new * group, dense_kv)
+    m_tiles = triton.cdiv(num_new * group, cfg.block_m)
+    return qa.plan_splits(triton.cdiv(context, cfg.block_n), m_tiles * kv_heads, torch.device("cuda"), cfg.programs_per_sm)
+
+
+def bench_pair(k: Planes, v: Planes, context: int, args, dtype) -> dict:
+    heads, head_dim = args.heads, args.head_dim
+    scale = head_dim**-0.5
+    q1 = torch.randn(1, heads, head_dim, device="cuda", dtype=dtype)
+    qv = torch.randn(VERIFY_NODES, heads, head_dim, device="cuda", dtype=dtype)
+    mask = chain_mask(VERIFY_NODES)
+    # correctness first: the reference dequantizes every row and runs SDPA in fp32
+    out = qa.quant_attention(q1, k, v, context - 1, None, scale)
+    ref = qa.quant_attention_reference(q1.float(), k, v, context - 1, None, scale)
+    err_decode = rel_err(out, ref)
+    out = qa.quant_attention(qv, k, v, context - VERIFY_NODES, mask, scale)
+    ref = qa.quant_attention_reference(qv.float(), k, v, context - VERIFY_NODES, mask, scale)
+    err_verify = rel_err(out, ref)
+    ok = err_decode < args.tol and err_verify < args.tol
+
+    def decode():
+        qa.quant_attention(q1, k, v, context - 1, None, scale)
+
+    def verify():
+        qa.quant_attention(qv, k, v, context - VERIFY_NODES, mask, scale)
+
+    t_graph = do_bench_cudagraph(decode, rep=args.rep_ms, return_mode="median")
+    t_eager = do_bench(decode, warmup=10, rep=args.rep_ms, return_mode="median")
+    t_verify = do_bench_cudagraph(verify, rep=args.rep_ms, return_mode="median")
+    fk, fv = get_format(k.name), get_format(v.name)
+    kv_bytes = context * args.kv_heads * (fk.row_bytes(head_dim) + fv.row_bytes(head_dim))
+    splits, per_split = plan(context, 1, heads, args.kv_heads, head_dim, fk.is_dense and fv.is_dense)
+    return {
+        "k_type": k.name,
+        "v_type": v.name,
+        "context": context,
+        "kv_bytes": kv_bytes,
+        "splits": splits,
+        "blocks_per_split": per_split,
+        "decode_us": t_graph * 1e3,
+        "decode_us_eager": t_eager * 1e3,
+        "verify16_us": t_verify * 1e3,
+        "achieved_GBps": kv_bytes / (t_graph * 1e-3) / 1e9,
+        "fraction_of_copy_bw": kv_bytes / (t_graph * 1e-3) / args.copy_bw,
+        "verify16_fraction_of_copy_bw": kv_bytes / (t_verify * 1e-3) / args.copy_bw,
+        "max_rel_err_decode": err_decode,
+        "max_rel_err_verify16": err_verify,
+        "correct": ok,
+    }
+
+
+def sdpa_baseline(context: int, args, dtype) -> dict:
+    """PyTorch SDPA decode over a bf16 cache (what the dense cache runs), for comparison."""
+    k = torch.randn(1, args.kv_heads, context, args.head_dim, device="cuda", dtype=dtype)
+    v = torch.randn_like(k)
+    q = torch.randn(1, args.heads, 1, args.head_dim, device="cuda", dtype=dtype)
+
+    def run():
+        F.scaled_dot_product_attention(q, k, v, enable_gqa=True)
+
+    t = do_bench_cudagraph(run, rep=args.rep_ms, return_mode="median")
+    nbytes = 2 * k.numel() * k.element_size()
+    return {"context": context, "decode_us": t * 1e3, "fraction_of_copy_bw": nbytes / (t * 1e-3) / args.copy_bw}
+
+
+def split_sweep(k: Planes, v: Planes, context: int, args, dtype) -> list[dict]:
+    """Decode time against the number of splits, for tuning PROGRAMS_PER_SM."""
+    q1 = torch.randn(1, args.heads, args.head_dim, device="cuda", dtype=dtype)
+    rows = []
+    for s in (8, 16, 32, 64, 128):
+        t = do_bench_cudagraph(
+            lambda: qa.quant_attention(q1, k, v, context - 1, None, args.head_dim**-0.5, num_splits=s),
+            rep=args.rep_ms, return_mode="median",
+        )
+        rows.append({"k_type": k.name, "v_type": v.name, "context": context, "num_splits": s, "decode_us": t * 1e3})
+    return rows
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--out", required=True, help="path of the JSON artifact")
+    ap.add_argument("--contexts", type=int, nargs="+", default=[32768, 131072])
+    ap.add_argument("--types", nargs="+", default=list(TYPES), help="K and V types to pair (all pairs)")
+    ap.add_argument("--heads", type=int, default=24, help="query heads (default: Qwen3.5-27B full attention)")
+    ap.add_argument("--kv-heads", type=int, default=4)
+    ap.add_argument("--head-dim", type=int, default=256)
+    ap.add_argument("--dtype", default="bf16", choices=["bf16", "f16"])
+    ap.add_argument("--rep-ms", type=int, default=40, help="timing budget per measurement")
+    ap.add_argument("--tol", type=float, default=2e-2, help="max relative error against the reference")
+    args = ap.parse_args()
+    if not torch.cuda.is_available():
+        sys.exit("kv_attention_gpu: needs a CUDA GPU")
+    dtype = torch.bfloat16 if args.dtype == "bf16" else torch.float16
+    t0 = time.time()
+    torch.manual_seed(0)
+    args.copy_bw = copy_bandwidth(2 << 30)
+    print(f"copy bandwidth {args.copy_bw / 1e9:.0f} GB/s", flush=True)
+    results, baselines, sweep = [], [], []
+    for context in args.contexts:
+        k_planes = {t: make_planes(t, context, args.kv_heads, args.head_dim) for t in args.types}
+        v_planes = {t: make_planes(t, context, args.kv_heads, args.head_dim) for t in args.types}
+        baselines.append(sdpa_baseline(context, args, dtype))
+        for kt, vt in itertools.product(args.types, args.types):
+            r = bench_pair(k_planes[kt], v_planes[vt], context, args, dtype)
+            results.append(r)
+            print(
+                f"{context:>7} K={kt:<6} V={vt:<6} decode {r['decode_us']:7.1f} us "
+                f"({r['fraction_of_copy_bw']:.2f} of copy bw, eager {r['decode_us_eager']:.1f} us)  "
+                f"verify16 {r['verify16_us']:7.1f} us  err {r['max_rel_err_decode']:.1e}/{r['max_rel_err_verify16']:.1e}"
+                + ("" if r["correct"] else "  WRONG"),
+                flush=True,
+            )
+        if context == args.contexts[0] and "q8_0" in args.types:
+            sweep = split_sweep(k_planes["q8_0"], v_planes["q8_0"], context, args, dtype)
+        del k_planes, v_planes
+        torch.cuda.empty_cache()
+    report = {
+        "bench": "kv_attention_gpu",
+        "device": torch.cuda.get_device_name(),
+        "sm_count": torch.cuda.get_device_properties(0).multi_processor_count,
+        "torch": torch.__version__,
+        "triton": triton.__version__,
+        "python": platform.python_version(),
+        "shape": {"heads": args.heads, "kv_heads": args.kv_heads, "head_dim": args.head_dim, "dtype": args.dtype},
+        "copy_bandwidth_GBps": args.copy_bw / 1e9,
+        "timing": "median; CUDA-graph replay (decode_us, verify16_us), eager launches (decode_us_eager)",
+        "all_correct": all(r["correct"] for r in results),
+        "results": results,
+        "sdpa_bf16_baseline": baselines,
+        "split_sweep": sweep,
+        "wall_s": time.time() - t0,
+    }
+    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+    Path(args.out).write_text(json.dumps(report, indent=2))
+    print(f"wrote {args.out} in {report['wall_s']:.0f} s; all correct: {report['all_correct']}")
+    if not report["all_correct"]:
+        sys.exit(1)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,86 @@
+"""`mtp` drafter: lossless on a random tiny qwen3_5 target with random MTP weights, and every
+proposal equals the MTP chain computed from scratch (so the head reads the right hidden states)."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from tests.spec.test_draft_model import one_thread, random_prompt, run, tiny_lm  # noqa: F401 (fixture)
+from treeflash.errors import InvalidRequestError
+from treeflash.models.mtp import MTPHead
+from treeflash.models.step import StepInput
+from treeflash.spec.drafter import DraftOptions, build_drafter
+from treeflash.spec.mtp import MTPDrafter
+
+
+def mtp_target(vocab: int = 97, seed: int = 0):
+    target = tiny_lm("qwen3_5", seed, scale=0.06, vocab_size=vocab, mtp_num_hidden_layers=1)
+    assert target.config.mtp_num_layers == 1
+    with torch.random.fork_rng():
+        torch.manual_seed(seed + 100)
+        head = MTPHead(target.config, 1).eval()
+        with torch.no_grad():
+            for p in head.parameters():
+                p.add_(torch.randn_like(p) * 0.1)
+    target.mtp = head
+    return target
+
+
+@pytest.mark.parametrize("vocab,seed", [(97, 0), (6, 1)])  # vocab 6: random MTP weights still get drafts accepted
+def test_mtp_is_lossless(vocab, seed):
+    target = mtp_target(vocab, seed)
+    prompt = random_prompt(12, vocab)
+    ref, _ = run(target, prompt, 200)
+    out, stats = run(target, prompt, 200, MTPDrafter(target, 3))
+    assert out == ref
+    if vocab == 6:
+        assert stats.accepted_per_depth[1] > 0 and stats.passes > stats.accepted_per_depth[0]
+
+
+class Recorder(MTPDrafter):
+    def __init__(self, *args):
+        super().__init__(*args)
+        self.seen = []
+
+    def propose(self, ctx):
+        tree = super().propose(ctx)
+        self.seen.append((list(ctx.tokens), ctx.root, tree.token_ids[1:].tolist()))
+        return tree
+
+
+@torch.inference_mode()
+def mtp_chain_from_scratch(target, tokens, root, k):
+    """Row t = (x_{t+1}, h_t) for t < len(tokens), h after the target's final norm; then chain."""
+    hidden = target(StepInput.plain(torch.tensor(tokens), 0), target.new_cache(len(tokens))).hidden
+    n = len(tokens)
+    cache = target.mtp.new_cache(n + k)
+    nxt = torch.tensor(tokens[1:] + [root])
+    h = target.mtp(target.embed(nxt), hidden, torch.arange(n), cache)[-1:]
+    drafts = []
+    for i in range(k):
+        drafts.append(int(target.head(h)[0].argmax()))
+        h = target.mtp(target.embed(torch.tensor(drafts[-1:])), h, torch.tensor([n + i]), cache)
+    return drafts
+
+
+def test_proposals_equal_the_mtp_chain_from_scratch():
+    target = mtp_target(vocab=6, seed=1)
+    drafter = Recorder(target, 3)
+    run(target, random_prompt(9, 6), 40, drafter)
+    run(target, random_prompt(5, 6, seed=1), 20, drafter)  # a second sequence: reset
+    assert len(drafter.seen) > 8
+    for tokens, root, drafts in drafter.seen:
+        assert drafts == mtp_chain_from_scratch(target, tokens, root, 3)
+
+
+def test_registry():
+    target = mtp_target()
+    loaded = SimpleNamespace(model=target, config=target.config, tokenizer=None, source="qwen36.gguf")
+    drafter = build_drafter("mtp", loaded, DraftOptions(num_draft=4))
+    assert isinstance(drafter, MTPDrafter) and drafter.capture_layers == (target.config.num_layers - 1,)
+    target.mtp = None
+    with pytest.raises(InvalidRequestError, match="qwen36.gguf has no MTP head"):
+        build_drafter("mtp", loaded, DraftOptions())

@@ -1,0 +1,98 @@
+"""`mtp` drafter: the target's own multi-token-prediction head (Qwen3.5/3.6, Qwen3-Next), chained.
+
+MTPHead row t reads (embedding of x_{t+1}, the target's hidden state h_t after its final norm)
+at position t and predicts x_{t+2} (models/mtp.py). The drafter asks the target for its last
+layer's output (`capture_layers`) and applies the target's final norm itself, so `observe`
+receives h_t for every committed token. The head's KV cache holds one committed row per position
+whose next token is known; at `propose` (when the root is known) the head catches up on the new
+rows, the last of which (root as x_{t+1}) predicts the first draft token. Each further draft token
+feeds its embedding and the previous head output back in, at the next position; afterwards the
+drafted rows are dropped with `cache.truncate` (the head has attention layers only).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from treeflash.errors import InvalidRequestError
+from treeflash.models.transformer import CausalLM
+from treeflash.spec.draft_model import PREFILL_CHUNK, chain_tree, draft_token
+from treeflash.spec.drafter import DraftContext, Drafter, DraftOptions, register
+from treeflash.spec.tree import DraftTree
+
+
+class MTPDrafter(Drafter):
+    name = "mtp"
+
+    def __init__(self, target: CausalLM, num_draft: int):
+        if target.mtp is None:
+            raise ValueError("the target has no MTP head")
+        self.target, self.head, self.num_draft = target, target.mtp, num_draft
+        self.capture_layers = (target.config.num_layers - 1,)
+        self.cache = self.head.new_cache(1)  # sized at the first propose (the target's cache length)
+        self.num_committed = 0  # committed tokens observed
+        self.hidden: list[torch.Tensor] = []  # [n, H] h_t for committed positions the head has not read
+
+    def reset(self) -> None:
+        self.cache.reset()
+        self.num_committed = 0
+        self.hidden = []
+
+    def observe(self, committed_ids: list[int], hidden: torch.Tensor | None) -> None:
+        if hidden is None or hidden.shape[0] != len(committed_ids):
+            raise RuntimeError("mtp drafter: the decoder did not pass the captured hidden states")
+        self.num_committed += len(committed_ids)
+        self.hidden.append(self.target.model.norm(hidden))  # the head reads post-norm states
+
+    @torch.inference_mode()
+    def propose(self, ctx: DraftContext) -> DraftTree:
+        num = len(ctx.tokens)
+        if self.num_committed != num:
+            raise RuntimeError(f"mtp drafter: observed {self.num_committed} committed tokens, the decoder has {num}")
+        k = min(self.num_draft, ctx.max_nodes - 1)
+        dev = self.target.device
+        if k <= 0:
+            return DraftTree.root_only(ctx.root, dev)
+        if num + ctx.max_nodes > self.cache.max_len:  # = the target cache's max_len; fixed per sequence
+            assert self.cache.seq_len == 0, "mtp drafter: the target's cache grew within a sequence"
+            self.cache = self.head.new_cache(num + ctx.max_nodes)
+
+        # catch up: row t reads (x_{t+1}, h_t) for the new committed positions; the root is x_num
+        start = self.cache.seq_len
+        next_ids = torch.tensor(ctx.tokens[start + 1 :] + [ctx.root], dtype=torch.long, device=dev)
+        hidden = torch.cat(self.hidden)
+        self.hidden = []
+        assert hidden.shape[0] == next_ids.shape[0] == num - start, "mtp drafter: every step commits a new row"
+        for s in range(0, num - start, PREFILL_CHUNK):
+            part = slice(s, s + PREFILL_CHUNK)
+            pos = torch.arange(start + s, start + s + next_ids[part].shape[0], device=dev)
+            h = self.head(self.target.embed(next_ids[part]), hidden[part], pos, self.cache)
+        h = h[-1:]  # [1, H]: predicts the token after the root
+
+        drafts, qs = [], []
+        for i in range(k):
+            tok, q = draft_token(self.target.head(h)[0], ctx.params, ctx.generator, self.target.config.vocab_size)
+            drafts.append(tok)
+            if q is not None:
+                qs.append(q)
+            if i + 1 < k:  # chain: the drafted token and the head's own output, one position on
+                ids = torch.tensor([tok], dtype=torch.long, device=dev)
+                h = self.head(self.target.embed(ids), h, torch.tensor([num + i], device=dev), self.cache)
+        self.cache.truncate(num)
+        return chain_tree(ctx.root, drafts, qs, dev)
+
+    def describe(self) -> dict[str, Any]:
+        return {"name": self.name, "num_draft": self.num_draft, "mtp_layers": len(self.head.layers)}
+
+
+@register("mtp")
+def _build(target, options: DraftOptions) -> Drafter:
+    if getattr(target.model, "mtp", None) is None:
+        raise InvalidRequestError(
+            f"--draft mtp: {target.source} has no MTP head (no mtp.* weights loaded); use a Qwen3.5/3.6 "
+            "Hugging Face checkpoint that carries them (GGUF files drop them), or another drafter",
+            "draft",
+        )
+    return MTPDrafter(target.model, options.num_draft)

@@ -15,6 +15,11 @@ import httpx
 
 ROOT = Path(__file__).resolve().parents[2]
 
+# the session's server on the default model (conftest.py)
+KEY = "test-key"
+MODEL = "SmolLM2-135M-Instruct"
+CONTEXT = 2048
+
 
 def free_port() -> int:
     with socket.socket() as s:

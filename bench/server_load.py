@@ -1,0 +1,242 @@
+"""Load test for `treeflash serve`: N concurrent streaming chat clients for D seconds.
+
+Each client sends streaming requests back to back until the window closes; requests still running
+then get `--drain` seconds to finish, after which the script disconnects them (which also checks
+that the server cancels abandoned generations: its queue must be empty a few seconds later).
+
+Reports: no 5xx (HTTP status or an error event inside a stream), every stream that was not cut by
+the script ended with exactly one finish_reason, time to first token percentiles, throughput, and
+the server's RSS over time (pass its pid). Writes JSON.
+
+    treeflash serve --port 8000 &
+    python bench/server_load.py --url http://127.0.0.1:8000 --pid $! --clients 32 --duration 120 \\
+        --out docs/results/server_load.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import platform
+import statistics
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import httpx
+
+PROMPTS = [
+    "Name three colors.",
+    "What is the capital of France?",
+    "Write a haiku about the sea.",
+    "Give me one tip for learning Python.",
+    "What is 12 times 12?",
+    "Say hello in Spanish.",
+    "List two planets.",
+    "What is a prime number?",
+]
+
+
+@dataclass
+class Result:
+    client: int
+    status: int = 0
+    started: float = 0.0  # seconds since the run began
+    ttft_s: float | None = None
+    seconds: float | None = None
+    completion_tokens: int = 0
+    finish_reasons: list[str] = field(default_factory=list)
+    error: str | None = None  # an error event inside the stream, or the transport error
+    cut: bool = False  # disconnected by this script at the end of the drain
+
+
+async def one_request(client: httpx.AsyncClient, url: str, headers: dict, body: dict, res: Result, t0: float) -> None:
+    sent = time.perf_counter()
+    res.started = sent - t0
+    async with client.stream("POST", url, json=body, headers=headers) as r:
+        res.status = r.status_code
+        if r.status_code != 200:
+            res.error = (await r.aread()).decode(errors="replace")[:300]
+            return
+        async for line in r.aiter_lines():
+            if not line.startswith("data: "):
+                continue
+            data = line[6:]
+            if data == "[DONE]":
+                break
+            chunk = json.loads(data)
+            if "error" in chunk:
+                res.error = chunk["error"].get("message", "error event")
+                continue
+            for choice in chunk.get("choices", []):
+                if res.ttft_s is None and (choice["delta"].get("content") or choice.get("finish_reason")):
+                    res.ttft_s = time.perf_counter() - sent
+                if choice.get("finish_reason"):
+                    res.finish_reasons.append(choice["finish_reason"])
+            if chunk.get("usage"):
+                res.completion_tokens = chunk["usage"]["completion_tokens"]
+    res.seconds = time.perf_counter() - sent
+
+
+async def client_loop(k: int, args, results: list[Result], deadline: float, t0: float) -> None:
+    headers = {"Authorization": f"Bearer {args.api_key}"} if args.api_key else {}
+    url = args.url.rstrip("/") + "/v1/chat/completions"
+    timeout = httpx.Timeout(None, connect=30)
+    async with httpx.AsyncClient(timeout=timeout) as client:
+        i = 0
+        while time.perf_counter() < deadline:
+            body = {"messages": [{"role": "user", "content": PROMPTS[(k + i) % len(PROMPTS)]}], "max_tokens": args.max_tokens,
+                    "temperature": args.temperature, "stream": True, "stream_options": {"include_usage": True}}
+            if args.model:
+                body["model"] = args.model
+            res = Result(client=k)
+            results.append(res)
+            try:
+                await one_request(client, url, headers, body, res, t0)
+            except asyncio.CancelledError:
+                res.cut = True
+                raise
+            except httpx.HTTPError as e:
+                res.error = f"{type(e).__name__}: {e}"
+            i += 1
+
+
+async def sample_rss(pid: int | None, t0: float, samples: list, stop: asyncio.Event, every: float) -> None:
+    while not stop.is_set():
+        if pid is not None:
+            rss = read_rss_mb(pid)
+            if rss is not None:
+                samples.append((round(time.perf_counter() - t0, 1), rss))
+        try:
+            await asyncio.wait_for(stop.wait(), every)
+        except asyncio.TimeoutError:
+            pass
+
+
+def read_rss_mb(pid: int) -> float | None:
+    try:
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            if line.startswith("VmRSS:"):
+                return round(int(line.split()[1]) / 1024, 1)
+    except OSError:
+        return None
+    return None
+
+
+def percentiles(xs: list[float]) -> dict:
+    if not xs:
+        return {}
+    xs = sorted(xs)
+    pick = lambda q: xs[min(len(xs) - 1, int(round(q * (len(xs) - 1))))]  # noqa: E731
+    return {"p50": round(pick(0.5), 3), "p90": round(pick(0.9), 3), "p99": round(pick(0.99), 3), "max": round(xs[-1], 3),
+            "mean": round(statistics.fmean(xs), 3), "n": len(xs)}
+
+
+async def queue_after(url: str, headers: dict, wait_s: float) -> dict:
+    """/health a few seconds after the run: abandoned generations must have been cancelled."""
+    async with httpx.AsyncClient(timeout=10) as c:
+        deadline = time.perf_counter() + wait_s
+        health = {}
+        while time.perf_counter() < deadline:
+            try:
+                health = (await c.get(url.rstrip("/") + "/health", headers=headers)).json()
+                if health.get("queue_depth") == 0:
+                    break
+            except httpx.HTTPError as e:
+                health = {"error": str(e)}
+            await asyncio.sleep(0.5)
+        try:
+            metrics = (await c.get(url.rstrip("/") + "/metrics", headers=headers)).text
+            running = next((float(l.split()[-1]) for l in metrics.splitlines() if l.startswith("treeflash_requests_running ")), None)
+        except httpx.HTTPError:
+            running = None
+        return {"health": health, "requests_running": running}
+
+
+async def run(args) -> dict:
+    results: list[Result] = []
+    rss: list = []
+    stop = asyncio.Event()
+    t0 = time.perf_counter()
+    deadline = t0 + args.duration
+    sampler = asyncio.create_task(sample_rss(args.pid, t0, rss, stop, args.rss_every))
+    clients = [asyncio.create_task(client_loop(k, args, results, deadline, t0)) for k in range(args.clients)]
+    _, pending = await asyncio.wait(clients, timeout=args.duration + args.drain)
+    for task in pending:  # still generating after the drain: disconnect (the server must cancel them)
+        task.cancel()
+    await asyncio.gather(*pending, return_exceptions=True)
+    wall = time.perf_counter() - t0
+    headers = {"Authorization": f"Bearer {args.api_key}"} if args.api_key else {}
+    after = await queue_after(args.url, headers, 30)
+    stop.set()
+    await sampler
+
+    done = [r for r in results if not r.cut]
+    fivexx = [r for r in results if r.status >= 500 or (r.error and r.status == 200 and not r.cut)]
+    unfinished = [r for r in done if r.status == 200 and len(r.finish_reasons) != 1]
+    completed = [r for r in done if r.status == 200 and len(r.finish_reasons) == 1 and not r.error]
+    tokens = sum(r.completion_tokens for r in completed)
+    statuses: dict[str, int] = {}
+    for r in results:
+        key = "cut" if r.cut else str(r.status or "transport_error")
+        statuses[key] = statuses.get(key, 0) + 1
+    summary = {
+        "no_5xx": not fivexx,
+        "every_stream_finished": not unfinished,
+        "queue_empty_after": after["health"].get("queue_depth") == 0,
+        "requests": len(results),
+        "completed": len(completed),
+        "cut_at_end": sum(r.cut for r in results),
+        "statuses": statuses,
+        "ttft_s": percentiles([r.ttft_s for r in completed if r.ttft_s is not None]),
+        "request_s": percentiles([r.seconds for r in completed if r.seconds is not None]),
+        "completion_tokens": tokens,
+        "throughput_tokens_per_s": round(tokens / wall, 3),
+        "requests_per_s": round(len(completed) / wall, 4),
+        "wall_s": round(wall, 1),
+        "rss_mb": {"first": rss[0][1] if rss else None, "max": max((m for _, m in rss), default=None),
+                   "last": rss[-1][1] if rss else None},
+    }
+    return {
+        "command": "python bench/server_load.py " + " ".join(args.argv),
+        "config": {k: v for k, v in vars(args).items() if k not in ("argv", "api_key")},
+        "machine": {"platform": platform.platform(), "python": platform.python_version()},
+        "summary": summary,
+        "after": after,
+        "rss_samples": rss,
+        "failures": [asdict(r) for r in fivexx + unfinished][:50],
+        "requests": [asdict(r) for r in results],
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    import sys
+
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0], epilog=__doc__.split("\n\n", 2)[-1],
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--url", default="http://127.0.0.1:8000", help="the server (default http://127.0.0.1:8000)")
+    p.add_argument("--pid", type=int, default=None, help="the server's pid, to sample its RSS")
+    p.add_argument("--clients", type=int, default=32, help="concurrent streaming clients (default 32)")
+    p.add_argument("--duration", type=float, default=120, help="seconds during which clients start requests (default 120)")
+    p.add_argument("--drain", type=float, default=60, help="seconds running requests get after that, then are cut (default 60)")
+    p.add_argument("--max-tokens", type=int, default=16, help="max_tokens per request (default 16)")
+    p.add_argument("--temperature", type=float, default=0.7)
+    p.add_argument("--model", default=None, help="model name to send (default: none, the server's own)")
+    p.add_argument("--api-key", default=None)
+    p.add_argument("--rss-every", type=float, default=2.0, help="seconds between RSS samples (default 2)")
+    p.add_argument("--out", default=None, help="write the JSON here (default: print the summary only)")
+    args = p.parse_args(argv)
+    args.argv = list(argv if argv is not None else sys.argv[1:])
+    report = asyncio.run(run(args))
+    print(json.dumps(report["summary"], indent=2))
+    if args.out:
+        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.out).write_text(json.dumps(report, indent=1) + "\n")
+        print(f"wrote {args.out}")
+    ok = report["summary"]["no_5xx"] and report["summary"]["every_stream_finished"] and report["summary"]["queue_empty_after"]
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -90,9 +90,11 @@ def main() -> None:
         res[arch] = {"prefill_max_abs_err": err, "decode_max_abs_err": inc,
                      "graph_plain_identical": graph_plain == plain, "graph_spec_identical": graph_spec == plain}
         print(arch, res[arch], flush=True)
-    ok = all(r["prefill_max_abs_err"] < 1e-3 if "prefill_max_abs_err" in r else r["graph_spec_vs_eager_plain_token_agreement"] > 0.8
-             for r in res.values()) and all(r["prefill_max_abs_err"] < 1e-3 and r["decode_max_abs_err"] < 1e-3 and r["graph_plain_identical"]
-             and r["graph_spec_identical"] for r in res.values() if "prefill_max_abs_err" in r)
+    # fp32: exact agreement; bf16: the graph path's logits within bf16 rounding of the eager path's
+    # (greedy tokens of flat random tiny models can flip on near-ties, so agreement is reported, not gated)
+    ok = all(r["verify_logits_rel_err_graph_vs_eager"] < 2e-2 if "verify_logits_rel_err_graph_vs_eager" in r else
+             r["prefill_max_abs_err"] < 1e-3 and r["decode_max_abs_err"] < 1e-3 and r["graph_plain_identical"] and r["graph_spec_identical"]
+             for r in res.values())
     res["ok"] = ok
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(res, indent=2))

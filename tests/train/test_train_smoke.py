@@ -1,0 +1,187 @@
+"""train-drafter end to end on a tiny random target: the data is the target's own greedy output,
+the exported drafter loads with `--draft dflash` and decodes losslessly, and resume continues
+exactly where an interrupted run stopped."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+import torch
+
+from tests.spec.test_lossless_greedy import run as decode
+from tests.train.tiny_target import save_tiny_target
+from treeflash.cli.main import main
+from treeflash.models.loader import load_model
+from treeflash.spec.drafter import DraftOptions, build_drafter
+from treeflash.spec.dflash_model import load_dflash
+from treeflash.train.data import Dataset
+
+TRAIN = ["--layers", "2", "--block-size", "6", "--tokens", "1200", "--max-new-tokens", "40", "--gen-batch-size", "16",
+         "--batch-size", "6", "--blocks-per-seq", "8", "--eval-every", "5", "--checkpoint-every", "10", "--lr", "2e-3",
+         "--device", "cpu", "--quiet", "--max-shard-mb", "0.04"]
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _one_thread():
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory):
+    root = tmp_path_factory.mktemp("train")
+    target = save_tiny_target(root / "target")
+    out = root / "drafter"
+    assert main(["train-drafter", "--target", str(target), "--out", str(out), "--steps", "20", *TRAIN]) == 0
+    return target, out, load_model(str(target), device="cpu", progress=False)
+
+
+def test_data_is_the_targets_own_greedy_output(trained):
+    _, out, loaded = trained
+    data = Dataset.load(out / "train" / "data.safetensors")
+    assert data.response_tokens >= 1200 and data.meta["kind"] == "generated"
+    for i in (0, len(data) - 1):
+        seq, start = data.sequence(i).tolist(), int(data.response_start[i])
+        ref, _ = decode(loaded.model, seq[:start], len(seq) - start)
+        assert seq[start:] == ref
+
+
+def test_export_format_and_shards(trained):
+    _, out, loaded = trained
+    cfg = json.loads((out / "config.json").read_text())
+    assert cfg["dflash_config"] == {"target_layer_ids": [1, 3], "mask_token_id": 259, "block_size": 6}
+    assert cfg["num_hidden_layers"] == 2 and cfg["hidden_size"] == 64 and cfg["num_target_layers"] == 6
+    shards = sorted(out.glob("model-*.safetensors"))
+    assert len(shards) > 1 and all(f.stat().st_size < 0.04 * 2**20 + 4096 for f in shards)
+    assert (out / "model.safetensors.index.json").is_file() and not (out / "model.safetensors").exists()
+    model = load_dflash(out)
+    assert model.config.block_size == 6 and model.config.target_layer_ids == (1, 3)
+
+
+def test_training_learns_and_reports_acceptance(trained):
+    _, out, _ = trained
+    log = [json.loads(line) for line in (out / "train" / "log.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in log] == [5, 10, 15, 20]
+    assert log[-1]["heldout_loss"] < 0.8 * math.log(260)  # from ~ln(vocab) at random init
+    assert log[-1]["tau_est"] == 1 + log[-1]["accept_len"] and len(log[-1]["acc_per_depth"]) == 5
+    summary = json.loads((out / "train" / "summary.json").read_text())
+    assert summary["step"] == 20 and summary["heldout"]["tau_est"] >= 1.0
+
+
+@pytest.mark.parametrize("budget", ["chain", 8])
+def test_drafter_loads_with_dflash_and_is_lossless(trained, budget):
+    _, out, loaded = trained
+    options = DraftOptions(draft_model=str(out), budget=5 if budget == "chain" else budget, tree=budget != "chain")
+    drafter = build_drafter("dflash", loaded, options)
+    prompt = loaded.tokenizer("<|im_start|>user\nWrite a haiku about rivers.<|im_end|>\n<|im_start|>assistant\n")["input_ids"]
+    ref, _ = decode(loaded.model, prompt, 60)
+    out_ids, stats = decode(loaded.model, prompt, 60, drafter)
+    assert out_ids == ref
+    assert stats.passes < 60  # drafts were accepted
+
+
+def test_resume_continues_the_step_counter_and_the_loss(trained, tmp_path):
+    target, out, _ = trained
+    # a second run of the same data: 10 steps, then resumed to 20; its weights equal the straight run's
+    import shutil
+
+    part = tmp_path / "part"
+    (part / "train").mkdir(parents=True)
+    shutil.copy(out / "train" / "data.safetensors", part / "train" / "data.safetensors")
+    args = ["train-drafter", "--target", str(target), "--out", str(part), *TRAIN]
+    assert main([*args, "--steps", "20", "--resume"]) == 0  # data but no checkpoint yet: starts at step 0
+    state = json.loads((part / "train" / "checkpoint" / "state.json").read_text())
+    assert state["step"] == 20
+    assert main([*args, "--steps", "24", "--resume"]) == 0  # continue: steps 20 .. 24 of a longer schedule
+    state = json.loads((part / "train" / "checkpoint" / "state.json").read_text())
+    assert state["step"] == 24 and [r["step"] for r in state["history"]][-2:] == [20, 24]
+    assert state["history"][-1]["heldout_loss"] < 0.8 * math.log(260)
+
+
+def test_interrupted_and_resumed_equals_uninterrupted(trained, tmp_path):
+    """Trainer level: 6 steps straight == 3 steps, a checkpoint, a fresh trainer loading it, 3 more."""
+    from treeflash.spec.dflash_model import DFlashModel
+    from treeflash.train.features import TargetTwin
+    from treeflash.train.recipe import drafter_config
+    from treeflash.train.trainer import Trainer, TrainConfig, init_weights
+
+    _, out, loaded = trained
+    data = Dataset.load(out / "train" / "data.safetensors")
+    train, held = data.subset(list(range(len(data) - 1))), data.subset([len(data) - 1])
+    dcfg = drafter_config(loaded.config, 2, 6, 259)
+    twin = TargetTwin(loaded.model, dcfg.target_layer_ids, (2,), 0)
+    config = TrainConfig(steps=6, batch_size=4, blocks_per_seq=4, eval_every=100, checkpoint_every=100, lr=2e-3)
+
+    def fresh(where):
+        model = DFlashModel(dcfg)
+        init_weights(model, seed=0)
+        return Trainer(loaded.model, twin, model, train, held, config, where)
+
+    straight = fresh(tmp_path / "a")
+    straight.run(progress=False)
+    first = fresh(tmp_path / "b")
+    first.run(until=3, progress=False)
+    assert first.step == 3
+    second = fresh(tmp_path / "b")
+    second.load()
+    assert second.step == 3 and second.opt.state  # AdamW moments restored
+    second.run(progress=False)
+    assert second.step == 6
+    for (name, a), (_, b) in zip(straight.model.state_dict().items(), second.model.state_dict().items()):
+        torch.testing.assert_close(a, b, atol=1e-6, rtol=1e-5, msg=name)
+
+
+def test_teacher_forced_acceptance_equals_decoding_acceptance(trained):
+    """What training measures is what decoding gets: at every root the chain decoder visits, the
+    accepted length equals the teacher-forced one of a block anchored there (same features, same
+    positions, same context cut), so tau_est is the real chain tau on the target's own text."""
+    from treeflash.spec.decoder import Decoder
+    from treeflash.spec.dflash import DFlashDrafter
+    from treeflash.spec.sampling import SamplingParams
+    from treeflash.train.features import TargetTwin
+    from treeflash.train.recipe import accepted_lengths, block_loss, draft_hidden, make_blocks
+
+    _, out, loaded = trained
+    target = loaded.model
+    draft = load_dflash(out)
+    b = draft.config.block_size
+    data = Dataset.load(out / "train" / "data.safetensors")
+    seq, start = data.sequence(0), int(data.response_start[0])
+    drafter = DFlashDrafter(target, draft, budget=b - 1, tree=False)
+    dec = Decoder(target, target.new_cache(len(seq) + 2 * b), SamplingParams(), drafter)
+    dec.prefill(seq[:start].tolist())
+    roots, decoded = [], []
+    while len(dec.tokens) + b <= len(seq):
+        roots.append(len(dec.tokens))  # the root sits at this position
+        decoded.append(len(dec.step()) - 1)
+    assert dec.tokens == seq[: len(dec.tokens)].tolist()  # greedy: the target's own text again
+    twin = TargetTwin(target, draft.config.target_layer_ids, (2,), 0)
+    with torch.no_grad():
+        features = twin.capture(seq[None], torch.ones(1, len(seq), dtype=torch.long))
+        blocks = make_blocks(seq[None], torch.tensor([len(seq)]), torch.tensor([roots]), torch.ones(1, len(roots), dtype=torch.bool),
+                             b, draft.config.mask_token_id)
+        hidden = draft_hidden(draft, features, target.embed(blocks.input_ids), blocks.positions, blocks.anchors)
+        result = block_loss(lambda h: draft.logits(h, target.head), hidden, blocks.labels, None)
+    assert accepted_lengths(result.correct, blocks.valid).long().tolist() == decoded
+    assert sum(decoded) > 0
+
+
+def test_time_limit_shrinks_the_schedule(trained, tmp_path):
+    from treeflash.spec.dflash_model import DFlashModel
+    from treeflash.train.features import TargetTwin
+    from treeflash.train.recipe import drafter_config
+    from treeflash.train.trainer import Trainer, TrainConfig
+
+    _, out, loaded = trained
+    data = Dataset.load(out / "train" / "data.safetensors")
+    dcfg = drafter_config(loaded.config, 1, 4, 259)
+    twin = TargetTwin(loaded.model, dcfg.target_layer_ids, (2,), 0)
+    config = TrainConfig(steps=10_000, batch_size=2, blocks_per_seq=2, eval_every=1000, checkpoint_every=1000, time_limit_s=0.2)
+    trainer = Trainer(loaded.model, twin, DFlashModel(dcfg), data, data.subset([0]), config, tmp_path)
+    summary = trainer.run(progress=False)
+    assert summary["step"] == summary["total_steps"] < 20  # out of time: the schedule ends where the run does
+    assert summary["heldout"]["step"] == summary["step"]

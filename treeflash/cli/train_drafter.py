@@ -1,0 +1,163 @@
+"""treeflash train-drafter: train a DFlash drafter for a target, on the target's own answers.
+
+DIR gets the drafter in z-lab's format (config.json + model.safetensors: `--draft dflash
+--draft-model DIR` loads it) and DIR/train/ the work: data.safetensors (the generated sequences),
+run.json, checkpoint/, log.jsonl, summary.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+from treeflash.errors import InvalidRequestError
+
+EXAMPLES = """examples:
+  treeflash train-drafter --out ./smollm2-dflash                 # the embedded SmolLM2-135M, builtin prompts
+  treeflash train-drafter --target ./Qwen3-8B --out ./q3-dflash --layers 5 --tokens 5000000 --steps 20000
+  treeflash train-drafter --out ./smollm2-dflash --resume        # continue from the last checkpoint
+  treeflash generate --draft dflash --draft-model ./smollm2-dflash --chat "Write quicksort in Python"
+"""
+
+
+def add_parser(sub) -> None:
+    p = sub.add_parser("train-drafter", help="train a DFlash drafter on the target's own outputs", epilog=EXAMPLES,
+                       formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--target", default=None, help="the target: Hugging Face directory or .gguf (default: the embedded SmolLM2-135M-Instruct)")
+    p.add_argument("--out", required=True, help="output directory (the drafter; work files under DIR/train)")
+    p.add_argument("--layers", type=int, default=3, help="draft layers = target layers read (default 3)")
+    p.add_argument("--block-size", type=int, default=16, help="block size B: drafts B-1 tokens per pass (default 16)")
+    d = p.add_argument_group("data")
+    d.add_argument("--prompts", default="builtin", help="'builtin', or a .txt (one prompt per line) / .jsonl ({prompt} or {messages}) file the target answers")
+    d.add_argument("--data", default=None, help="ready sequences instead (.jsonl {prompt, completion} / {messages} / {text}, or .txt)")
+    d.add_argument("--tokens", type=int, default=1_000_000, help="response tokens to generate (default 1M)")
+    d.add_argument("--max-new-tokens", type=int, default=512, help="longest answer per prompt (default 512)")
+    d.add_argument("--max-len", type=int, default=1024, help="longest sequence, prompt + answer (default 1024)")
+    d.add_argument("--gen-batch-size", type=int, default=256, help="prompts per generate call (default 256)")
+    d.add_argument("--temperature", type=float, default=0.0, help="answer sampling temperature (default 0: greedy)")
+    d.add_argument("--gen-time-limit", type=float, default=None, help="stop generating after this many seconds")
+    t = p.add_argument_group("training")
+    t.add_argument("--steps", type=int, default=2000, help="optimizer steps (default 2000)")
+    t.add_argument("--batch-size", type=int, default=16, help="sequences per step (default 16)")
+    t.add_argument("--blocks-per-seq", type=int, default=32, help="anchors per sequence (default 32)")
+    t.add_argument("--lr", type=float, default=6e-4, help="peak learning rate (default 6e-4)")
+    t.add_argument("--gamma", type=float, default=7.0, help="loss weight decay over depth, exp(-(k-1)/gamma); 0 = uniform (default 7)")
+    t.add_argument("--checkpoint-every", type=int, default=500)
+    t.add_argument("--eval-every", type=int, default=100, help="held-out acceptance estimate every N steps")
+    t.add_argument("--time-limit", type=float, default=None, help="fit the training into this many seconds (fewer steps)")
+    t.add_argument("--resume", action="store_true", help="continue from DIR/train (data, weights, optimizer, step)")
+    t.add_argument("--seed", type=int, default=0)
+    o = p.add_argument_group("runtime and export")
+    o.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"])
+    o.add_argument("--export-dtype", default="bfloat16", choices=["bfloat16", "float16", "float32"])
+    o.add_argument("--max-shard-mb", type=float, default=None, help="split the exported weights into shards of at most this size")
+    o.add_argument("--quiet", action="store_true", help="no progress bars")
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    import torch
+
+    from treeflash.models.loader import load_model
+    from treeflash.spec.dflash_model import DFlashModel
+    from treeflash.train.features import TargetTwin
+    from treeflash.train.recipe import drafter_config, pick_mask_token
+    from treeflash.train.trainer import Trainer, TrainConfig, init_weights
+
+    _check(args)
+    out = Path(args.out).expanduser()
+    work = out / "train"
+    if (work / "checkpoint").exists() and not args.resume:
+        raise InvalidRequestError(f"{out} already holds a training run: pass --resume to continue it, or another --out", "out")
+    progress = not args.quiet
+    loaded = load_model(args.target, device=args.device, progress=progress)
+    target = loaded.model
+    tok = loaded.tokenizer
+    run_file = work / "run.json"
+    if args.resume and run_file.is_file():
+        saved = json.loads(run_file.read_text())
+        layers, block_size, mask_id = saved["layers"], saved["block_size"], saved["mask_token_id"]
+    else:
+        layers, block_size = args.layers, args.block_size
+        mask_id = pick_mask_token(tok, target.config.vocab_size)
+    dcfg = drafter_config(target.config, layers, block_size, mask_id)
+    eos = set(loaded.config.eos_token_ids) | ({tok.eos_token_id} if tok.eos_token_id is not None else set())
+    pad = tok.pad_token_id if tok.pad_token_id is not None else min(eos or {0})
+    twin = TargetTwin(target, dcfg.target_layer_ids, tuple(sorted(eos)), pad)
+    work.mkdir(parents=True, exist_ok=True)
+    run_file.write_text(json.dumps({"target": loaded.source, "layers": layers, "block_size": block_size, "mask_token_id": mask_id,
+                                    "target_layer_ids": list(dcfg.target_layer_ids), "argv": sys.argv[1:]}, indent=2))
+
+    data = _dataset(args, loaded, twin, work, progress)
+    train, heldout = _split(data)
+    print(f"[train-drafter] data: {len(train)} training + {len(heldout)} held-out sequences, "
+          f"{train.response_tokens} + {heldout.response_tokens} response tokens; {json.dumps(data.meta)}", file=sys.stderr)
+
+    model = DFlashModel(dcfg)
+    init_weights(model, args.seed)
+    config = TrainConfig(
+        steps=args.steps, batch_size=args.batch_size, blocks_per_seq=args.blocks_per_seq, lr=args.lr,
+        gamma=args.gamma or None, checkpoint_every=args.checkpoint_every, eval_every=args.eval_every, seed=args.seed,
+        time_limit_s=args.time_limit, export_dtype=args.export_dtype,
+        max_shard_bytes=int(args.max_shard_mb * 2**20) if args.max_shard_mb else None,
+    )
+    provenance = {"target": loaded.source, "data": data.meta, "train_sequences": len(train), "train_tokens": train.response_tokens}
+    trainer = Trainer(target, twin, model, train, heldout, config, out, provenance)
+    if args.resume and (work / "checkpoint" / "state.json").is_file():
+        trainer.load()
+        print(f"[train-drafter] resumed at step {trainer.step} of {trainer.total_steps}", file=sys.stderr)
+    if torch.cuda.is_available() and target.device.type == "cuda":
+        torch.backends.cuda.matmul.allow_tf32 = True
+    summary = trainer.run(progress=progress)
+    summary.update(drafter=str(out), layers=layers, block_size=block_size, target_layer_ids=list(dcfg.target_layer_ids),
+                   mask_token_id=mask_id, data=data.meta)
+    (work / "summary.json").write_text(json.dumps(summary, indent=2))
+    tau = (summary.get("heldout") or {}).get("tau_est")
+    print(f"[train-drafter] {summary['step']} steps in {summary['seconds']} s; held-out tau estimate "
+          f"{tau if tau is None else round(tau, 3)}; drafter in {out}\n"
+          f"  use it: treeflash generate --draft dflash --draft-model {out}"
+          + (f" --model {args.target}" if args.target else ""), file=sys.stderr)
+    return 0
+
+
+def _check(args: argparse.Namespace) -> None:
+    for name in ("layers", "tokens", "steps", "batch_size", "blocks_per_seq", "max_new_tokens", "gen_batch_size", "checkpoint_every", "eval_every"):
+        if getattr(args, name) < 1:
+            raise InvalidRequestError(f"--{name.replace('_', '-')} must be >= 1", name)
+    if args.block_size < 2:
+        raise InvalidRequestError("--block-size must be >= 2", "block_size")
+    if args.max_len < 16:
+        raise InvalidRequestError("--max-len must be >= 16", "max_len")
+    if args.lr <= 0 or args.temperature < 0 or args.gamma < 0:
+        raise InvalidRequestError("--lr must be > 0, --temperature and --gamma >= 0", "lr")
+
+
+def _dataset(args, loaded, twin, work: Path, progress: bool):
+    from treeflash.train.data import Dataset, generate_dataset, read_data
+    from treeflash.train.prompts import load_prompts
+
+    path = work / "data.safetensors"
+    if args.resume and path.is_file():
+        return Dataset.load(path)
+    if args.data:
+        data = read_data(args.data, loaded, args.max_len)
+    else:
+        prompts = load_prompts(args.prompts, args.seed)
+        data = generate_dataset(twin, loaded, prompts, args.tokens, args.max_new_tokens, args.gen_batch_size, args.max_len,
+                                args.temperature, args.gen_time_limit, progress, args.seed)
+        data.meta["prompts"] = args.prompts
+    data.save(path)
+    return data
+
+
+def _split(data):
+    """Every k-th sequence is held out (2%, 1 .. 64 of them): never trained on, used for tau_est."""
+    n = len(data)
+    if n < 2:
+        raise InvalidRequestError(f"only {n} training sequence(s): raise --tokens or give more prompts", "tokens")
+    held = max(1, min(64, n // 50))
+    k = n // held
+    held_idx = set(range(k - 1, n, k)[:held])
+    return data.subset([i for i in range(n) if i not in held_idx]), data.subset(sorted(held_idx))

@@ -1,0 +1,168 @@
+"""TargetTwin: the frozen target as a batched transformers model, for data generation and features.
+
+Our CausalLM runs one sequence at a time (the latency setting speculative decoding is for);
+training wants hundreds of sequences per pass. The twin is transformers' implementation of the
+same architecture built over the *same weight tensors* (no copy: parameter names are equal), so
+it batches (padding masks, `generate`) while everything the drafter later meets at inference
+(embedding, head, hidden states) is the target's own. Rotary frequencies are copied from our
+model, so GGUF frequency factors and llama3 scaling carry over exactly.
+
+Captured features follow the DFlash convention (and `DFlashDrafter.observe`): the outputs of
+layers `target_layer_ids`, concatenated in that order; the last layer's output, if asked for,
+after the final norm (transformers' `hidden_states[-1]`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from treeflash.errors import ModelLoadError
+from treeflash.models.config import ModelConfig
+from treeflash.models.transformer import CausalLM
+
+
+def hf_config(c: ModelConfig):
+    """Our ModelConfig -> the transformers config of the same architecture."""
+    import transformers as tf
+
+    rope = {"rope_type": "default", "rope_theta": c.rope_theta}
+    kw = dict(
+        vocab_size=c.vocab_size,
+        hidden_size=c.hidden_size,
+        intermediate_size=c.intermediate_size,
+        num_hidden_layers=c.num_layers,
+        num_attention_heads=c.num_heads,
+        num_key_value_heads=c.num_kv_heads,
+        head_dim=c.head_dim,
+        rms_norm_eps=c.rms_norm_eps,
+        max_position_embeddings=c.max_position_embeddings,
+        tie_word_embeddings=c.tie_word_embeddings,
+    )
+    if c.arch == "llama":
+        return tf.LlamaConfig(**kw, attention_bias=c.attention_bias, rope_parameters=rope)
+    if c.arch == "qwen2":
+        return tf.Qwen2Config(**kw, rope_parameters=rope)
+    if c.arch == "qwen3":
+        return tf.Qwen3Config(**kw, rope_parameters=rope)
+    if c.arch == "qwen3_5":
+        return tf.Qwen3_5TextConfig(
+            **kw,
+            rope_parameters={**rope, "partial_rotary_factor": c.partial_rotary_factor},
+            layer_types=list(c.layer_types),
+            linear_conv_kernel_dim=c.linear_conv_kernel_dim,
+            linear_key_head_dim=c.linear_key_head_dim,
+            linear_value_head_dim=c.linear_value_head_dim,
+            linear_num_key_heads=c.linear_num_key_heads,
+            linear_num_value_heads=c.linear_num_value_heads,
+        )
+    raise ModelLoadError(f"train-drafter: no transformers twin for architecture {c.arch!r}")
+
+
+@dataclass
+class Generated:
+    prompt_ids: list[int]
+    response_ids: list[int]  # the target's continuation, ending with its end token if it stopped
+    finished: bool  # True when the target emitted an end token within max_new_tokens
+
+
+class TargetTwin:
+    def __init__(self, target: CausalLM, capture_layers: tuple[int, ...], eos_ids: tuple[int, ...], pad_id: int):
+        self.target, self.capture_layers = target, tuple(capture_layers)
+        self.eos_ids, self.pad_id = tuple(eos_ids), int(pad_id)
+        self.hf = _build_twin(target)
+        self.num_layers = target.config.num_layers
+        bad = [i for i in self.capture_layers if not 0 <= i < self.num_layers]
+        if bad:
+            raise ModelLoadError(f"train-drafter: capture layers {bad} outside the target's {self.num_layers} layers")
+
+    @property
+    def device(self) -> torch.device:
+        return self.target.device
+
+    @torch.no_grad()
+    def generate(self, prompts: list[list[int]], max_new_tokens: int, temperature: float = 0.0, seed: int = 0) -> list[Generated]:
+        """One batched `generate` over left-padded prompts; greedy at temperature 0."""
+        from transformers import GenerationConfig
+
+        width = max(len(p) for p in prompts)
+        ids = torch.full((len(prompts), width), self.pad_id, dtype=torch.long)
+        mask = torch.zeros_like(ids)
+        for i, p in enumerate(prompts):
+            ids[i, width - len(p):] = torch.tensor(p)
+            mask[i, width - len(p):] = 1
+        sampled = temperature > 0
+        config = GenerationConfig(
+            max_new_tokens=max_new_tokens,
+            do_sample=sampled,
+            temperature=temperature if sampled else None,
+            top_k=None,
+            top_p=None,
+            eos_token_id=list(self.eos_ids) or None,
+            pad_token_id=self.pad_id,
+        )
+        if sampled:
+            torch.manual_seed(seed)
+        out = self.hf.generate(input_ids=ids.to(self.device), attention_mask=mask.to(self.device), generation_config=config)
+        result = []
+        for p, row in zip(prompts, out[:, width:].tolist()):
+            end = next((j for j, t in enumerate(row) if t in self.eos_ids), None)
+            result.append(Generated(list(p), row if end is None else row[: end + 1], end is not None))
+        return result
+
+    @torch.no_grad()
+    def capture(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+        """input_ids, attention_mask: [S, T] right-padded -> features [S, T, len(capture_layers) * hidden].
+
+        no_grad, not inference_mode: the features enter the drafter's autograd graph as inputs."""
+        outputs: dict[int, torch.Tensor] = {}
+        layers = self.hf.model.layers
+        hooks = [layers[i].register_forward_hook(_keep(outputs, i)) for i in set(self.capture_layers)]
+        try:
+            self.hf.model(input_ids=input_ids, attention_mask=attention_mask, use_cache=False)
+        finally:
+            for h in hooks:
+                h.remove()
+        last = self.num_layers - 1
+        if last in outputs:  # the DFlash convention: the final layer's output is taken after the norm
+            outputs[last] = self.hf.model.norm(outputs[last])
+        return torch.cat([outputs[i] for i in self.capture_layers], dim=-1)
+
+
+def _keep(outputs: dict[int, torch.Tensor], i: int):
+    def hook(module, args, output):
+        outputs[i] = output[0] if isinstance(output, tuple) else output
+
+    return hook
+
+
+def _build_twin(target: CausalLM):
+    import transformers as tf
+
+    config = hf_config(target.config)
+    config._attn_implementation = "sdpa"
+    with torch.device("meta"):
+        hf = tf.AutoModelForCausalLM.from_config(config, dtype=target.dtype)
+    state = {n: t for n, t in target.state_dict().items() if not n.startswith(("mtp.", "rotary."))}
+    if target.config.tie_word_embeddings:
+        state["lm_head.weight"] = state["model.embed_tokens.weight"]
+    missing, unexpected = hf.load_state_dict(state, strict=False, assign=True)
+    missing = [m for m in missing if "rotary_emb" not in m]
+    if missing or unexpected:
+        raise ModelLoadError(f"train-drafter: the transformers twin does not match the target: missing {missing[:3]}, unexpected {unexpected[:3]}")
+    # rotary tables are computed, not loaded: rebuild them for real, with our (possibly scaled) frequencies
+    for name, module in list(hf.named_modules()):
+        if name.endswith("rotary_emb"):
+            parent_name, _, leaf = name.rpartition(".")
+            fresh = type(module)(config=module.config).to(target.device)
+            ours = target.rotary.inv_freq
+            if fresh.inv_freq.shape == ours.shape:
+                fresh.inv_freq = ours.clone()
+                fresh.original_inv_freq = ours.clone()
+            setattr(hf.get_submodule(parent_name), leaf, fresh)
+    for name, t in list(hf.named_parameters()) + list(hf.named_buffers()):
+        if t.is_meta:
+            raise ModelLoadError(f"train-drafter: the transformers twin left {name} unset")
+    hf.requires_grad_(False)
+    return hf.eval()

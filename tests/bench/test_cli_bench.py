@@ -32,6 +32,9 @@ def test_baseline_run_writes_json_table_and_plot(toy, tmp_path, capsys):
     for key in ("tokens_per_second", "tau", "speedup_vs_baseline", "e2e_tokens_per_second", "ttft_s"):
         assert isinstance(s[key], float), key
     assert s["outputs_identical"] is True and s["baseline"] == "ar"
+    ngram = s["configs"][1]
+    assert ngram["tokens_per_cpu_second"]["n"] == 2 and ngram["cpu_speedup_vs_baseline"]["mean"] > 0
+    assert ngram["acceptance_per_depth"] and abs(sum(ngram["time_split"].values()) - 1) < 1e-3
     assert len(doc["runs"]) == 2 * 2 * 2 and {r["target"] for r in doc["runs"]} == {"ar", "ngram num_draft=3"}
     assert all(r["completion_tokens"] == 8 for r in doc["runs"])
     assert doc["versions"]["torch"] and doc["machine"]["cpu_cores"] and "gpu" in doc["machine"]
@@ -66,3 +69,14 @@ def test_bad_flags_are_clear_errors(toy, capsys):
     assert "add --draft" in capsys.readouterr().err
     assert main(["bench", "--prompts", toy, "--draft", "ngram", "--sweep", "depth=1,2"]) == 2
     assert "KEY=v1,v2" in capsys.readouterr().err
+
+
+def test_in_process_next_to_an_endpoint(toy, server, tmp_path):
+    out = tmp_path / "m.json"
+    rc = main(["bench", "--prompts", toy, "--num-prompts", "1", "--runs", "2", "--max-tokens", "6", "--ignore-eos",
+               "--draft", "ngram", "--baseline", server, "--warmup", "0", "--json", str(out), "--quiet"])
+    assert rc == 0
+    doc = json.loads(out.read_text())
+    assert [t["kind"] for t in doc["config"]["targets"]] == ["endpoint", "in-process"]
+    s = doc["summary"]
+    assert s["baseline"] == "endpoint" and s["speedup_vs_baseline"] > 0 and s["outputs_identical"] is None

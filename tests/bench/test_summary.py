@@ -40,3 +40,10 @@ def test_summary_fields_speedup_and_identity():
     assert summary["outputs_identical"] is False
     same = identical_outputs(records, "ar", "ngram")
     assert same["checked"] == 4 and [m["first_difference_at"] for m in same["mismatches"]] == [1, 1]
+
+
+def test_collapse_warning_tells_load_from_code():
+    first, slow = rec("ar", "p", 0), rec("ar", "p", 1, seconds=3.0)  # half the wall tokens/s...
+    first.extra["decode_cpu_s"] = slow.extra["decode_cpu_s"] = 0.5  # ...for the same CPU time: other tenants
+    (w,) = collapse_warnings([first, slow])
+    assert w["drop"] == 0.5 and w["cpu_time_drop"] == 0.0

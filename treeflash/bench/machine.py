@@ -36,6 +36,7 @@ def machine() -> dict:
         "cpu_cores": os.cpu_count(),
         "ram_gb": _ram_gb(),
         "torch_threads": torch.get_num_threads(),
+        "load_average": _load_average(),  # other tenants' work: wall-clock figures are only as good as this is low
         "gpu": None,
     }
     if torch.cuda.is_available():
@@ -55,6 +56,13 @@ def _cpu_model() -> str:
     except OSError:
         pass
     return platform.processor() or platform.machine()
+
+
+def _load_average() -> list[float] | None:
+    try:
+        return [round(x, 2) for x in os.getloadavg()]
+    except (OSError, AttributeError):
+        return None
 
 
 def _ram_gb() -> float | None:
@@ -87,10 +95,14 @@ def roofline(model) -> dict:
     """The plain-decoding bound for `model` (a CausalLM) on its device: weights read once per token, KV ignored."""
     import torch
 
-    weight_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
+    # unique storages of parameters and buffers: fused projections make parameters views of one buffer
+    storages = {}
+    for t in [*model.parameters(), *model.buffers()]:
+        storages[t.untyped_storage().data_ptr()] = t.untyped_storage().nbytes()
     embed = getattr(getattr(model, "model", None), "embed_tokens", None)
     if embed is not None and not getattr(model.config, "tie_word_embeddings", True):
-        weight_bytes -= embed.weight.numel() * embed.weight.element_size()  # one row read per token, not the table
+        storages.pop(embed.weight.untyped_storage().data_ptr(), None)  # one row read per token, not the table
+    weight_bytes = sum(storages.values())
     device = next(model.parameters()).device
     bw = bandwidth_gbs(device)
     return {

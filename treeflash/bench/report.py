@@ -15,7 +15,8 @@ def _pm(s: dict | None, fmt: str = "{:.1f}", scale: float = 1.0) -> str:
 
 def format_table(summary: dict, warnings: list[dict] | None = None) -> str:
     """One row per target: mean [min-max] over passes."""
-    head = ["target", "decode tok/s", "e2e tok/s", "TTFT ms", "tau", "accept d1/d2/d3/d4", "draft/verify/rest", "speedup", "same"]
+    head = ["target", "decode tok/s", "e2e tok/s", "decode tok/cpu-s", "TTFT ms", "tau", "accept d1/d2/d3/d4", "draft/verify/rest",
+            "speedup", "cpu speedup", "same"]
     rows = [head]
     for c in summary["configs"]:
         acc = c.get("acceptance_per_depth")
@@ -25,19 +26,22 @@ def format_table(summary: dict, warnings: list[dict] | None = None) -> str:
             c["label"],
             _pm(c["tokens_per_second"]),
             _pm(c["e2e_tokens_per_second"]),
+            _pm(c.get("tokens_per_cpu_second")),
             _pm(c["ttft_s"], "{:.0f}", 1000.0),
             _pm(c.get("tau"), "{:.2f}"),
             "/".join(f"{a:.2f}" for a in acc[:4]) if acc else "-",
             "/".join(f"{100 * split[p]:.0f}%" for p in ("draft", "verify", "rest")) if split else "-",
-            _pm(c.get("speedup_vs_baseline"), "{:.2f}x") if "speedup_vs_baseline" in c else "-",
+            _pm(c.get("speedup_vs_baseline"), "{:.2f}x"),
+            _pm(c.get("cpu_speedup_vs_baseline"), "{:.2f}x"),
             "-" if not same else ("yes" if same["identical"] else f"NO ({len(same['mismatches'])})"),
         ])
     widths = [max(len(r[i]) for r in rows) for i in range(len(head))]
     lines = ["  ".join(cell.ljust(w) for cell, w in zip(r, widths)).rstrip() for r in rows]
     lines.insert(1, "  ".join("-" * w for w in widths))
     for w in warnings or []:
+        cpu = f"; per CPU-second: {-100 * w['cpu_time_drop']:+.0f}%" if "cpu_time_drop" in w else ""
         lines.append(f"WARNING: {w['target']} on {w['prompt']} run {w['run'] + 1}: {w['metric']} {w['value']:.3g} is "
-                     f"{100 * w['drop']:.0f}% below the first run's {w['first']:.3g} (possible silent collapse)")
+                     f"{100 * w['drop']:.0f}% below the first run's {w['first']:.3g}{cpu} (possible silent collapse)")
     return "\n".join(lines)
 
 
@@ -74,7 +78,7 @@ def plot(path: str | Path, summary: dict, sweep_key: str | None = None, title: s
             ax2 = ax.twinx()
             ax2.plot([t[0] for t in taus], [t[1] for t in taus], marker="s", color="tab:orange", label="tau")
             ax2.set_ylabel("tau (tokens per target pass)")
-            ax2.set_ylim(bottom=0)
+            ax2.set_ylim(0, 1.15 * max(t[1] for t in taus))
             h1, l1 = ax.get_legend_handles_labels()
             h2, l2 = ax2.get_legend_handles_labels()
             ax.legend(h1 + h2, l1 + l2, loc="lower right", fontsize=8)
@@ -85,18 +89,20 @@ def plot(path: str | Path, summary: dict, sweep_key: str | None = None, title: s
         ys = [c["tokens_per_second"]["mean"] for c in configs]
         err = [[y - c["tokens_per_second"]["min"] for y, c in zip(ys, configs)],
                [c["tokens_per_second"]["max"] - y for y, c in zip(ys, configs)]]
-        bars = ax.bar(range(len(labels)), ys, yerr=err, capsize=4, color="tab:blue")
+        colors = ["tab:gray" if c is base else "tab:blue" for c in configs]
+        bars = ax.bar(range(len(labels)), ys, yerr=err, capsize=4, color=colors)
         for b, c in zip(bars, configs):
             note = f"tau {c['tau']['mean']:.2f}" if c.get("tau") else ""
             if "speedup_vs_baseline" in c:
                 note += f"\n{c['speedup_vs_baseline']['mean']:.2f}x"
             if note:
-                ax.annotate(note.strip(), (b.get_x() + b.get_width() / 2, b.get_height()), ha="center", va="bottom",
+                top = c["tokens_per_second"]["max"]  # above the error bar
+                ax.annotate(note.strip(), (b.get_x() + b.get_width() / 2, top), ha="center", va="bottom",
                             fontsize=8, xytext=(0, 3), textcoords="offset points")
         ax.set_xticks(range(len(labels)), labels, fontsize=8)
         ax.set_ylabel("decode tokens/s (min-max over runs)")
-    ax.set_ylim(bottom=0)
-    ax.margins(y=0.15)
+    top = max((c["tokens_per_second"]["max"] or 0.0) for c in configs)
+    ax.set_ylim(0, 1.25 * top if top > 0 else 1.0)  # room above the bars for the tau / speedup notes
     ax.set_title(title, fontsize=9)
     ax.grid(alpha=0.3)
     fig.tight_layout()

@@ -10,6 +10,7 @@ other tenants) lands on all targets alike and the ratios between them stay hones
 from __future__ import annotations
 
 import hashlib
+import time
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -102,18 +103,24 @@ class EngineTarget:
             ignore_eos=settings.ignore_eos,
         )
         before = _counts(self.engine)
+        cpu0 = time.process_time()
+        cpu_first = None
         ids, last = [], None
         for ev in self.engine.stream(req):
+            cpu_first = time.process_time() if cpu_first is None else cpu_first
             ids.extend(ev.token_ids)
             last = ev
+        cpu_end = time.process_time()
         u = last.usage
         spec = dict(u.spec) if u.spec else None
         if spec is not None and before is not None:
             after = _counts(self.engine)
             spec["proposed_per_depth"] = _diff(after[0], before[0])
             spec["accepted_per_depth"] = _diff(after[1], before[1])
+        # CPU seconds of this process (all its threads): on a shared machine, wall time also counts other tenants
+        cpu = {"cpu_s": round(cpu_end - cpu0, 4), "decode_cpu_s": round(cpu_end - cpu_first, 4)}
         return RunRecord(self.label, prompt.name, -1, -1, u.prompt_tokens, u.completion_tokens, u.seconds,
-                         u.first_token_s, last.finish_reason, spec, ids)
+                         u.first_token_s, last.finish_reason, spec, ids, cpu)
 
     def describe(self) -> dict:
         e = self.engine

@@ -1,6 +1,7 @@
 """From run records to figures: per-pass aggregates, mean and spread over passes, speedup, checks.
 
-Per pass, a target's tokens/s is token-weighted over the prompts (total tokens / total time),
+Per pass, a target's tokens/s is token-weighted over the prompts (total tokens / total time;
+decode figures leave out the first token and the time to it),
 tau is total committed tokens / total target passes, and acceptance at depth d is the number of
 verify passes that accepted a node at depth d over those whose tree reached depth d (exact
 counts, not a mean of rates). The speedup is paired pass by pass (baseline and speculative runs
@@ -41,6 +42,8 @@ def pass_figures(records: list[RunRecord]) -> dict:
         "ttft_s": statistics.fmean(r.first_token_s for r in records),
         "tokens": tokens,
     }
+    if all("decode_cpu_s" in r.extra for r in records):  # in-process: decode tokens per CPU-second of this process
+        out["cpu_tps"] = decode_tokens / max(sum(r.extra["decode_cpu_s"] for r in records), 1e-9)
     specs = [r.spec for r in records if r.spec]
     if specs:
         passes = sum(s["passes"] for s in specs)
@@ -91,8 +94,12 @@ def collapse_warnings(records: list[RunRecord], drop: float = COLLAPSE_DROP) -> 
             metrics.append(("tau", f.spec["tau"], r.spec["tau"]))
         for name, was, now in metrics:
             if was > 0 and now < (1 - drop) * was:
-                warnings.append({"target": r.target, "prompt": r.prompt, "run": r.run, "metric": name,
-                                 "first": round(was, 4), "value": round(now, 4), "drop": round(1 - now / was, 4)})
+                w = {"target": r.target, "prompt": r.prompt, "run": r.run, "metric": name,
+                     "first": round(was, 4), "value": round(now, 4), "drop": round(1 - now / was, 4)}
+                if name == "tokens_per_second" and "decode_cpu_s" in f.extra and "decode_cpu_s" in r.extra:
+                    # the same drop in CPU time points at the code; none at all points at other tenants
+                    w["cpu_time_drop"] = round(1 - f.extra["decode_cpu_s"] / max(r.extra["decode_cpu_s"], 1e-9), 4)
+                warnings.append(w)
     return warnings
 
 
@@ -131,6 +138,8 @@ def summarize(records: list[RunRecord], labels: list[str], baseline: str | None 
             c["sweep_value"] = sweep_values[lab]
         for key, name in (("decode_tps", "tokens_per_second"), ("e2e_tps", "e2e_tokens_per_second"), ("ttft_s", "ttft_s")):
             c[name] = spread([p[key] for p in runs])
+        if all("cpu_tps" in p for p in runs):
+            c["tokens_per_cpu_second"] = spread([p["cpu_tps"] for p in runs])
         if any("tau" in p for p in runs):
             c["tau"] = spread([p["tau"] for p in runs if "tau" in p])
             c["acceptance_per_depth"] = acceptance_per_depth(rs)
@@ -142,6 +151,8 @@ def summarize(records: list[RunRecord], labels: list[str], baseline: str | None 
             paired = [run for run in passes if run in base]
             c["speedup_vs_baseline"] = spread([passes[k]["decode_tps"] / base[k]["decode_tps"] for k in paired])
             c["e2e_speedup_vs_baseline"] = spread([passes[k]["e2e_tps"] / base[k]["e2e_tps"] for k in paired])
+            if "tokens_per_cpu_second" in c and all("cpu_tps" in base[k] for k in paired):
+                c["cpu_speedup_vs_baseline"] = spread([passes[k]["cpu_tps"] / base[k]["cpu_tps"] for k in paired])
             c["outputs_vs_baseline"] = identical_outputs(records, baseline, lab) if greedy else None
         configs.append(c)
     candidates = [c for c in configs if c["label"] != baseline] or configs
@@ -156,6 +167,7 @@ def summarize(records: list[RunRecord], labels: list[str], baseline: str | None 
         "ttft_s": best["ttft_s"]["mean"],
         "tau": best["tau"]["mean"] if "tau" in best else None,
         "speedup_vs_baseline": best["speedup_vs_baseline"]["mean"] if "speedup_vs_baseline" in best else None,
+        "cpu_speedup_vs_baseline": best["cpu_speedup_vs_baseline"]["mean"] if "cpu_speedup_vs_baseline" in best else None,
         "baseline": baseline,
         "baseline_tokens_per_second": next((c["tokens_per_second"]["mean"] for c in configs if c["label"] == baseline), None),
         "outputs_identical": all(identity) if identity else None,

@@ -45,6 +45,7 @@ def add_parser(sub) -> None:
     p.add_argument("--json", default=None, metavar="OUT.json", help="write every run, the configuration and a summary")
     p.add_argument("--plot", default=None, metavar="OUT.png", help="plot tokens/s (and tau) per target or sweep value")
     p.add_argument("--rerun", default=None, metavar="IN.json", help="repeat the measurement described by a bench JSON")
+    p.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's choice)")
     p.add_argument("--quiet", action="store_true", help="no progress bars")
     e = p.add_argument_group("endpoint (measure a running OpenAI-compatible server instead)")
     e.add_argument("--endpoint", default=None, metavar="URL", help="e.g. http://localhost:8000 (ours, llama.cpp, vLLM)")
@@ -72,6 +73,10 @@ def run(args: argparse.Namespace) -> int:
                    for p in doc["prompts"]]
         print(f"[bench] rerunning: {doc.get('command', '?')}", file=sys.stderr)
     _validate(args)
+    if args.threads:
+        import torch
+
+        torch.set_num_threads(args.threads)
     if prompts is None:
         prompts = load_prompts(args.prompts, args.num_prompts)
     settings = BenchSettings(args.max_tokens, args.temperature, args.seed, args.ignore_eos, args.runs, args.warmup)
@@ -111,8 +116,9 @@ def run(args: argparse.Namespace) -> int:
         write_json(args.json, doc)
         print(f"[bench] wrote {args.json}", file=sys.stderr)
     if args.plot:
-        where = doc["machine"]["gpu"] or doc["machine"]["cpu"]
-        title = f"{info.get('model', {}).get('source', args.endpoint or '')} on {where}; {args.prompts} x{len(prompts)}, " \
+        where = doc["machine"]["gpu"] or f"{doc['machine']['cpu']} ({doc['machine']['cpu_cores']} cores)"
+        model = Path(info["model"]["source"]).name if info else args.endpoint
+        title = f"{model} on {where}\n{Path(args.prompts).name} x{len(prompts)}, {args.runs} runs, " \
                 f"max_tokens {args.max_tokens}, T={args.temperature}"
         plot(args.plot, summary, args.sweep.split("=")[0] if args.sweep else None, title)
         print(f"[bench] wrote {args.plot}", file=sys.stderr)
@@ -135,6 +141,8 @@ def _validate(args: argparse.Namespace) -> None:
     for name in ("runs", "max_tokens"):
         if getattr(args, name) < 1:
             raise InvalidRequestError(f"--{name.replace('_', '-')} must be >= 1", name)
+    if args.threads is not None and args.threads < 1:
+        raise InvalidRequestError("--threads must be >= 1", "threads")
     if args.warmup < 0:
         raise InvalidRequestError("--warmup must be >= 0", "warmup")
     b = args.baseline
@@ -195,9 +203,9 @@ def _engine_targets(args, prompts):
         baseline = "ar" if args.draft else None
         targets.insert(0, EngineTarget(Engine(loaded, EngineConfig(max_context=max_context, cache_type_k=args.cache_type_k,
                                                                   cache_type_v=args.cache_type_v)), "ar"))
-    elif args.baseline:
-        targets.insert(0, EndpointTarget(args.baseline, args.api_key, None, label="baseline"))
-        baseline = "baseline"
+    elif args.baseline:  # a server (ours or a peer) side by side with the in-process engine
+        targets.insert(0, EndpointTarget(args.baseline, args.api_key, None, label="endpoint"))
+        baseline = "endpoint"
     model = {"source": loaded.source, "arch": loaded.config.arch, "longest_prompt_tokens": longest,
              "max_context": targets[-1].engine.max_context, **machine.roofline(loaded.model)}
     return targets, baseline, sweep_values or None, {"model": model}

@@ -69,8 +69,9 @@ class Trainer:
         self.cuda = self.device.type == "cuda"
         self.model.to(self.device).train()
         self.params = [(n, p) for n, p in self.model.named_parameters() if p.requires_grad]
-        self.opt = torch.optim.AdamW([p for _, p in self.params], lr=config.lr, weight_decay=config.weight_decay,
-                                     betas=(0.9, 0.95))
+        groups = [{"params": [p for _, p in self.params if p.dim() > 1], "weight_decay": config.weight_decay},
+                  {"params": [p for _, p in self.params if p.dim() <= 1], "weight_decay": 0.0}]  # norms: no decay
+        self.opt = torch.optim.AdamW(groups, lr=config.lr, betas=(0.9, 0.95))
         self.step = 0
         self.total_steps = config.steps
         self.history: list[dict] = []

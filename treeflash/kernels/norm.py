@@ -93,7 +93,9 @@ def rmsnorm_gated(x, gate, weight, eps: float):
     return y.view(shape)
 
 
-def _interpreting() -> bool:
-    import os
+_INTERPRET = __import__("os").environ.get("TRITON_INTERPRET") == "1"
 
-    return os.environ.get("TRITON_INTERPRET") == "1"
+
+def _interpreting() -> bool:
+    """Kernels also run on CPU tensors under the Triton interpreter (read once: set it before import)."""
+    return _INTERPRET

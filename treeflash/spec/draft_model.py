@@ -122,9 +122,14 @@ class DraftModelDrafter(Drafter):
         if self.pending:
             self.cache.truncate(self.cache.seq_len)
             self.pending = []
-        if need > self.cache.max_len or len(self.known) != len(ctx.tokens) or self.known[-1:] != ctx.tokens[-1:]:
-            self.cache = self.model.new_cache(max(need, self.cache.max_len))
-            self.known, self.fed = list(ctx.tokens), []  # re-feed from the committed tokens
+        stale = len(self.known) != len(ctx.tokens) or self.known[-1:] != ctx.tokens[-1:]
+        if need > self.cache.max_len:
+            self.cache = self.model.new_cache(need)
+        elif stale:
+            self.cache.reset()
+        else:
+            return
+        self.known, self.fed = list(ctx.tokens), []  # re-feed from the committed tokens
 
     def _draft_plain(self, ctx: DraftContext, k: int) -> tuple[list[int], list[torch.Tensor]]:
         seq = ctx.tokens + [ctx.root]
@@ -212,4 +217,5 @@ def _build(target, options: DraftOptions) -> Drafter:
 
     draft = load_model(options.draft_model, device=target.model.device, dtype=target.model.dtype, progress=False)
     check_vocab(target, draft)
+    draft.model.fuse_projections()  # fewer, larger GEMVs: the draft runs num_draft passes per step
     return DraftModelDrafter(draft.model, options.num_draft, target.config.vocab_size, source=draft.source)

@@ -24,6 +24,8 @@ def test_models_and_health(server, client, http):
     assert [m.id for m in client.models.list().data] == [MODEL]
     health = httpx.get(server.url + "/health").json()  # no key needed for probes
     assert health["status"] == "ok" and health["model"] == MODEL
+    assert http.get(f"/v1/models/{MODEL}").json()["max_model_len"] == CONTEXT
+    assert http.get("/models/other").status_code == 404
 
 
 def test_chat_streamed_equals_non_streamed_and_usage_adds_up(client):

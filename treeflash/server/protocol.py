@@ -13,7 +13,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-from treeflash.server.errors import APIError, bad_request
+from treeflash.server.errors import bad_request
 
 MAX_N = 8  # choices per request (n x prompts); they run one after another
 MAX_STOP = 16  # stop strings per request
@@ -267,6 +267,3 @@ def _got(err: dict) -> str:
         text = str(value)
     return f" (got {text[:60]})"
 
-
-__all__ = ["APIError", "ChatCompletionRequest", "CompletionRequest", "DetokenizeRequest", "Message", "TokenizeRequest",
-           "ToolCall", "ToolDef", "parse", "MAX_N"]

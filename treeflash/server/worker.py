@@ -171,6 +171,9 @@ class Worker:
         try:
             for index, req in enumerate(job.requests):
                 if job.cancelled.is_set():
+                    if job.reason == "shutdown":  # between two choices: the reply would be silently short
+                        job.put(APIError(503, "the server is shutting down; the generation was stopped"))
+                        return
                     break
                 stream = self.engine.stream(req, job.cancelled)
                 try:  # close() releases engine.lock even if we stop early

@@ -70,8 +70,11 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--tokens", type=int, default=64)
     p.add_argument("--rounds", type=int, default=3)
+    p.add_argument("--threads", type=int, default=None, help="torch threads for both sides (default: torch's)")
     p.add_argument("--out", default="docs/results/cpu_decode.json")
     args = p.parse_args()
+    if args.threads:
+        torch.set_num_threads(args.threads)
     from transformers import AutoModelForCausalLM
 
     path = default_model_path()
@@ -90,6 +93,8 @@ def main() -> None:
     ours = statistics.median(x["treeflash_tok_s"] for x in rows)
     theirs = statistics.median(x["transformers_tok_s"] for x in rows)
     result = {
+        "command": "python bench/cpu_decode.py " + " ".join(sys.argv[1:]),
+        "load_average_1min_at_end": os.getloadavg()[0],
         "machine": {"cpu": platform.processor() or platform.machine(), "cores": os.cpu_count(), "torch_threads": torch.get_num_threads()},
         "torch": torch.__version__, "model": str(path.name), "dtype": "float32", "tokens": args.tokens,
         "rows": rows, "median_treeflash_tok_s": ours, "median_transformers_tok_s": theirs, "ratio": ours / theirs,

@@ -45,7 +45,6 @@ def add_parser(sub) -> None:
     p.add_argument("--json", default=None, metavar="OUT.json", help="write every run, the configuration and a summary")
     p.add_argument("--plot", default=None, metavar="OUT.png", help="plot tokens/s (and tau) per target or sweep value")
     p.add_argument("--rerun", default=None, metavar="IN.json", help="repeat the measurement described by a bench JSON")
-    p.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's choice)")
     p.add_argument("--quiet", action="store_true", help="no progress bars")
     e = p.add_argument_group("endpoint (measure a running OpenAI-compatible server instead)")
     e.add_argument("--endpoint", default=None, metavar="URL", help="e.g. http://localhost:8000 (ours, llama.cpp, vLLM)")

@@ -330,4 +330,5 @@ def gguf_tokenizer(reader: GGUFReader, meta: dict[str, Any], source: str):
         token_id = tok_config.get(f"{name}_id")
         if token_id is not None and 0 <= int(token_id) < len(tokens):
             kwargs[name] = tokens[int(token_id)]
+    kwargs["clean_up_tokenization_spaces"] = False  # a byte-level BPE decodes exactly; cleanup would drop spaces
     return PreTrainedTokenizerFast(tokenizer_object=backend, **kwargs)

@@ -117,7 +117,7 @@ def test_proposals_follow_the_commits(draft_arch):
     drafter = Recorder(noisy_copy(target, 0.1, 3), 4, 97)
     prompt = random_prompt(9)
     run(target, prompt, 60, drafter)
-    run(target, prompt[:5], 30, drafter)  # a second sequence: reset
+    run(target, random_prompt(20, seed=1), 30, drafter)  # a second sequence: reset; the prompt is read in observe
     assert len(drafter.seen) > 10
     for seq, proposal in drafter.seen:
         assert proposal == greedy_from_scratch(drafter.model, seq, 4)

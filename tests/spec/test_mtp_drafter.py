@@ -70,7 +70,7 @@ def test_proposals_equal_the_mtp_chain_from_scratch():
     target = mtp_target(vocab=6, seed=1)
     drafter = Recorder(target, 3)
     run(target, random_prompt(9, 6), 40, drafter)
-    run(target, random_prompt(5, 6, seed=1), 20, drafter)  # a second sequence: reset
+    run(target, random_prompt(20, 6, seed=1), 20, drafter)  # a second sequence: reset; the prompt is read in observe
     assert len(drafter.seen) > 8
     for tokens, root, drafts in drafter.seen:
         assert drafts == mtp_chain_from_scratch(target, tokens, root, 3)

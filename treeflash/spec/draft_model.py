@@ -4,7 +4,7 @@ The draft keeps its own ModelCache and follows the committed tokens:
 - attention-only drafts draft with plain steps (root, d1, ..., d_{k-1} are appended to their
   cache); after each verify `observe` truncates the cache to the longest prefix the target
   committed. What the draft has not seen yet (the last accepted draft, the new root) is fed at the
-  next `propose`, in the same pass that drafts the first token.
+  next `propose`, in the same pass that drafts the first token. A prompt is read in `observe`.
 - hybrid drafts (Gated DeltaNet layers: recurrent state cannot rewind) draft with verify steps
   over the chain [unseen..., root, d1, ..., d_i], one pass per drafted token, and leave the last
   pass pending; `observe` then keeps the committed part of that chain with `cache.commit(path)`.
@@ -102,6 +102,12 @@ class DraftModelDrafter(Drafter):
             if keep < len(self.fed):
                 self.cache.truncate(keep)
                 del self.fed[keep:]
+        # a prompt: read it now (prefill time, not the first step's draft time) when the cache,
+        # sized by an earlier sequence, has room; a fresh drafter reads it at its first propose
+        unseen = len(self.known) - len(self.fed)
+        if unseen > MAX_CHAIN_CATCH_UP and len(self.known) + 1 + self.num_draft <= self.cache.max_len:
+            with torch.inference_mode():
+                self._feed(self.known[len(self.fed) :], want_logits=False)
 
     @torch.inference_mode()
     def propose(self, ctx: DraftContext) -> DraftTree:

@@ -4,10 +4,11 @@ MTPHead row t reads (embedding of x_{t+1}, the target's hidden state h_t after i
 at position t and predicts x_{t+2} (models/mtp.py). The drafter asks the target for its last
 layer's output (`capture_layers`) and applies the target's final norm itself, so `observe`
 receives h_t for every committed token. The head's KV cache holds one committed row per position
-whose next token is known; at `propose` (when the root is known) the head catches up on the new
-rows, the last of which (root as x_{t+1}) predicts the first draft token. Each further draft token
-feeds its embedding and the previous head output back in, at the next position; afterwards the
-drafted rows are dropped with `cache.truncate` (the head has attention layers only).
+whose next token is known; it reads a prompt's rows in `observe`, and at `propose` (when the
+root is known) the rows still unread, the last of which (root as x_{t+1}) predicts the first
+draft token. Each further draft token feeds its embedding and the previous head output back in,
+at the next position; afterwards the drafted rows are dropped with `cache.truncate` (the head
+has attention layers only).
 """
 
 from __future__ import annotations
@@ -22,6 +23,8 @@ from treeflash.spec.draft_model import PREFILL_CHUNK, chain_tree, draft_token
 from treeflash.spec.drafter import DraftContext, Drafter, DraftOptions, register
 from treeflash.spec.tree import DraftTree
 
+MIN_EAGER_ROWS = 16  # observe reads rows ahead of propose only for a prompt-sized batch
+
 
 class MTPDrafter(Drafter):
     name = "mtp"
@@ -32,25 +35,29 @@ class MTPDrafter(Drafter):
         self.target, self.head, self.num_draft = target, target.mtp, num_draft
         self.capture_layers = (target.config.num_layers - 1,)
         self.cache = self.head.new_cache(1)  # sized at the first propose (the target's cache length)
-        self.num_committed = 0  # committed tokens observed
-        self.hidden: list[torch.Tensor] = []  # [n, H] h_t for committed positions the head has not read
+        self.tokens: list[int] = []  # committed tokens observed
+        self.hidden: list[torch.Tensor] = []  # [n, H] h_t for the committed positions the head has not read
 
     def reset(self) -> None:
         self.cache.reset()
-        self.num_committed = 0
-        self.hidden = []
+        self.tokens, self.hidden = [], []
 
     def observe(self, committed_ids: list[int], hidden: torch.Tensor | None) -> None:
         if hidden is None or hidden.shape[0] != len(committed_ids):
             raise RuntimeError("mtp drafter: the decoder did not pass the captured hidden states")
-        self.num_committed += len(committed_ids)
+        self.tokens.extend(committed_ids)
         self.hidden.append(self.target.model.norm(hidden))  # the head reads post-norm states
+        # a prompt: read every row whose next token is known now (prefill time), when the cache,
+        # sized by an earlier sequence, has room; the last row waits for the root
+        if len(self.tokens) - self.cache.seq_len > MIN_EAGER_ROWS and len(self.tokens) + self.num_draft < self.cache.max_len:
+            with torch.inference_mode():
+                self._read(self.tokens[self.cache.seq_len + 1 :])
 
     @torch.inference_mode()
     def propose(self, ctx: DraftContext) -> DraftTree:
         num = len(ctx.tokens)
-        if self.num_committed != num:
-            raise RuntimeError(f"mtp drafter: observed {self.num_committed} committed tokens, the decoder has {num}")
+        if len(self.tokens) != num:
+            raise RuntimeError(f"mtp drafter: observed {len(self.tokens)} committed tokens, the decoder has {num}")
         k = min(self.num_draft, ctx.max_nodes - 1)
         dev = self.target.device
         if k <= 0:
@@ -59,18 +66,7 @@ class MTPDrafter(Drafter):
             assert self.cache.seq_len == 0, "mtp drafter: the target's cache grew within a sequence"
             self.cache = self.head.new_cache(num + ctx.max_nodes)
 
-        # catch up: row t reads (x_{t+1}, h_t) for the new committed positions; the root is x_num
-        start = self.cache.seq_len
-        next_ids = torch.tensor(ctx.tokens[start + 1 :] + [ctx.root], dtype=torch.long, device=dev)
-        hidden = torch.cat(self.hidden)
-        self.hidden = []
-        assert hidden.shape[0] == next_ids.shape[0] == num - start, "mtp drafter: every step commits a new row"
-        for s in range(0, num - start, PREFILL_CHUNK):
-            part = slice(s, s + PREFILL_CHUNK)
-            pos = torch.arange(start + s, start + s + next_ids[part].shape[0], device=dev)
-            h = self.head(self.target.embed(next_ids[part]), hidden[part], pos, self.cache)
-        h = h[-1:]  # [1, H]: predicts the token after the root
-
+        h = self._read(self.tokens[self.cache.seq_len + 1 :] + [ctx.root])  # predicts the token after the root
         drafts, qs = [], []
         for i in range(k):
             tok, q = draft_token(self.target.head(h)[0], ctx.params, ctx.generator, self.target.config.vocab_size)
@@ -82,6 +78,19 @@ class MTPDrafter(Drafter):
                 h = self.head(self.target.embed(ids), h, torch.tensor([num + i], device=dev), self.cache)
         self.cache.truncate(num)
         return chain_tree(ctx.root, drafts, qs, dev)
+
+    def _read(self, next_ids: list[int]) -> torch.Tensor:
+        """Commit head rows t = seq_len.. reading (x_{t+1} = next_ids, h_t); the last row's output [1, H]."""
+        start, n, dev = self.cache.seq_len, len(next_ids), self.target.device
+        hidden = torch.cat(self.hidden)
+        assert 0 < n <= hidden.shape[0], "mtp drafter: every step commits a new row"
+        self.hidden = [hidden[n:]]
+        ids = torch.tensor(next_ids, dtype=torch.long, device=dev)
+        for s in range(0, n, PREFILL_CHUNK):
+            part = slice(s, min(s + PREFILL_CHUNK, n))
+            pos = torch.arange(start + part.start, start + part.stop, device=dev)
+            h = self.head(self.target.embed(ids[part]), hidden[part], pos, self.cache)
+        return h[-1:]
 
     def describe(self) -> dict[str, Any]:
         return {"name": self.name, "num_draft": self.num_draft, "mtp_layers": len(self.head.layers)}

@@ -50,6 +50,8 @@ class Engine:
             self.model.fuse_projections()
             capture = self.drafter.capture_layers if self.drafter is not None else ()
             self.runner = CudaGraphRunner(self.model, self.cache, capture_layers=capture)
+            if self.drafter is not None:
+                self.drafter.bind_runner(self.runner)
         self.lock = threading.Lock()
         self.totals = SpecStats()
         self.eos_ids = set(loaded.config.eos_token_ids)

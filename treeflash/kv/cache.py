@@ -81,6 +81,13 @@ class ModelCache:
         self.seq_len += len(path)
         self.pending = 0
 
+    def rollback_pending(self) -> None:
+        """Drop a pending verify step entirely (nothing committed, the root included)."""
+        for layer in self.layers:
+            if isinstance(layer, RecurrentCache):
+                layer.drop_pending()
+        self.pending = 0
+
     def truncate(self, length: int) -> None:
         """Forget committed tokens past `length` (attention layers only; recurrent state cannot rewind)."""
         if any(isinstance(layer, RecurrentCache) for layer in self.layers) and length != self.seq_len:

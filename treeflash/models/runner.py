@@ -27,6 +27,10 @@ class EagerRunner:
     def commit(self, path: list[int]) -> None:
         self.cache.commit(path)
 
+    def abandon(self) -> None:
+        """Drop a pending verify step without committing anything (used for timing)."""
+        self.cache.rollback_pending()
+
 
 DEFAULT_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128)
 
@@ -223,6 +227,10 @@ class CudaGraphRunner(EagerRunner):
         logits = g.logits[:n]
         captured = g.captured[:n] if g.captured is not None else None
         return ForwardOutput(logits=logits, hidden=logits.new_empty(0), captured=captured)
+
+    def abandon(self) -> None:
+        self._last_bucket = None
+        self.cache.pending = 0
 
     def commit(self, path: list[int]) -> None:
         cache = self.cache

@@ -188,3 +188,39 @@ def _time_verify(target, context_len: int, node_counts: tuple[int, ...], repeats
             cache.pending = 0  # drop the uncommitted nodes
         out[n] = sorted(samples)[len(samples) // 2]
     return out
+
+
+def runner_verify_timer(runner, node_counts: tuple[int, ...] = NODE_COUNTS, repeats: int = 3) -> Callable[[int], dict[int, float]]:
+    """A `measure` for BudgetTuner that times the verify pass the decoder really runs: the runner's
+    (CUDA graphs on a GPU, where an eager pass would be host-bound and mislead the choice), on the
+    live cache at its current length. The timed nodes are never committed; cached per context bucket."""
+    cache_times: dict[int, dict[int, float]] = {}
+
+    @torch.inference_mode()
+    def measure(context_len: int) -> dict[int, float]:
+        bucket = context_bucket(context_len)
+        if bucket in cache_times:
+            return cache_times[bucket]
+        cache = runner.cache
+        start = cache.seq_len
+        device = runner.model.device
+        sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
+        room = cache.max_len - start
+        out: dict[int, float] = {}
+        for n in (max(node_counts), *node_counts):  # the first pass warms up
+            if n > room:
+                continue
+            ids = torch.randint(0, runner.model.config.vocab_size, (n,))
+            samples = []
+            for _ in range(repeats):
+                sync()
+                t0 = time.perf_counter()
+                runner.forward(StepInput.chain(ids, start), capture_layers=getattr(runner, "capture_layers", ()))
+                sync()
+                samples.append(time.perf_counter() - t0)
+                runner.abandon()  # drop the uncommitted nodes: the committed cache is untouched
+            out[n] = sorted(samples)[len(samples) // 2]
+        cache_times[bucket] = out
+        return out
+
+    return measure

@@ -56,6 +56,13 @@ class DFlashDrafter(Drafter):
         self.cache = model.new_cache()
         self.reset()
 
+    def bind_runner(self, runner) -> None:
+        """Time verify passes through the decoder's own runner (graphs on a GPU) for --budget auto."""
+        if self.tuner is not None:
+            from treeflash.spec.budget import runner_verify_timer
+
+            self.tuner.measure = runner_verify_timer(runner)
+
     # -- the drafter protocol --
 
     def reset(self) -> None:

@@ -59,6 +59,9 @@ class Drafter(ABC):
     def observe(self, committed_ids: list[int], hidden: torch.Tensor | None) -> None:
         """Tokens just committed to the target cache, with captured hidden states [n, C] (or None)."""
 
+    def bind_runner(self, runner: Any) -> None:
+        """The engine hands over the target's runner (CUDA graphs on a GPU) once it exists."""
+
     def describe(self) -> dict[str, Any]:
         return {"name": self.name}
 

@@ -25,8 +25,15 @@ measures what the rotation buys; it is not a cache type of the runtime.
 (kv.attention_cache.attention_reference, used by the dense and the compressed caches alike) with
 `fast_attention`: the same fp32 math (scores by bmm, masked softmax, bmm) without SDPA's CPU
 math-path overhead and GQA expansion; it agrees with SDPA to ~1e-7 (tests/kv/test_kv_quality_bench.py)
-and prefills ~1.3-1.5x faster here. What is stored and read (quantize on write, dequantize on
+and is faster on this CPU (1.2x on one 512 x 4096 attention; SDPA takes its math path with a
+boolean mask). What is stored and read (quantize on write, dequantize on
 read) is the cache's own code either way. --attention sdpa keeps the runtime's call.
+
+--row-errors N also reports each format's relative error on the model's own K and V rows (all
+layers, from a dense prefill of the first N tokens), against the whole row and against its
+token-varying part. --resume keeps the pairs already in --out (the reference is recomputed and
+must reproduce) and runs the others. The perplexity change comes with its standard error over
+the scored positions (paired per-token NLL differences): 512 positions resolve about 0.1%.
 
     python bench/kv_quality.py --table docs/results/kv_quality_smollm2.json   # markdown tables
 """
@@ -168,6 +175,7 @@ def row_errors(model, ids: torch.Tensor, chunk: int) -> dict:
         # the part of each row that varies over tokens (row minus its layer/head's mean row): the
         # mean adds the same amount to every score of a query only without rotary; still a yardstick
         varying = torch.cat([(t - t.mean(0, keepdim=True)).flatten(0, 1) for t in per_layer]).norm(dim=-1).clamp_min(1e-12)
+        mean = torch.cat([t.mean(0, keepdim=True).expand_as(t).flatten(0, 1) for t in per_layer])  # [rows, D]
         out[name] = {}
         for fmt in ("bf16", "q8_0", "q4_0", "tq3_0", NOROT):
             with _no_rotation() if fmt == NOROT else contextlib.nullcontext():
@@ -181,6 +189,10 @@ def row_errors(model, ids: torch.Tensor, chunk: int) -> dict:
                 "rel_p99": err[: 1 << 24].quantile(0.99).item(),
                 "rel_rms_to_varying_part": (e / varying).square().mean().sqrt().item(),
             }
+            if f != "bf16":  # what-if: quantize the row minus its layer/head's mean row (not a cache format)
+                with _no_rotation() if fmt == NOROT else contextlib.nullcontext():
+                    yc = formats.dequantize(f, *formats.quantize(f, x - mean)) + mean
+                out[name][fmt]["centered_rel_rms_to_varying_part"] = ((yc - x).norm(dim=-1) / varying).square().mean().sqrt().item()
         # outliers: mean over rows of max |x_i| / rms(x), before and after the tq3_0 rotation
         rms = x.square().mean(-1).sqrt().clamp_min(1e-12)
         out[name]["peak_to_rms"] = (x.abs().amax(-1) / rms).mean().item()
@@ -395,6 +407,7 @@ def main() -> None:
             r = report["row_errors"][name]
             print(name, "rel. RMS error:", {f: round(r[f]["rel_rms"], 4) for f in ("bf16", "q8_0", "q4_0", "tq3_0", NOROT)},
                   "of the varying part:", {f: round(r[f]["rel_rms_to_varying_part"], 4) for f in ("q8_0", "q4_0", "tq3_0", NOROT)},
+                  "centered:", {f: round(r[f]["centered_rel_rms_to_varying_part"], 4) for f in ("q8_0", "q4_0", "tq3_0", NOROT)},
                   f"peak/rms {r['peak_to_rms']:.1f} -> {r['peak_to_rms_rotated']:.1f} rotated, varying/total {r['varying_to_total_norm']:.2f}", flush=True)
         if not args.pairs:
             return

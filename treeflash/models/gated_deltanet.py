@@ -284,41 +284,40 @@ class GatedDeltaNet(nn.Module):
             mixed, z, b, a = self.in_proj_qkv(x), self.in_proj_z(x), self.in_proj_b(x), self.in_proj_a(x)
         # mixed: [T, conv_dim], the conv inputs, kept per node for commit
         z = z.reshape(n, self.num_v_heads, self.v_head_dim)
+        o = self._mix(mixed, a, b, step, cache)  # [T, Hv, Dv] fp32
+        out = self.norm(o.to(x.dtype), z)
+        return self.out_proj(out.reshape(n, self.value_dim))
+
+    def _mix(self, mixed, a, b, step: StepInput, cache: RecurrentCache) -> torch.Tensor:
+        """Short conv + gated delta rule: fused kernels on CUDA, the plain-torch references elsewhere."""
         weight = self.conv1d.weight[:, 0]  # [conv_dim, K]
-        if n == 1 and not step.is_verify and x.is_cuda:  # decode: two fused kernels, state updated in place
-            y = conv_step(mixed[0].contiguous(), cache.conv, weight)
-            o = recurrent_step(y, a[0], b[0], self.A_log, self.dt_bias, cache.state,
-                               self.num_k_heads, self.k_head_dim, self.v_head_dim)[None]
-            out = self.norm(o.to(x.dtype), z)
-            return self.out_proj(out.reshape(n, self.value_dim))
-        if step.is_verify and x.is_cuda:  # tree: two kernels, every node's state kept for commit
+        dims = (self.num_k_heads, self.k_head_dim, self.v_head_dim)
+        if mixed.is_cuda and step.is_verify:  # tree: two kernels, every node's state kept for commit
             y = tree_conv(mixed.contiguous(), cache.conv, weight, step.parents)
-            o, states = tree_recurrent(y, a.contiguous(), b.contiguous(), self.A_log, self.dt_bias, cache.state, step.parents,
-                                       self.num_k_heads, self.k_head_dim, self.v_head_dim, out_states=cache.scratch)
+            o, states = tree_recurrent(y, a.contiguous(), b.contiguous(), self.A_log, self.dt_bias, cache.state,
+                                       step.parents, *dims, out_states=cache.scratch)
             cache.set_pending(mixed, node_states=states)
-            out = self.norm(o.to(x.dtype), z)
-            return self.out_proj(out.reshape(n, self.value_dim))
+            return o
+        if mixed.is_cuda and mixed.shape[0] == 1:  # decode: two kernels, state updated in place
+            y = conv_step(mixed[0].contiguous(), cache.conv, weight)
+            return recurrent_step(y, a[0], b[0], self.A_log, self.dt_bias, cache.state, *dims)[None]
         beta = torch.sigmoid(b.float())  # [T, Hv]
         g = -self.A_log.float().exp() * F.softplus(a.float() + self.dt_bias.float())  # [T, Hv]
-
         if step.is_verify:
-            assert step.depths is not None
             q, k, v = self._heads(tree_causal_conv(mixed, cache.conv, weight, step.parents, step.depths))
             o, factors = delta_rule_tree_lowrank(q, k, v, g, beta, cache.state, step.tree_mask)
             cache.set_pending(mixed, factors=factors)
+            return o
+        conv_out, window = causal_conv(mixed, cache.conv, weight)
+        cache.conv.copy_(window)
+        q, k, v = self._heads(conv_out)
+        if mixed.shape[0] == 1:
+            o, state = delta_rule_step(q, k, v, g, beta, cache.state[None])
+            state = state[0]
         else:
-            conv_out, window = causal_conv(mixed, cache.conv, weight)
-            cache.conv.copy_(window)
-            q, k, v = self._heads(conv_out)
-            if n == 1:
-                o, state = delta_rule_step(q, k, v, g, beta, cache.state[None])
-                state = state[0]
-            else:
-                o, state = delta_rule_chunked(q, k, v, g, beta, cache.state)
-            cache.state.copy_(state)
-
-        out = self.norm(o.to(x.dtype), z)  # [T, Hv, Dv]
-        return self.out_proj(out.reshape(n, self.value_dim))
+            o, state = delta_rule_chunked(q, k, v, g, beta, cache.state)
+        cache.state.copy_(state)
+        return o
 
     def _heads(self, conv_out: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """[T, conv_dim] fp32 -> q, k: [T, Hv, Dk] (normalized, q scaled), v: [T, Hv, Dv]."""

@@ -22,15 +22,21 @@ SKIPPED_PREFIXES = ("model.visual.", "model.vision_tower.", "visual.", "vision_t
 SKIPPED_SUFFIXES = (".rotary_emb.inv_freq",)  # old checkpoints saved the computed rope table
 
 
+def read_config_json(path: Path, what: str = "a Hugging Face model directory") -> dict:
+    """path/config.json as a dict, or a ModelLoadError that names the file."""
+    config_path = path / "config.json"
+    if not config_path.is_file():
+        raise ModelLoadError(f"{path}: no config.json; {what} needs config.json and *.safetensors")
+    try:
+        return json.loads(config_path.read_text())
+    except (OSError, ValueError) as e:
+        raise ModelLoadError(f"{config_path}: cannot read: {e}") from None
+
+
 def open_hf_dir(path: Path) -> Checkpoint:
     source = str(path)
     config_path = path / "config.json"
-    if not config_path.is_file():
-        raise ModelLoadError(f"{source}: no config.json; a Hugging Face model directory needs config.json and *.safetensors")
-    try:
-        raw_config = json.loads(config_path.read_text())
-    except (OSError, ValueError) as e:
-        raise ModelLoadError(f"{config_path}: cannot read: {e}") from None
+    raw_config = read_config_json(path)
     config = ModelConfig.from_hf_dict(raw_config, source=str(config_path))
     tensors, skipped = _index_tensors(path)
     return Checkpoint(

@@ -24,7 +24,6 @@ derived from it and `max_window_layers`.
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -296,16 +295,11 @@ def load_dflash(path: str | Path, device: torch.device | str = "cpu", dtype: tor
     """A z-lab DFlash checkpoint directory (config.json + *.safetensors) -> DFlashModel in eval mode."""
     from safetensors import safe_open
 
-    from treeflash.models.hf_loader import weight_files
+    from treeflash.models.hf_loader import read_config_json, weight_files
 
     p = Path(path).expanduser()
     config_path = p / "config.json"
-    if not config_path.is_file():
-        raise ModelLoadError(f"{p}: no config.json; a DFlash drafter directory needs config.json and *.safetensors")
-    try:
-        raw = json.loads(config_path.read_text())
-    except (OSError, ValueError) as e:
-        raise ModelLoadError(f"{config_path}: cannot read: {e}") from None
+    raw = read_config_json(p, "a DFlash drafter directory")
     config = DFlashConfig.from_dict(raw, str(config_path))
     with torch.device("meta"):
         model = DFlashModel(config)

@@ -1,18 +1,10 @@
 """`--budget auto`: the choice logic on synthetic timings and acceptance."""
 
 import pytest
-import torch
 
 from treeflash.spec.budget import AcceptanceByRank, BudgetTuner, choose_budget, context_bucket, interpolate, measure_verify_times
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    """Tiny models on a shared 2-core machine: one intra-op thread is ~20x faster than two."""
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
 
 
 def linear_times(fixed: float, per_node: float) -> dict[int, float]:

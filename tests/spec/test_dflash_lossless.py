@@ -22,13 +22,6 @@ NUM_TOKENS = 200
 _SETUPS: dict[str, tuple] = {}
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    """Tiny models on a shared 2-core machine: one intra-op thread is ~20x faster than two."""
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
 
 
 def setup(arch: str):

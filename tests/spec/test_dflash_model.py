@@ -18,13 +18,6 @@ from treeflash.spec.dflash_model import DFlashConfig, DFlashModel, load_dflash
 H, VOCAB = 64, 97
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    """Tiny models on a shared 2-core machine: one intra-op thread is ~20x faster than two."""
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
 
 
 def randomize(module: torch.nn.Module, scale: float = 0.1, seed: int = 1) -> None:

@@ -23,15 +23,6 @@ from treeflash.spec.sampling import SamplingParams
 ARCHS = ["llama", "qwen2", "qwen3", "qwen3_5"]
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    """Tiny models run fastest on one thread (and the test machine's cores are shared)."""
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
-
-
 def random_prompt(n: int, vocab: int = 97, seed: int = 0) -> list[int]:
     return torch.randint(0, vocab, (n,), generator=torch.Generator().manual_seed(seed)).tolist()
 

@@ -25,12 +25,6 @@ from treeflash.train.recipe import (
 from treeflash.train.trainer import init_weights
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
 
 
 def test_target_layer_ids_follow_the_reference_spread():

@@ -23,12 +23,6 @@ TRAIN = ["--layers", "2", "--block-size", "6", "--tokens", "1200", "--max-new-to
          "--device", "cpu", "--quiet", "--max-shard-mb", "0.04"]
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
 
 
 @pytest.fixture(scope="module")

@@ -12,12 +12,10 @@ import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 
-import torch
-
 from treeflash.engine.detokenizer import Detokenizer
 from treeflash.engine.request import GenerationRequest, TokenEvent, TokenLogprob, Usage
 from treeflash.engine.stops import StopMatcher
-from treeflash.errors import ContextOverflowError
+from treeflash.errors import ContextOverflowError, InvalidRequestError
 from treeflash.spec.decoder import Decoder
 from treeflash.spec.drafter import Drafter, DraftOptions, build_drafter
 from treeflash.spec.stats import SpecStats
@@ -79,8 +77,6 @@ class Engine:
         self.check_fits(len(req.prompt_ids), req.max_tokens)
         for tok in req.prompt_ids:
             if not 0 <= tok < self.model.config.vocab_size:
-                from treeflash.errors import InvalidRequestError
-
                 raise InvalidRequestError(f"token id {tok} is out of range [0, {self.model.config.vocab_size})", "prompt")
         with self.lock:
             yield from self._run(req, cancelled)

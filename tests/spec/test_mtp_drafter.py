@@ -8,7 +8,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from tests.spec.test_draft_model import one_thread, random_prompt, run, tiny_lm  # noqa: F401 (fixture)
+from tests.spec.test_draft_model import random_prompt, run, tiny_lm  # noqa: F401 (fixture)
 from treeflash.errors import InvalidRequestError
 from treeflash.models.mtp import MTPHead
 from treeflash.models.step import StepInput

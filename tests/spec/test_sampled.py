@@ -21,7 +21,7 @@ import pytest
 import torch
 
 from tests.spec.oracle_drafter import OracleDrafter
-from tests.spec.test_draft_model import one_thread, tiny_lm  # noqa: F401 (fixture)
+from tests.spec.test_draft_model import tiny_lm  # noqa: F401 (fixture)
 from treeflash.models.step import StepInput
 from treeflash.spec import decoder as decoder_module
 from treeflash.spec.decoder import Decoder

@@ -38,6 +38,8 @@ def add_parser(sub) -> None:
     d.add_argument("--gen-batch-size", type=int, default=256, help="prompts per generate call (default 256)")
     d.add_argument("--temperature", type=float, default=0.0, help="answer sampling temperature (default 0: greedy)")
     d.add_argument("--gen-time-limit", type=float, default=None, help="stop generating after this many seconds")
+    d.add_argument("--generate-only", action="store_true",
+                   help="stop once the data is saved (DIR/train/data.safetensors); train later with --resume")
     t = p.add_argument_group("training")
     t.add_argument("--steps", type=int, default=2000, help="optimizer steps (default 2000)")
     t.add_argument("--batch-size", type=int, default=16, help="sequences per step (default 16)")
@@ -91,6 +93,10 @@ def run(args: argparse.Namespace) -> int:
                                     "target_layer_ids": list(dcfg.target_layer_ids), "argv": sys.argv[1:]}, indent=2))
 
     data = _dataset(args, loaded, twin, work, progress)
+    if args.generate_only:
+        print(f"[train-drafter] data saved: {len(data)} sequences, {data.response_tokens} response tokens in "
+              f"{work / 'data.safetensors'}; train with the same --out and --resume", file=sys.stderr)
+        return 0
     train, heldout = _split(data)
     print(f"[train-drafter] data: {len(train)} training + {len(heldout)} held-out sequences, "
           f"{train.response_tokens} + {heldout.response_tokens} response tokens; {json.dumps(data.meta)}", file=sys.stderr)

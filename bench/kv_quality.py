@@ -118,13 +118,16 @@ def _split_pair(pair: str) -> tuple[str, str, bool]:
     return kt.replace(NOROT, "tq3_0"), vt.replace(NOROT, "tq3_0"), norot
 
 
+CENTER_KEYS = True  # compressed K stored minus the prompt's mean key (the cache's default); --no-center-keys: raw keys
+
+
 @torch.inference_mode()
 def prefill(model, ids: torch.Tensor, kt: str, vt: str, chunk: int, eval_pos: torch.Tensor, extra: int = 0):
     """Chunked prefill of ids [N] with a (kt, vt) cache of N + extra slots.
 
     Returns (log-probs [len(eval_pos), V] fp32 at the positions eval_pos (sorted), cache)."""
     n = int(ids.shape[0])
-    cache = model.new_cache(n + extra, cache_type_k=kt, cache_type_v=vt)
+    cache = model.new_cache(n + extra, cache_type_k=kt, cache_type_v=vt, center_keys=CENTER_KEYS)
     out = []
     for start in range(0, n, chunk):
         piece = ids[start : start + chunk]
@@ -326,6 +329,8 @@ def main() -> None:
     ap.add_argument("--resume", action="store_true",
                     help="keep the pairs already in --out (same prompt; the reference is recomputed and must match) and run the others")
     ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--no-center-keys", action="store_true",
+                    help="store compressed keys as they are, not minus the prompt's mean key (the ablation)")
     ap.add_argument("--device", default="auto")
     args = ap.parse_args()
     if args.table:
@@ -337,6 +342,8 @@ def main() -> None:
     from treeflash.models.loader import load_model  # written beside this script; imported only when run
 
     torch.set_num_threads(args.threads)
+    global CENTER_KEYS
+    CENTER_KEYS = not args.no_center_keys
     if args.attention == "fast":
         use_fast_attention()
     t0 = time.time()
@@ -364,6 +371,7 @@ def main() -> None:
         "platform": platform.platform(),
         "reference": args.reference,
         "attention": args.attention,
+        "center_keys": CENTER_KEYS,
         "num_tokens": len(ids_list),
         "eval_positions": w,
         "chunk": args.chunk,

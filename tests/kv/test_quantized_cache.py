@@ -57,10 +57,11 @@ def test_prefill_verify_commit_decode_equal_dequantized_reference(kt, vt):
         nonlocal ks, vs
         q, k, v = torch.randn(num_new, H, D), torch.randn(num_new, HKV, D), torch.randn(num_new, HKV, D)
         out = cache.attend(q, k, v, start, tree_mask, scale)
+        m = cache.key_offset if cache.key_offset is not None else 0.0  # compressed keys: stored minus the prompt's mean
         new_vis = torch.ones(num_new, num_new, dtype=torch.bool).tril() if tree_mask is None else tree_mask
         visible = torch.cat((torch.ones(num_new, start, dtype=torch.bool), new_vis), 1)
         all_k, all_v = torch.cat((ks, k)), torch.cat((vs, v))
-        want = _expected(q, _stored(kt, all_k), _stored(vt, all_v), visible, scale)
+        want = _expected(q, _stored(kt, all_k - m), _stored(vt, all_v), visible, scale)
         assert (out - want).abs().max().item() < 1e-5
         return k, v
 
@@ -74,11 +75,41 @@ def test_prefill_verify_commit_decode_equal_dequantized_reference(kt, vt):
     cache.commit(7, path)
     ks, vs = torch.cat((ks, k[path])), torch.cat((vs, v[path]))
     if not cache.k.fmt.is_dense:  # the committed slots hold exactly the path nodes' quantized rows
-        s, c = formats.quantize(kt, k[path])
+        s, c = formats.quantize(kt, k[path] - cache.key_offset)
         assert torch.equal(cache.k.scales[7:11], s) and torch.equal(cache.k.codes[7:11], c)
     k, v = step(1, 11, None)  # decode after the commit sees prefix + path
     ks, vs = torch.cat((ks, k)), torch.cat((vs, v))
     step(3, 12, None)  # a 3-token causal step (chunked prefill)
+
+
+@pytest.mark.parametrize("kt", ["q8_0", "q4_0", "tq3_0"])
+def test_key_offset_is_the_prompts_mean_key_and_attention_ignores_it(kt):
+    """Keys share a large mean (as Qwen2.5's do): the offset is the prompt's mean key, fixed for the
+    sequence; attention equals attention over the uncentered dequantized keys shifted by it (a
+    shift every score of a query shares), and centering cuts the error against exact attention."""
+    torch.manual_seed(1)
+    mean = 8 * torch.randn(HKV, D)
+    keys = mean + torch.randn(12, HKV, D)
+    q, v = torch.randn(12, H, D), torch.randn(12, HKV, D)
+    exact = _expected(q, keys, v, torch.ones(12, 12, dtype=torch.bool).tril(), D**-0.5)
+    outs = {}
+    for center in (True, False):
+        cache = make_attention_cache(HKV, D, CacheSpec(32, torch.float32, torch.device("cpu"), kt, "f32", center))
+        out = cache.attend(q[:8], keys[:8], v[:8], 0, None, D**-0.5)
+        out2 = cache.attend(q[8:], keys[8:], v[8:], 8, None, D**-0.5)
+        if center:
+            torch.testing.assert_close(cache.key_offset, keys[:8].mean(0))
+            cache.reset()
+            assert not cache.key_offset.any()
+        else:
+            assert cache.key_offset is None
+        outs[center] = torch.cat((out, out2))
+    err_centered, err_plain = ((outs[c] - exact).abs().max().item() for c in (True, False))
+    assert err_centered < 0.5 * err_plain
+
+
+def test_dense_keys_are_not_centered():
+    assert _cache("bf16", "q8_0").key_offset is None
 
 
 @pytest.mark.parametrize("kt,vt", [("q8_0", "q4_0"), ("tq3_0", "tq3_0")])
@@ -177,21 +208,26 @@ def test_static_mode_equals_dynamic_mode(kt, vt):
     max_len = 24
     dyn, sta = _cache(kt, vt, max_len), _cache(kt, vt, max_len)
 
-    def both(num_new, start, tree_mask):
+    def both(num_new, start, tree_mask, static=True):
         q, k, v = torch.randn(num_new, H, D), torch.randn(num_new, HKV, D), torch.randn(num_new, HKV, D)
         new = torch.ones(num_new, num_new, dtype=torch.bool).tril() if tree_mask is None else tree_mask
         key_mask = torch.zeros(num_new, max_len, dtype=torch.bool)
         key_mask[:, :start] = True
         key_mask[:, start : start + num_new] = new
         a = dyn.attend(q, k, v, start, tree_mask, 0.125)
-        b = sta.attend_static(q, k, v, torch.arange(start, start + num_new), key_mask, 0.125)
+        if static:
+            b = sta.attend_static(q, k, v, torch.arange(start, start + num_new), key_mask, 0.125)
+        else:
+            b = sta.attend(q, k, v, start, tree_mask, 0.125)
         assert (a - b).abs().max().item() < 1e-5
 
-    both(5, 0, None)
-    both(5, 5, _tree([-1, 0, 1, 0, 3]))
+    both(5, 0, None, static=False)  # the prefill runs eagerly (and fixes the key offset), as in the runner
+    both(2, 5, None)  # a static decode-like step
+    dyn.commit(5, [0, 1])
+    both(5, 7, _tree([-1, 0, 1, 0, 3]))
     path = [0, 3, 4]
-    dyn.commit(5, path)
-    sta.commit_static(torch.arange(5, 8), torch.tensor(path) + 5)
-    both(1, 8, None)
+    dyn.commit(7, path)
+    sta.commit_static(torch.arange(7, 10), torch.tensor(path) + 7)
+    both(1, 10, None)
     for a, b in ((dyn.k, sta.k), (dyn.v, sta.v)):
-        assert torch.equal(a.codes[:9], b.codes[:9])
+        assert torch.equal(a.codes[:11], b.codes[:11])

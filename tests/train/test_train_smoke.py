@@ -195,3 +195,57 @@ def test_decode_evaluation_reports_tau_speedup_and_identity(trained, tmp_path):
     for name in ("chain", "ddtree-4"):
         assert results[name]["identical_to_plain"] == "2/2" and results[name]["tau"] >= 1.0
         assert results[name]["tokens"] == results["plain"]["tokens"] and results[name]["speedup_vs_plain"] > 0
+
+
+def test_feature_store_equals_capture_and_trains_the_same(trained, tmp_path):
+    """Features captured once (length-sorted batches) equal a capture of each sequence alone, and
+    training from the store follows the same trajectory as capturing every step."""
+    from treeflash.spec.dflash_model import DFlashModel
+    from treeflash.train.features import FeatureStore, TargetTwin
+    from treeflash.train.recipe import drafter_config
+    from treeflash.train.trainer import Trainer, TrainConfig, init_weights
+
+    _, out, loaded = trained
+    data = Dataset.load(out / "train" / "data.safetensors")
+    train, held = data.subset(list(range(len(data) - 1))), data.subset([len(data) - 1])
+    dcfg = drafter_config(loaded.config, 2, 6, 259)
+    twin = TargetTwin(loaded.model, dcfg.target_layer_ids, (2,), 0)
+    store = FeatureStore.build(twin, train, batch_tokens=200, progress=False)  # several batches
+    assert store.rows.shape == (int(train.offsets[-1]), 2 * loaded.config.hidden_size)
+    for i in (0, 3, len(train) - 1):
+        seq = train.sequence(i)
+        alone = twin.capture(seq[None], torch.ones(1, len(seq), dtype=torch.long))[0]
+        torch.testing.assert_close(store.batch([i], len(seq) + 2)[0, : len(seq)], alone, atol=1e-5, rtol=1e-5)
+    assert not store.batch([0], train.length(0) + 3)[0, train.length(0):].any()  # padding rows are zeros
+    config = TrainConfig(steps=4, batch_size=4, blocks_per_seq=4, eval_every=100, checkpoint_every=100, lr=2e-3)
+    trainers = []
+    for where, stores in (("live", None), ("stored", (store, FeatureStore.build(twin, held, progress=False)))):
+        model = DFlashModel(dcfg)
+        init_weights(model, seed=0)
+        trainers.append(Trainer(loaded.model, twin, model, train, held, config, tmp_path / where, features=stores))
+        trainers[-1].run(progress=False)
+    (a, b) = trainers
+    assert a.history[-1]["tau_est"] == pytest.approx(b.history[-1]["tau_est"], abs=1e-6)
+    for (name, x), (_, y) in zip(a.model.state_dict().items(), b.model.state_dict().items()):
+        torch.testing.assert_close(x, y, atol=1e-4, rtol=1e-4, msg=name)
+
+
+def test_cache_features_flag(trained, tmp_path, capsys):
+    target, out, _ = trained
+    import shutil
+
+    part = tmp_path / "cached"
+    (part / "train").mkdir(parents=True)
+    shutil.copy(out / "train" / "data.safetensors", part / "train" / "data.safetensors")
+    args = ["train-drafter", "--target", str(target), "--out", str(part), *TRAIN, "--steps", "5", "--resume"]
+    assert main([*args, "--cache-features", "on"]) == 0
+    assert "capturing the target's features once" in capsys.readouterr().err
+    assert json.loads((part / "train" / "checkpoint" / "state.json").read_text())["step"] == 5
+
+
+def test_generate_only_saves_the_data_and_trains_nothing(trained, tmp_path):
+    target, _, _ = trained
+    out = tmp_path / "gen"
+    assert main(["train-drafter", "--target", str(target), "--out", str(out), *TRAIN, "--tokens", "100", "--generate-only"]) == 0
+    assert Dataset.load(out / "train" / "data.safetensors").response_tokens >= 100
+    assert not (out / "train" / "checkpoint").exists() and not (out / "config.json").exists()

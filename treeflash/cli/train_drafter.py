@@ -51,6 +51,9 @@ def add_parser(sub) -> None:
     t.add_argument("--time-limit", type=float, default=None, help="fit the training into this many seconds (fewer steps)")
     t.add_argument("--resume", action="store_true", help="continue from DIR/train (data, weights, optimizer, step)")
     t.add_argument("--seed", type=int, default=0)
+    t.add_argument("--cache-features", default="auto", choices=["auto", "on", "off"],
+                   help="capture the target's features for all the data once, before training, instead of every "
+                        "step (auto: when they take at most half the free memory)")
     o = p.add_argument_group("runtime and export")
     o.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"])
     o.add_argument("--export-dtype", default="bfloat16", choices=["bfloat16", "float16", "float32"])
@@ -110,7 +113,8 @@ def run(args: argparse.Namespace) -> int:
         max_shard_bytes=int(args.max_shard_mb * 2**20) if args.max_shard_mb else None,
     )
     provenance = {"target": loaded.source, "data": data.meta, "train_sequences": len(train), "train_tokens": train.response_tokens}
-    trainer = Trainer(target, twin, model, train, heldout, config, out, provenance)
+    stores = _feature_stores(args, twin, train, heldout, progress)
+    trainer = Trainer(target, twin, model, train, heldout, config, out, provenance, stores)
     if args.resume and (work / "checkpoint" / "state.json").is_file():
         trainer.load()
         print(f"[train-drafter] resumed at step {trainer.step} of {trainer.total_steps}", file=sys.stderr)
@@ -156,6 +160,35 @@ def _dataset(args, loaded, twin, work: Path, progress: bool):
         data.meta["prompts"] = args.prompts
     data.save(path)
     return data
+
+
+def _free_bytes(device) -> int:
+    import os
+
+    import torch
+
+    if device.type == "cuda":
+        return torch.cuda.mem_get_info(device)[0]
+    try:
+        return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    except (ValueError, OSError):
+        return 0
+
+
+def _feature_stores(args, twin, train, heldout, progress: bool):
+    """--cache-features: the (train, heldout) FeatureStores, or None to capture every step."""
+    from treeflash.train.features import FeatureStore
+
+    need = FeatureStore.nbytes_for(train, twin) + FeatureStore.nbytes_for(heldout, twin)
+    free = _free_bytes(twin.device)
+    if args.cache_features == "off" or (args.cache_features == "auto" and need > free // 2):
+        if args.cache_features == "auto":
+            print(f"[train-drafter] features captured every step: caching them would take {need / 2**30:.2f} GiB "
+                  f"of {free / 2**30:.1f} GiB free", file=sys.stderr)
+        return None
+    print(f"[train-drafter] capturing the target's features once: {need / 2**30:.2f} GiB", file=sys.stderr)
+    return (FeatureStore.build(twin, train, progress=progress, desc="features (train)"),
+            FeatureStore.build(twin, heldout, progress=progress, desc="features (held out)"))
 
 
 def _split(data):

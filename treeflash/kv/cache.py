@@ -28,6 +28,7 @@ class CacheSpec:
     device: torch.device
     cache_type_k: str = "auto"  # auto = the runtime dtype; or bf16, f16, f32, q8_0, q4_0, tq3_0
     cache_type_v: str = "auto"
+    center_keys: bool = True  # compressed K: store keys minus the prompt's mean key (exact for attention)
 
 
 @dataclass(frozen=True)

@@ -121,8 +121,8 @@ class CausalLM(nn.Module):
             )
         return CacheLayout(kinds, c.num_kv_heads, c.head_dim, rec)
 
-    def new_cache(self, max_len: int, cache_type_k: str = "auto", cache_type_v: str = "auto") -> ModelCache:
-        spec = CacheSpec(max_len, self.dtype, self.device, cache_type_k, cache_type_v)
+    def new_cache(self, max_len: int, cache_type_k: str = "auto", cache_type_v: str = "auto", center_keys: bool = True) -> ModelCache:
+        spec = CacheSpec(max_len, self.dtype, self.device, cache_type_k, cache_type_v, center_keys)
         return ModelCache(self.cache_layout(), spec)
 
     def forward(

@@ -1,7 +1,7 @@
 """Trainer: the loop, checkpoints, resume, and the held-out acceptance estimate.
 
 One step: take `batch_size` sequences (an epoch-wise permutation, a pure function of the step),
-capture the frozen target's features, draw `blocks_per_seq` anchors per sequence (a generator
+capture the frozen target's features (or read them from a FeatureStore captured once), draw `blocks_per_seq` anchors per sequence (a generator
 seeded by the step), run every block in one drafter pass, and take an AdamW step on the
 depth-weighted cross-entropy. Because batches and anchors depend only on (seed, step), a resumed
 run continues exactly where the interrupted one stopped.
@@ -30,6 +30,7 @@ from treeflash.models.transformer import CausalLM
 from treeflash.spec.dflash_model import DFlashModel
 from treeflash.train.data import Dataset
 from treeflash.train.export import export_drafter
+from treeflash.train.features import FeatureStore
 from treeflash.train.recipe import accepted_lengths, block_loss, draft_hidden, lr_at, sample_blocks
 
 
@@ -57,9 +58,12 @@ class TrainConfig:
 
 class Trainer:
     def __init__(self, target: CausalLM, twin, model: DFlashModel, train: Dataset, heldout: Dataset,
-                 config: TrainConfig, out_dir: str | Path, provenance: dict | None = None):
+                 config: TrainConfig, out_dir: str | Path, provenance: dict | None = None,
+                 features: tuple[FeatureStore, FeatureStore] | None = None):
         self.target, self.twin, self.model = target, twin, model
         self.train_data, self.heldout = train, heldout
+        # (train, heldout) features captured once; None = capture every batch on the fly
+        self.stores = {id(train): features[0], id(heldout): features[1]} if features is not None else {}
         self.config = config
         self.out = Path(out_dir)
         self.work = self.out / "train"
@@ -105,7 +109,8 @@ class Trainer:
         ids, mask, lengths, starts = self._collate(data, indices)
         blocks = sample_blocks(ids, lengths, starts, self.config.blocks_per_seq, c.block_size, c.mask_token_id, generator)
         dev = self.device
-        features = self.twin.capture(ids.to(dev), mask.to(dev))
+        store = self.stores.get(id(data))
+        features = store.batch(indices, ids.shape[1]) if store is not None else self.twin.capture(ids.to(dev), mask.to(dev))
         with self._autocast():
             embeds = self.target.embed(blocks.input_ids.to(dev)).float()  # an fp32 residual stream; matmuls autocast
             if c.input_embedding_scale != 1.0:

@@ -188,11 +188,13 @@ def test_decode_evaluation_reports_tau_speedup_and_identity(trained, tmp_path):
     _, out, loaded = trained
     prompts = [user("a", "Write a haiku about rivers."), user("b", "Explain gravity.")]
     with torch.inference_mode():  # graphs=True on a CPU: the CUDA-graph runner's static path, without graphs
-        report = evaluate(loaded, str(out), prompts, tmp_path / "eval.json", max_tokens=20, budgets=(4,), graphs=True, progress=False)
+        report = evaluate(loaded, str(out), prompts, tmp_path / "eval.json", max_tokens=20, budgets=(4, "auto"), graphs=True, progress=False)
     assert report["complete"] and json.loads((tmp_path / "eval.json").read_text())["complete"]
     results = report["results"]
-    assert list(results) == ["plain", "chain", "ddtree-4"]
-    for name in ("chain", "ddtree-4"):
+    assert list(results) == ["plain", "chain", "ddtree-4", "ddtree-auto"]
+    assert results["ddtree-4"]["budget"] == 4 and isinstance(results["ddtree-auto"]["budget"], int)
+    assert results["ddtree-auto"]["budget_reason"]
+    for name in ("chain", "ddtree-4", "ddtree-auto"):
         assert results[name]["identical_to_plain"] == "2/2" and results[name]["tau"] >= 1.0
         assert results[name]["tokens"] == results["plain"]["tokens"] and results[name]["speedup_vs_plain"] > 0
 

@@ -18,7 +18,7 @@ def add_model_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--cache-type-v", default="auto", help="V cache type: auto, bf16, f16, f32, q8_0, q4_0, tq3_0")
     d = p.add_argument_group("speculative decoding")
     d.add_argument("--draft", default=None, help="drafter: ngram, draft, mtp, dflash (default: none, plain decoding)")
-    d.add_argument("--draft-model", default=None, help="drafter weights for --draft draft / dflash")
+    d.add_argument("--draft-model", default=None, help="drafter weights for --draft draft / dflash (dflash on the embedded default: its shipped drafter)")
     d.add_argument("--num-draft", type=int, default=5, help="tokens per chain draft for ngram/draft/mtp (default 5)")
     d.add_argument("--budget", default="auto", help="DDTree node budget for dflash: an integer or 'auto' (default)")
     d.add_argument("--no-tree", action="store_true", help="dflash: verify the plain DFlash chain instead of a DDTree")

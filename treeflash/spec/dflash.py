@@ -24,6 +24,7 @@ from typing import Any
 import torch
 
 from treeflash.errors import ModelLoadError
+from treeflash.models.default_model import default_drafter_path, is_default_model
 from treeflash.models.transformer import CausalLM
 from treeflash.spec.budget import BudgetTuner, measure_verify_times
 from treeflash.spec.ddtree import build_tree
@@ -184,7 +185,11 @@ def _check_pair(target: CausalLM, model: DFlashModel) -> None:
 
 @register("dflash")
 def _build(target, options: DraftOptions) -> Drafter:
-    if not options.draft_model:
-        raise ModelLoadError("--draft dflash needs --draft-model: a DFlash checkpoint directory (config.json + *.safetensors)")
-    model = load_dflash(options.draft_model, target.model.device, target.model.dtype)
+    path = options.draft_model
+    if not path:
+        path = default_drafter_path() if is_default_model(target.source) else None
+        if path is None:
+            raise ModelLoadError("--draft dflash needs --draft-model: a DFlash checkpoint directory (config.json + *.safetensors); "
+                                 "only the embedded default model comes with a drafter")
+    model = load_dflash(path, target.model.device, target.model.dtype)
     return DFlashDrafter(target.model, model, options.budget, options.tree)

@@ -99,6 +99,10 @@ def summarize(configs: list[Config], runs: int) -> dict:
             s = c.stats.as_dict()
             row.update(tau=s["tau"], acceptance_per_depth=s["acceptance_per_depth"], passes=s["passes"], time_split_s=s["time_s"],
                        identical_to_plain=f"{c.identical}/{runs}", first_mismatch=c.first_mismatch[:5])
+            info = c.drafter.describe()
+            row["budget"] = info.get("budget")
+            if info.get("budget_mode") == "auto":
+                row["budget_reason"] = info.get("budget_reason")
         out[c.name] = row
     return out
 
@@ -156,6 +160,15 @@ def evaluate(loaded, drafter_dir: str, prompts, out_path: Path, max_tokens: int 
     return report
 
 
+def _budget(value: str) -> int | str:
+    if value == "auto":
+        return value
+    try:
+        return int(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"a budget is an integer or 'auto', got {value!r}") from None
+
+
 def _write(path: Path, report: dict) -> None:
     tmp = path.with_suffix(".tmp")
     tmp.write_text(json.dumps(report, indent=2))
@@ -171,7 +184,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--drafter", required=True, help="the trained drafter directory")
     p.add_argument("--out", required=True, help="JSON report path")
     p.add_argument("--max-tokens", type=int, default=256)
-    p.add_argument("--budgets", type=int, nargs="+", default=list(DEFAULT_BUDGETS))
+    p.add_argument("--budgets", type=_budget, nargs="+", default=list(DEFAULT_BUDGETS),
+                   help="DDTree node budgets, integers or 'auto' (the tuner of --budget auto; its pick is reported)")
     p.add_argument("--num-prompts", type=int, default=None, help="only the first N held-out prompts")
     p.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"])
     p.add_argument("--dtype", default=None, choices=["float32", "bfloat16"])

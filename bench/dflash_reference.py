@@ -1,0 +1,140 @@
+"""treeflash's DFlash chain against the `dflash` reference package on identical work.
+
+Same target weights, same drafter weights, same prompts, greedy: the reference's
+`dflash_generate` (z-lab's loop: transformers target with a DynamicCache, the drafter's own
+cache, hidden states of every verify pass) against treeflash's Decoder with a DFlashDrafter in
+chain mode (budget = block_size - 1: exactly the reference's one block per pass). Both should
+emit the same tokens with the same acceptance, so the tokens/s ratio is engine speed alone.
+
+The reference's target is transformers' model built over treeflash's weight tensors (the
+training twin, `treeflash.train.features`), its drafter `dflash.model.DFlashDraftModel` loaded
+from the same z-lab-format directory. Prompts alternate the order of the two engines (ABBA).
+On CUDA treeflash runs with its CUDA-graph runner and the reference as published (eager).
+
+    python bench/dflash_reference.py --drafter treeflash/assets/smollm2_dflash --num-prompts 10 \
+        --max-tokens 128 --threads 1 --out docs/results/dflash_reference_cpu.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from treeflash.bench.runner import encode_prompt  # noqa: E402
+from treeflash.models.loader import load_model  # noqa: E402
+from treeflash.models.runner import CudaGraphRunner  # noqa: E402
+from treeflash.spec.dflash import DFlashDrafter  # noqa: E402
+from treeflash.spec.dflash_model import load_dflash  # noqa: E402
+from treeflash.train.evaluate import BUCKETS, Config, decode  # noqa: E402
+from treeflash.train.features import _build_twin  # noqa: E402
+from treeflash.train.prompts import heldout_prompts  # noqa: E402
+
+
+def sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def reference_generate(ref_model, twin, ids: list[int], max_tokens: int, eos: set[int]):
+    """-> (tokens, decode seconds, acceptance lengths) of dflash.model.dflash_generate."""
+    import dflash.model as ref
+
+    dev = twin.device
+    if dev.type != "cuda":  # its timer synchronizes CUDA unconditionally
+        ref._cuda_time = time.perf_counter
+    out = ref.dflash_generate(ref_model, twin, torch.tensor([ids], device=dev), max_tokens, sorted(eos), return_stats=True)
+    toks = out.output_ids[0, len(ids):].tolist()
+    decode_s = out.time_per_output_token * out.num_output_tokens
+    end = next((i for i, t in enumerate(toks) if t in eos), None)
+    return (toks if end is None else toks[: end + 1]), decode_s, out.acceptance_lengths
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--target", default=None, help="the target (default: the embedded SmolLM2-135M-Instruct)")
+    p.add_argument("--drafter", required=True, help="a DFlash drafter directory (z-lab format)")
+    p.add_argument("--num-prompts", type=int, default=10, help="the first N held-out prompts")
+    p.add_argument("--max-tokens", type=int, default=128)
+    p.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"])
+    p.add_argument("--threads", type=int, default=None)
+    p.add_argument("--out", required=True)
+    args = p.parse_args()
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    from dflash.model import DFlashDraftModel
+
+    loaded = load_model(args.target, device=args.device, progress=False)
+    model = loaded.model
+    dev = model.device
+    twin = _build_twin(model)  # transformers over the same tensors (before fusing: fusion copies)
+    ref_model = DFlashDraftModel.from_pretrained(args.drafter, dtype=model.dtype).to(dev).eval()
+    ours = load_dflash(args.drafter, dev, model.dtype)
+    if dev.type == "cuda":
+        model.fuse_projections()
+    eos = set(loaded.config.eos_token_ids) | ({loaded.tokenizer.eos_token_id} if loaded.tokenizer.eos_token_id is not None else set())
+    prompts = [(pr.name, encode_prompt(loaded, pr)) for pr in heldout_prompts()[: args.num_prompts]]
+    max_len = max(len(ids) for _, ids in prompts) + args.max_tokens + 80
+    cfg = Config("treeflash", DFlashDrafter(model, ours, budget=ours.config.block_size - 1, tree=False))
+    cfg.cache = model.new_cache(max_len)
+    if dev.type == "cuda":
+        cfg.runner = CudaGraphRunner(model, cfg.cache, capture_layers=cfg.drafter.capture_layers, buckets=BUCKETS)
+    with torch.inference_mode():  # warm up both
+        decode(model, cfg, prompts[0][1], 16, eos)
+        reference_generate(ref_model, twin, prompts[0][1], 16, eos)
+        rows, tot = [], {"ours_s": 0.0, "ref_s": 0.0, "ours_tokens": 0, "ref_tokens": 0, "ours_passes": 0, "ref_passes": 0}
+        for i, (name, ids) in enumerate(prompts):
+            def run_ours():
+                cfg.stats = type(cfg.stats)()
+                toks, _, dec_s, stats = decode(model, cfg, ids, args.max_tokens, eos)
+                return toks, dec_s, stats
+
+            order = ("ours", "ref") if i % 2 == 0 else ("ref", "ours")
+            res = {}
+            for who in order:
+                sync(dev)
+                res[who] = run_ours() if who == "ours" else reference_generate(ref_model, twin, ids, args.max_tokens, eos)
+            (o_toks, o_s, o_stats), (r_toks, r_s, r_acc) = res["ours"], res["ref"]
+            n = min(len(o_toks), len(r_toks))
+            row = {"prompt": name, "ours_tokens": len(o_toks), "ref_tokens": len(r_toks),
+                   "identical": o_toks[:n] == r_toks[:n] and len(o_toks) == len(r_toks),
+                   "first_mismatch": next((j for j in range(n) if o_toks[j] != r_toks[j]), None),
+                   "ours_tau": round(len(o_toks) / max(o_stats.passes, 1), 3), "ref_tau": round(len(r_toks) / max(len(r_acc), 1), 3),
+                   "ours_tokens_per_s": round(len(o_toks) / o_s, 2), "ref_tokens_per_s": round(len(r_toks) / r_s, 2)}
+            rows.append(row)
+            tot["ours_s"] += o_s
+            tot["ref_s"] += r_s
+            tot["ours_tokens"] += len(o_toks)
+            tot["ref_tokens"] += len(r_toks)
+            tot["ours_passes"] += o_stats.passes
+            tot["ref_passes"] += len(r_acc)
+            print(f"[{i + 1}/{len(prompts)}] {name}: ours {row['ours_tokens_per_s']} tok/s tau {row['ours_tau']} | "
+                  f"reference {row['ref_tokens_per_s']} tok/s tau {row['ref_tau']} | identical {row['identical']}", flush=True)
+            summary = {
+                "prompts": len(rows),
+                "identical": f"{sum(r['identical'] for r in rows)}/{len(rows)}",
+                "ours_tokens_per_s": round(tot["ours_tokens"] / tot["ours_s"], 2),
+                "ref_tokens_per_s": round(tot["ref_tokens"] / tot["ref_s"], 2),
+                "speedup_vs_reference": round((tot["ours_tokens"] / tot["ours_s"]) / (tot["ref_tokens"] / tot["ref_s"]), 3),
+                "ours_tau": round(tot["ours_tokens"] / max(tot["ours_passes"], 1), 3),
+                "ref_tau": round(tot["ref_tokens"] / max(tot["ref_passes"], 1), 3),
+            }
+            report = {"bench": "dflash_reference", "target": loaded.source, "drafter": args.drafter, "device": str(dev),
+                      "gpu": torch.cuda.get_device_name() if dev.type == "cuda" else None, "dtype": str(model.dtype),
+                      "threads": torch.get_num_threads(), "torch": torch.__version__, "platform": platform.platform(),
+                      "cuda_graphs": cfg.runner is not None, "max_tokens": args.max_tokens, "command": " ".join(sys.argv),
+                      "summary": summary, "per_prompt": rows}
+            Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+            Path(args.out).write_text(json.dumps(report, indent=2))
+    print(json.dumps(summary, indent=2))
+
+
+if __name__ == "__main__":
+    main()

@@ -187,7 +187,7 @@ def _check_pair(target: CausalLM, model: DFlashModel) -> None:
 def _build(target, options: DraftOptions) -> Drafter:
     path = options.draft_model
     if not path:
-        path = default_drafter_path() if is_default_model(target.source) else None
+        path = default_drafter_path() if is_default_model(getattr(target, "source", None)) else None
         if path is None:
             raise ModelLoadError("--draft dflash needs --draft-model: a DFlash checkpoint directory (config.json + *.safetensors); "
                                  "only the embedded default model comes with a drafter")

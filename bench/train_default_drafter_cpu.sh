@@ -13,8 +13,9 @@
 #           (--cache-features on), 16 sequences x 16 anchors per step, peak LR 1e-3, gamma 4,
 #           fitted into TRAIN_S seconds
 #   export  the bf16 drafter (shards < 12 MB) into treeflash/assets/smollm2_dflash
-#   eval    python -m treeflash.train.evaluate on the 20 held-out prompts (10 HumanEval + 10 chat),
-#           greedy, plain vs DFlash chain vs DDTree 8/16/22/32 and auto, 1 thread
+#   eval    python -m treeflash.train.evaluate on the 20 held-out prompts: the 10 HumanEval and the
+#           10 chat prompts as two processes of 1 thread each; greedy, plain vs DFlash chain vs
+#           DDTree 8/16/22/32 and auto
 set -eu -o pipefail
 cd "$(dirname "$0")/.."
 PY=${PY:-.venv/bin/python}
@@ -50,8 +51,12 @@ if has export; then
   cp "$WORK"/model.safetensors.index.json "$ASSET/" 2>/dev/null || true
   ls -l "$ASSET"
 fi
-if has eval; then
-  OMP_NUM_THREADS=1 $PY -m treeflash.train.evaluate --drafter "$ASSET" --out "$OUT/eval_cpu.json" --device cpu \
-    --max-tokens "$EVAL_TOKENS" --budgets 8 16 22 32 auto 2>&1 | tr '\r' '\n' | grep -v '^$' > "$OUT/eval_cpu.log"
-  grep '^\[eval\]' "$OUT/eval_cpu.log" | tail -n 8
+if has eval; then  # the 10 HumanEval and the 10 chat prompts as two processes, one core each
+  for half in code chat; do
+    skip=0; [ "$half" = chat ] && skip=10
+    OMP_NUM_THREADS=1 $PY -m treeflash.train.evaluate --drafter "$ASSET" --out "$OUT/eval_cpu_$half.json" --device cpu \
+      --skip $skip --num-prompts 10 --max-tokens "$EVAL_TOKENS" --budgets 8 16 22 32 auto > "$OUT/eval_cpu_$half.log" 2>&1 &
+  done
+  wait
+  for half in code chat; do echo "== $half"; grep '^\[eval\] *[a-z0-9-]*:' "$OUT/eval_cpu_$half.log"; done
 fi

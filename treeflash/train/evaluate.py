@@ -186,7 +186,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--max-tokens", type=int, default=256)
     p.add_argument("--budgets", type=_budget, nargs="+", default=list(DEFAULT_BUDGETS),
                    help="DDTree node budgets, integers or 'auto' (the tuner of --budget auto; its pick is reported)")
-    p.add_argument("--num-prompts", type=int, default=None, help="only the first N held-out prompts")
+    p.add_argument("--num-prompts", type=int, default=None, help="only the first N held-out prompts (after --skip)")
+    p.add_argument("--skip", type=int, default=0, help="leave out the first N held-out prompts (10 = the chat half only)")
     p.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"])
     p.add_argument("--dtype", default=None, choices=["float32", "bfloat16"])
     p.add_argument("--eager", action="store_true", help="no CUDA graphs")
@@ -195,7 +196,8 @@ def main(argv: list[str] | None = None) -> int:
     loaded = load_model(args.target, device=args.device, dtype=getattr(torch, args.dtype) if args.dtype else None, progress=False)
     if loaded.model.device.type == "cuda":
         loaded.model.fuse_projections()
-    prompts = heldout_prompts()[: args.num_prompts]
+    prompts = heldout_prompts()[args.skip :]
+    prompts = prompts[: args.num_prompts] if args.num_prompts is not None else prompts
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     with torch.inference_mode():

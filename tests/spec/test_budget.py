@@ -20,7 +20,7 @@ def geometric(p: float, max_budget: int) -> list[float]:
 
 
 def brute_force(expected, times, draft_s, max_budget) -> int:
-    rates = {b: (1 + expected[b]) / (draft_s + interpolate(times, b + 1)) for b in range(1, max_budget + 1)}
+    rates = {b: (1 + expected[b]) / ((draft_s if b else 0.0) + interpolate(times, b + 1)) for b in range(0, max_budget + 1)}
     return max(rates, key=lambda b: (rates[b], -b))
 
 
@@ -46,6 +46,17 @@ def test_choice_follows_the_tradeoff(p, fixed, per_node, expect):
     assert (choice.budget >= 20) if expect == "large" else (choice.budget <= 3)
     assert choice.tokens_per_s == pytest.approx((1 + expected[choice.budget]) / (0.002 + fixed + per_node * (choice.budget + 1)))
     assert f"budget {choice.budget}" in choice.reason()
+
+
+def test_a_weak_drafter_gets_budget_zero():
+    """Little acceptance on a compute-bound machine (a CPU: 8 nodes cost 2x one): not drafting at
+    all (budget 0: a plain step, no draft pass) beats every tree, and the reason says so."""
+    times = {n: 0.070 * (1 + (n - 1) / 7) for n in (1, 2, 3, 5, 9, 17, 33, 65)}
+    choice = choose_budget(geometric(0.3, 64), times, draft_s=0.045, max_budget=64)
+    assert choice.budget == 0 and choice.tokens_per_s == pytest.approx(1 / 0.070)
+    assert "budget 0 (no drafting)" in choice.reason()
+    good = choose_budget(geometric(0.9, 64), times, draft_s=0.005, max_budget=64)  # a strong, cheap drafter still drafts
+    assert good.budget > 0
 
 
 def test_choice_with_a_knee_in_verify_time():

@@ -56,7 +56,8 @@ def test_greedy_auto_budget():
     out, _ = run(target, prompt, NUM_TOKENS, drafter)
     assert out == ref
     info = drafter.describe()
-    assert info["budget_mode"] == "auto" and 1 <= info["budget"] <= 64 and "maximizes" in info["budget_reason"]
+    assert info["budget_mode"] == "auto" and 0 <= info["budget"] <= 64
+    assert ("maximizes" if info["budget"] else "no drafting") in info["budget_reason"]
 
 
 # -- sampling ------------------------------------------------------------------------------------

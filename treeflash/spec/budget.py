@@ -1,6 +1,10 @@
 """`--budget auto`: pick the draft-tree budget that maximizes committed tokens per second here.
 
-    rate(b) = (1 + E[accepted | b]) / (t_draft + t_verify(b + 1 nodes))
+    rate(b) = (1 + E[accepted | b]) / (t_draft + t_verify(b + 1 nodes)),   rate(0) = 1 / t_verify(1)
+
+Budget 0 means "do not draft": the step is a plain one-token decode and the drafter does not run
+(its context rows wait and are projected in one go at the next draft). It wins when the drafter
+is too weak for this machine, so `--budget auto` is never much slower than plain decoding.
 
 - t_verify: the target's verify pass timed at 1 .. 65 nodes at the current context length
   (`measure_verify_times`; cached per process and per context-length bucket).
@@ -81,6 +85,9 @@ class BudgetChoice:
     plain_tokens_per_s: float  # 1 / t_verify(1): plain decoding, for comparison
 
     def reason(self) -> str:
+        if self.budget == 0:
+            return (f"budget 0 (no drafting) is fastest: plain decoding est. {self.tokens_per_s:.1f} tok/s beats every "
+                    f"budget with the acceptance seen so far (a draft costs {self.draft_s * 1e3:.1f} ms)")
         return (
             f"budget {self.budget} maximizes est. (1 + {self.expected_accepted:.2f} accepted) / "
             f"({self.draft_s * 1e3:.1f} ms draft + {self.verify_s * 1e3:.1f} ms verify) = {self.tokens_per_s:.1f} tok/s "
@@ -91,12 +98,12 @@ class BudgetChoice:
 def choose_budget(expected_accepted: list[float], verify_times: dict[int, float], draft_s: float, max_budget: int) -> BudgetChoice:
     """expected_accepted[b] = E[accepted | b]; verify_times: node count -> seconds."""
     best = None
-    for b in range(1, min(max_budget, len(expected_accepted) - 1) + 1):
+    for b in range(0, min(max_budget, len(expected_accepted) - 1) + 1):
         t_verify = interpolate(verify_times, b + 1)
-        rate = (1.0 + expected_accepted[b]) / max(draft_s + t_verify, 1e-9)
+        rate = (1.0 + expected_accepted[b]) / max((draft_s if b else 0.0) + t_verify, 1e-9)
         if best is None or rate > best.tokens_per_s * (1 + 1e-9):  # ties keep the smaller budget
             best = BudgetChoice(b, rate, expected_accepted[b], t_verify, draft_s, 1.0 / max(interpolate(verify_times, 1), 1e-9))
-    assert best is not None, "max_budget must be >= 1"
+    assert best is not None
     return best
 
 

@@ -93,7 +93,7 @@ def test_tuner_warms_up_then_revises_and_probes():
 
     def measure(context_len):
         calls.append(context_len)
-        return linear_times(0.010, 0.0010)
+        return linear_times(0.010, 0.0010)  # a compute-bound machine: 12 nodes cost 2 one-node steps
 
     tuner = BudgetTuner(max_budget=64, measure=measure, revise_every=10, warmup=5)
     budgets = []
@@ -102,12 +102,35 @@ def test_tuner_warms_up_then_revises_and_probes():
         budgets.append(b)
         accepted = [r for r in range(1, min(b, 3) + 1)] if step % 2 else []  # ranks 1..3 are accepted half the time
         tuner.record(b, accepted, draft_s=0.001)
-    assert budgets[:5] == [64] * 5  # warm-up explores the largest budget
-    assert tuner.budget < 64 and calls[0] == 105  # revised at the first step after warm-up
-    assert len(calls) == 4  # then every 10 steps
-    assert budgets[5 + 9] == 64 and budgets[5 + 19] == 64  # one probe per period
+    assert tuner.probe_budget == 11  # the largest tree whose verify costs <= 2 steps
+    assert budgets[:5] == [11] * 5  # warm-up explores at the probe budget
+    assert calls[:2] == [100, 105]  # timed at the first step (for the probe budget), revised after warm-up
+    assert len(calls) == 5  # then every 10 steps
+    assert budgets[5 + 9] == 11 and budgets[5 + 19] == 11  # one probe per period
     assert budgets[6] == tuner.budget == 3  # ranks above 3 are never accepted: no point verifying them
     assert "budget 3" in tuner.reason
+
+
+def test_probe_budget_is_everything_on_a_memory_bound_gpu():
+    tuner = BudgetTuner(max_budget=64, measure=lambda n: linear_times(0.020, 0.0001))
+    assert tuner.next_budget(100) == 64
+
+
+def test_tuner_backs_off_while_no_drafting_wins():
+    """A drafter that is never right: budget 0 wins, and revisions (each with one probe) come
+    every 20, 40, 80, 160 ... steps (the period doubles at each revision that keeps 0), so probes
+    cost less and less."""
+    tuner = BudgetTuner(max_budget=64, measure=lambda n: linear_times(0.010, 0.0010), revise_every=10, warmup=4)
+    budgets = []
+    for step in range(400):
+        b = tuner.next_budget(100)
+        budgets.append(b)
+        if b:
+            tuner.record(b, [], draft_s=0.005)
+    assert tuner.budget == 0 and "no drafting" in tuner.reason
+    probes = [i for i, b in enumerate(budgets) if b and i >= 4]
+    assert probes == [23, 63, 143, 303]  # one step before each revision: steps 25, 65, 145, 305 (1-based)
+    assert sum(1 for b in budgets if b) < 12  # 4 warm-up trees + a handful of probes in 400 steps
 
 
 def test_measure_verify_times_is_cached_per_bucket():

@@ -15,9 +15,12 @@ is too weak for this machine, so `--budget auto` is never much slower than plain
 - t_draft: the drafter's mean propose time (DFlash drafts all depths in one pass: it barely
   depends on b).
 
-`BudgetTuner` explores at the largest budget for a few warm-up steps (that observes every rank),
-then revises its choice every `revise_every` steps; one step per period probes the largest budget
-again so that the statistics of ranks above the current choice stay fresh.
+`BudgetTuner` explores for a few warm-up steps at the probe budget (the largest tree whose
+verify costs at most 2 one-token steps here: all of the 64 on a memory-bound GPU, ~8 on a CPU),
+then revises its choice every `revise_every` steps; the last step of each period probes at the
+probe budget again so that the statistics of ranks above the current choice stay fresh. While
+budget 0 (no drafting) keeps winning, the period doubles (up to 16x), so a weak drafter costs
+little more than plain decoding.
 """
 
 from __future__ import annotations
@@ -115,25 +118,40 @@ class BudgetTuner:
         revise_every: int = 32,
         warmup: int = 8,
         decay: float = 0.998,
+        probe_cost: float = 2.0,
     ):
         self.max_budget, self.measure = max_budget, measure
-        self.revise_every, self.warmup = revise_every, warmup
+        self.revise_every, self.warmup, self.probe_cost = revise_every, warmup, probe_cost
         self.stats = AcceptanceByRank(decay)
         self.draft_s = 0.0  # running mean of the drafter's propose time
         self.steps = 0
+        self.period = revise_every  # steps between revisions: doubles while budget 0 keeps winning
+        self.next_revision = warmup + 1
+        self.probe_budget: int | None = None  # warm-up and probe trees: see probe_budget_for
         self.choice: BudgetChoice | None = None
-        self.reason = f"warming up: the first {warmup} steps draft at the largest budget, {max_budget}"
+        self.reason = f"warming up: the first {warmup} steps draft the largest tree whose verify costs <= {probe_cost}x a step"
+
+    def probe_budget_for(self, times: dict[int, float]) -> int:
+        """The largest budget whose verify costs at most `probe_cost` one-token steps (all of max_budget on a
+        memory-bound GPU, ~8 on a CPU): warm-up and probe trees observe every rank worth choosing without
+        making a probe cost many plain steps."""
+        limit = self.probe_cost * interpolate(times, 1) * (1 + 1e-9)
+        fits = [b for b in range(1, self.max_budget + 1) if interpolate(times, b + 1) <= limit]
+        return max(fits or [1])
 
     def next_budget(self, context_len: int) -> int:
         """The budget of the next tree; revises the choice when a period ends."""
         self.steps += 1
+        if self.probe_budget is None:
+            self.probe_budget = self.probe_budget_for(self.measure(context_len))
         if self.steps <= self.warmup:
-            return self.max_budget
-        since = self.steps - self.warmup - 1
-        if since % self.revise_every == 0:
+            return self.probe_budget
+        if self.steps == self.next_revision:
             self.revise(context_len)
-        if since % self.revise_every == self.revise_every - 1:
-            return self.max_budget  # a probe: keeps the statistics of high ranks current
+            self.period = min(self.period * 2, 16 * self.revise_every) if self.choice.budget == 0 else self.revise_every
+            self.next_revision = self.steps + self.period
+        if self.steps == self.next_revision - 1:
+            return max(self.probe_budget, self.choice.budget)  # a probe: keeps the statistics of higher ranks current
         assert self.choice is not None
         return self.choice.budget
 
@@ -144,13 +162,14 @@ class BudgetTuner:
 
     def revise(self, context_len: int) -> BudgetChoice:
         times = self.measure(context_len)
+        self.probe_budget = self.probe_budget_for(times)
         self.choice = choose_budget(self.stats.expected_accepted(self.max_budget), times, self.draft_s, self.max_budget)
-        self.reason = self.choice.reason() + f"; revised every {self.revise_every} steps at context {context_len}"
+        self.reason = self.choice.reason() + f"; revised at context {context_len}, probes draft {self.probe_budget} nodes"
         return self.choice
 
     @property
     def budget(self) -> int:
-        return self.choice.budget if self.choice is not None else self.max_budget
+        return self.choice.budget if self.choice is not None else (self.probe_budget or self.max_budget)
 
 
 # -- timing the target's verify pass --------------------------------------------------------------

@@ -13,6 +13,15 @@ On CUDA treeflash runs with its CUDA-graph runner and the reference as published
 
     python bench/dflash_reference.py --drafter treeflash/assets/smollm2_dflash --num-prompts 10 \
         --max-tokens 128 --threads 1 --out docs/results/dflash_reference_cpu.json
+
+With `--random-shape qwen3-8b` the target is a random-weight model at that shape (bench/gpu_speed.py)
+and the drafter a random one (`--draft-layers`, `--block-size`) written to a temporary directory;
+the prompts are random token ids and nothing stops early. Acceptance is then ~0 for both, but
+every step still drafts a block and verifies `block_size` tokens in both engines: the same work,
+so tokens/s compares the engines (the issue's setting: 5 draft layers, 16-token verify, 8B shape).
+
+    python bench/dflash_reference.py --random-shape qwen3-8b --draft-layers 5 --block-size 16 \
+        --num-prompts 4 --max-tokens 128 --out bench/results/dflash_reference_gpu.json
 """
 
 from __future__ import annotations
@@ -27,6 +36,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from treeflash.bench.runner import encode_prompt  # noqa: E402
 from treeflash.models.loader import load_model  # noqa: E402
@@ -50,7 +60,7 @@ def reference_generate(ref_model, twin, ids: list[int], max_tokens: int, eos: se
     dev = twin.device
     if dev.type != "cuda":  # its timer synchronizes CUDA unconditionally
         ref._cuda_time = time.perf_counter
-    out = ref.dflash_generate(ref_model, twin, torch.tensor([ids], device=dev), max_tokens, sorted(eos), return_stats=True)
+    out = ref.dflash_generate(ref_model, twin, torch.tensor([ids], device=dev), max_tokens, sorted(eos) or None, return_stats=True)
     toks = out.output_ids[0, len(ids):].tolist()
     decode_s = out.time_per_output_token * out.num_output_tokens
     end = next((i for i, t in enumerate(toks) if t in eos), None)
@@ -60,7 +70,11 @@ def reference_generate(ref_model, twin, ids: list[int], max_tokens: int, eos: se
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--target", default=None, help="the target (default: the embedded SmolLM2-135M-Instruct)")
-    p.add_argument("--drafter", required=True, help="a DFlash drafter directory (z-lab format)")
+    p.add_argument("--drafter", default=None, help="a DFlash drafter directory (z-lab format)")
+    p.add_argument("--random-shape", default=None, help="a random-weight target at a bench/gpu_speed.py shape instead, e.g. qwen3-8b")
+    p.add_argument("--draft-layers", type=int, default=5, help="with --random-shape: the random drafter's layers")
+    p.add_argument("--block-size", type=int, default=16, help="with --random-shape: the random drafter's block size")
+    p.add_argument("--prompt-tokens", type=int, default=128, help="with --random-shape: random prompt length")
     p.add_argument("--num-prompts", type=int, default=10, help="the first N held-out prompts")
     p.add_argument("--max-tokens", type=int, default=128)
     p.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"])
@@ -69,18 +83,25 @@ def main() -> None:
     args = p.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
+    if (args.drafter is None) == (args.random_shape is None):
+        p.error("give --drafter (with a real --target or the default) or --random-shape")
     from dflash.model import DFlashDraftModel
 
-    loaded = load_model(args.target, device=args.device, progress=False)
-    model = loaded.model
+    tmp = None
+    if args.random_shape:
+        model, drafter_dir, prompts, eos, tmp = random_setup(args)
+        source = f"random {args.random_shape}"
+    else:
+        loaded = load_model(args.target, device=args.device, progress=False)
+        model, drafter_dir, source = loaded.model, args.drafter, loaded.source
+        eos = set(loaded.config.eos_token_ids) | ({loaded.tokenizer.eos_token_id} if loaded.tokenizer.eos_token_id is not None else set())
+        prompts = [(pr.name, encode_prompt(loaded, pr)) for pr in heldout_prompts()[: args.num_prompts]]
     dev = model.device
     twin = _build_twin(model)  # transformers over the same tensors (before fusing: fusion copies)
-    ref_model = DFlashDraftModel.from_pretrained(args.drafter, dtype=model.dtype).to(dev).eval()
-    ours = load_dflash(args.drafter, dev, model.dtype)
+    ref_model = DFlashDraftModel.from_pretrained(drafter_dir, dtype=model.dtype).to(dev).eval()
+    ours = load_dflash(drafter_dir, dev, model.dtype)
     if dev.type == "cuda":
         model.fuse_projections()
-    eos = set(loaded.config.eos_token_ids) | ({loaded.tokenizer.eos_token_id} if loaded.tokenizer.eos_token_id is not None else set())
-    prompts = [(pr.name, encode_prompt(loaded, pr)) for pr in heldout_prompts()[: args.num_prompts]]
     max_len = max(len(ids) for _, ids in prompts) + args.max_tokens + 80
     cfg = Config("treeflash", DFlashDrafter(model, ours, budget=ours.config.block_size - 1, tree=False))
     cfg.cache = model.new_cache(max_len)
@@ -126,7 +147,7 @@ def main() -> None:
                 "ours_tau": round(tot["ours_tokens"] / max(tot["ours_passes"], 1), 3),
                 "ref_tau": round(tot["ref_tokens"] / max(tot["ref_passes"], 1), 3),
             }
-            report = {"bench": "dflash_reference", "target": loaded.source, "drafter": args.drafter, "device": str(dev),
+            report = {"bench": "dflash_reference", "target": source, "drafter": args.drafter or "random", "device": str(dev),
                       "gpu": torch.cuda.get_device_name() if dev.type == "cuda" else None, "dtype": str(model.dtype),
                       "threads": torch.get_num_threads(), "torch": torch.__version__, "platform": platform.platform(),
                       "cuda_graphs": cfg.runner is not None, "max_tokens": args.max_tokens, "command": " ".join(sys.argv),
@@ -134,6 +155,33 @@ def main() -> None:
             Path(args.out).parent.mkdir(parents=True, exist_ok=True)
             Path(args.out).write_text(json.dumps(report, indent=2))
     print(json.dumps(summary, indent=2))
+    if tmp is not None:
+        tmp.cleanup()
+
+
+def random_setup(args):
+    """-> (random target, random drafter directory, random prompts, no end tokens, the temp dir)."""
+    import tempfile
+
+    from gpu_speed import build_model
+
+    from treeflash.spec.dflash_model import DFlashModel
+    from treeflash.train.export import export_drafter
+    from treeflash.train.recipe import drafter_config
+    from treeflash.train.trainer import init_weights
+
+    dev = "cuda" if args.device in ("auto", "cuda") and torch.cuda.is_available() else "cpu"
+    dtype = torch.bfloat16 if dev == "cuda" else torch.float32
+    model = build_model(args.random_shape, device=dev, dtype=dtype)
+    c = model.config
+    draft = DFlashModel(drafter_config(c, args.draft_layers, args.block_size, c.vocab_size - 1))
+    init_weights(draft, seed=1)
+    tmp = tempfile.TemporaryDirectory(prefix="dflash_ref_")
+    export_drafter(draft, tmp.name, c.num_layers, c.vocab_size, dtype)
+    g = torch.Generator().manual_seed(0)
+    prompts = [(f"random/{i}", torch.randint(0, c.vocab_size - 1, (args.prompt_tokens,), generator=g).tolist())
+               for i in range(args.num_prompts)]
+    return model, tmp.name, prompts, set(), tmp
 
 
 if __name__ == "__main__":

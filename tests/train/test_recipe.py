@@ -132,3 +132,12 @@ def test_loss_reaches_every_drafter_parameter_and_not_the_target():
     assert all(p.grad is not None and p.grad.abs().sum() > 0 for p in model.parameters())
     assert all(p.grad is None for p in target.parameters())
     assert result.labelled.sum() == (blocks.labels != IGNORE).sum()
+
+
+def test_too_many_draft_layers_for_a_shallow_target_is_a_clear_error():
+    from treeflash.errors import InvalidRequestError
+    from treeflash.train.recipe import target_layer_ids
+
+    assert target_layer_ids(30, 3) == (1, 14, 27) and target_layer_ids(6, 2) == (1, 3)
+    with pytest.raises(InvalidRequestError, match="--layers 2"):
+        target_layer_ids(4, 2)

@@ -27,6 +27,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
+from treeflash.errors import InvalidRequestError
 from treeflash.kernels.norm import rmsnorm_ref
 from treeflash.models.config import ModelConfig
 from treeflash.models.layers import apply_rotary
@@ -40,7 +41,11 @@ def target_layer_ids(num_target_layers: int, num_features: int) -> tuple[int, ..
     if num_features == 1:
         return (num_target_layers // 2,)
     span = num_target_layers - 4
-    return tuple(int(round(1 + i * span / (num_features - 1))) for i in range(num_features))
+    ids = tuple(int(round(1 + i * span / (num_features - 1))) for i in range(num_features))
+    if len(set(ids)) != len(ids) or min(ids) < 0:
+        raise InvalidRequestError(f"--layers {num_features}: a target of {num_target_layers} layers has too few layers to read "
+                                  f"{num_features} distinct ones (they would be {list(ids)}); use fewer draft layers", "layers")
+    return ids
 
 
 def drafter_config(target: ModelConfig, num_layers: int, block_size: int, mask_token_id: int) -> DFlashConfig:

@@ -124,13 +124,18 @@ def weight_bytes(model: CausalLM) -> int:
     return total
 
 
+def state_bytes(model: CausalLM) -> int:
+    """Recurrent bytes one decode step reads and writes: the fp32 state of every Gated DeltaNet layer."""
+    c = model.config
+    if not c.is_hybrid:
+        return 0
+    return len(c.linear_layer_ids) * c.linear_num_value_heads * c.linear_key_head_dim * c.linear_value_head_dim * 4 * 2
+
+
 def step_bytes(model: CausalLM, cache, context: int) -> int:
     c = model.config
-    kv = len(c.attention_layer_ids) * context * c.num_kv_heads * c.head_dim * 2 * 2
-    rec = 0
-    if c.is_hybrid:  # state read + written, conv window
-        rec = len(c.linear_layer_ids) * c.linear_num_value_heads * c.linear_key_head_dim * c.linear_value_head_dim * 4 * 2
-    return weight_bytes(model) + kv + rec
+    kv = len(c.attention_layer_ids) * context * c.num_kv_heads * c.head_dim * 2 * 2  # bf16 K and V
+    return weight_bytes(model) + kv + state_bytes(model)
 
 
 @torch.inference_mode()

@@ -30,19 +30,11 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from gpu_speed import DEV, SHAPES, build_model, cuda_time, measure_bandwidth, wall_time, weight_bytes  # noqa: E402
+from gpu_speed import DEV, SHAPES, build_model, cuda_time, measure_bandwidth, state_bytes, wall_time, weight_bytes  # noqa: E402
 
 from treeflash.kv.formats import bytes_per_token_per_layer  # noqa: E402
 from treeflash.models.runner import CudaGraphRunner  # noqa: E402
 from treeflash.models.step import StepInput  # noqa: E402
-
-
-def state_bytes(model) -> int:
-    """Recurrent bytes one decode step reads and writes: fp32 state per Gated DeltaNet layer."""
-    c = model.config
-    if not c.is_hybrid:
-        return 0
-    return len(c.linear_layer_ids) * c.linear_num_value_heads * c.linear_key_head_dim * c.linear_value_head_dim * 4 * 2
 
 
 @torch.inference_mode()

@@ -199,19 +199,27 @@ def _time_verify(target, context_len: int, node_counts: tuple[int, ...], repeats
     # Timing only: the committed prefix is zeros, which costs attention exactly what real keys do.
     cache.seq_len = context_len
     device = target.device
+
+    def verify(n: int) -> None:
+        ids = torch.randint(0, target.config.vocab_size, (n,), device=device)
+        target(StepInput.chain(ids, context_len), cache, compute_logits=True)
+        cache.pending = 0  # drop the uncommitted nodes
+
+    return _median_times(verify, node_counts, repeats, device)
+
+
+def _median_times(verify: Callable[[int], None], node_counts: tuple[int, ...], repeats: int, device: torch.device) -> dict[int, float]:
+    """{n: median seconds of verify(n)} over `repeats` runs each; a first pass at the largest n warms up."""
     sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
     out: dict[int, float] = {}
-    for n in (max(node_counts), *node_counts):  # the first pass warms up
-        ids = torch.randint(0, target.config.vocab_size, (n,), device=device)
-        step = StepInput.chain(ids, context_len)
+    for n in (max(node_counts), *node_counts):
         samples = []
         for _ in range(repeats):
             sync()
             t0 = time.perf_counter()
-            target(step, cache, compute_logits=True)
+            verify(n)
             sync()
             samples.append(time.perf_counter() - t0)
-            cache.pending = 0  # drop the uncommitted nodes
         out[n] = sorted(samples)[len(samples) // 2]
     return out
 
@@ -225,28 +233,17 @@ def runner_verify_timer(runner, node_counts: tuple[int, ...] = NODE_COUNTS, repe
     @torch.inference_mode()
     def measure(context_len: int) -> dict[int, float]:
         bucket = context_bucket(context_len)
-        if bucket in cache_times:
-            return cache_times[bucket]
-        cache = runner.cache
-        start = cache.seq_len
-        device = runner.model.device
-        sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
-        room = cache.max_len - start
-        out: dict[int, float] = {}
-        for n in (max(node_counts), *node_counts):  # the first pass warms up
-            if n > room:
-                continue
-            ids = torch.randint(0, runner.model.config.vocab_size, (n,))
-            samples = []
-            for _ in range(repeats):
-                sync()
-                t0 = time.perf_counter()
+        if bucket not in cache_times:
+            cache = runner.cache
+            start = cache.seq_len
+
+            def verify(n: int) -> None:
+                ids = torch.randint(0, runner.model.config.vocab_size, (n,))
                 runner.forward(StepInput.chain(ids, start), capture_layers=getattr(runner, "capture_layers", ()))
-                sync()
-                samples.append(time.perf_counter() - t0)
                 runner.abandon()  # drop the uncommitted nodes: the committed cache is untouched
-            out[n] = sorted(samples)[len(samples) // 2]
-        cache_times[bucket] = out
-        return out
+
+            fits = tuple(n for n in node_counts if n <= cache.max_len - start)
+            cache_times[bucket] = _median_times(verify, fits, repeats, runner.model.device) if fits else {}
+        return cache_times[bucket]
 
     return measure

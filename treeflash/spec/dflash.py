@@ -26,7 +26,7 @@ import torch
 from treeflash.errors import ModelLoadError
 from treeflash.models.default_model import default_drafter_path, is_default_model
 from treeflash.models.transformer import CausalLM
-from treeflash.spec.budget import BudgetTuner, measure_verify_times
+from treeflash.spec.budget import BudgetTuner, measure_verify_times, runner_verify_timer
 from treeflash.spec.ddtree import build_tree
 from treeflash.spec.dflash_model import DFlashModel, load_dflash
 from treeflash.spec.drafter import DraftContext, Drafter, DraftOptions, register
@@ -60,8 +60,6 @@ class DFlashDrafter(Drafter):
     def bind_runner(self, runner) -> None:
         """Time verify passes through the decoder's own runner (graphs on a GPU) for --budget auto."""
         if self.tuner is not None:
-            from treeflash.spec.budget import runner_verify_timer
-
             self.tuner.measure = runner_verify_timer(runner)
 
     # -- the drafter protocol --

@@ -65,6 +65,17 @@ class Dataset:
             return Dataset(f.get_tensor("tokens"), f.get_tensor("offsets"), f.get_tensor("response_start"), meta)
 
 
+def pad_right(seqs: list[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
+    """[S] 1-D token tensors -> ids [S, W] (zeros after each sequence) and attention mask [S, W] (1 = token)."""
+    width = max(len(s) for s in seqs)
+    ids = torch.zeros(len(seqs), width, dtype=torch.long)
+    mask = torch.zeros(len(seqs), width, dtype=torch.long)
+    for i, s in enumerate(seqs):
+        ids[i, : len(s)] = s
+        mask[i, : len(s)] = 1
+    return ids, mask
+
+
 def from_sequences(seqs: list[tuple[list[int], int]], meta: dict | None = None) -> Dataset:
     """[(token ids, response start)] -> Dataset."""
     lengths = torch.tensor([len(s) for s, _ in seqs], dtype=torch.long)

@@ -21,6 +21,7 @@ import torch
 from treeflash.errors import ModelLoadError
 from treeflash.models.config import ModelConfig
 from treeflash.models.transformer import CausalLM
+from treeflash.train.data import pad_right
 
 
 def hf_config(c: ModelConfig):
@@ -207,12 +208,7 @@ class FeatureStore:
         with tqdm(total=total, desc=desc, unit="tok", disable=not progress) as bar:
             for batch in batches:
                 seqs = [data.sequence(i) for i in batch]
-                width = max(len(s) for s in seqs)
-                ids = torch.zeros(len(seqs), width, dtype=torch.long)
-                mask = torch.zeros(len(seqs), width, dtype=torch.long)
-                for j, s in enumerate(seqs):
-                    ids[j, : len(s)] = s
-                    mask[j, : len(s)] = 1
+                ids, mask = pad_right(seqs)
                 feats = twin.capture(ids.to(dev), mask.to(dev))  # [S, width, F]
                 for j, i in enumerate(batch):
                     a, b = int(data.offsets[i]), int(data.offsets[i + 1])

@@ -1,9 +1,9 @@
 """Trainer: the loop, checkpoints, resume, and the held-out acceptance estimate.
 
 One step: take `batch_size` sequences (an epoch-wise permutation, a pure function of the step),
-capture the frozen target's features (or read them from a FeatureStore captured once), draw `blocks_per_seq` anchors per sequence (a generator
-seeded by the step), run every block in one drafter pass, and take an AdamW step on the
-depth-weighted cross-entropy. Because batches and anchors depend only on (seed, step), a resumed
+capture the frozen target's features (or read them from a FeatureStore captured once), draw
+`blocks_per_seq` anchors per sequence (a generator seeded by the step), run every block in one
+drafter pass, and take an AdamW step on the depth-weighted cross-entropy. Because batches and anchors depend only on (seed, step), a resumed
 run continues exactly where the interrupted one stopped.
 
 Checkpoint (out/train/checkpoint/, never pickle): drafter.safetensors (fp32 weights),
@@ -28,7 +28,7 @@ import torch
 
 from treeflash.models.transformer import CausalLM
 from treeflash.spec.dflash_model import DFlashModel
-from treeflash.train.data import Dataset
+from treeflash.train.data import Dataset, pad_right
 from treeflash.train.export import export_drafter
 from treeflash.train.features import FeatureStore
 from treeflash.train.recipe import accepted_lengths, block_loss, draft_hidden, lr_at, sample_blocks
@@ -62,8 +62,8 @@ class Trainer:
                  features: tuple[FeatureStore, FeatureStore] | None = None):
         self.target, self.twin, self.model = target, twin, model
         self.train_data, self.heldout = train, heldout
-        # (train, heldout) features captured once; None = capture every batch on the fly
-        self.stores = {id(train): features[0], id(heldout): features[1]} if features is not None else {}
+        # features captured once (train, heldout); None: every batch captures its own
+        self.train_features, self.heldout_features = features if features is not None else (None, None)
         self.config = config
         self.out = Path(out_dir)
         self.work = self.out / "train"
@@ -96,20 +96,14 @@ class Trainer:
 
     def _collate(self, data: Dataset, indices: list[int]):
         seqs = [data.sequence(i) for i in indices]
-        lengths = torch.tensor([len(s) for s in seqs])
-        width = int(lengths.max())
-        ids = torch.zeros(len(seqs), width, dtype=torch.long)
-        for i, s in enumerate(seqs):
-            ids[i, : len(s)] = s
-        mask = (torch.arange(width)[None] < lengths[:, None]).long()
-        return ids, mask, lengths, data.response_start[indices]
+        ids, mask = pad_right(seqs)
+        return ids, mask, torch.tensor([len(s) for s in seqs]), data.response_start[indices]
 
-    def _forward(self, data: Dataset, indices: list[int], generator: torch.Generator):
+    def _forward(self, data: Dataset, indices: list[int], generator: torch.Generator, store: FeatureStore | None):
         c = self.model.config
         ids, mask, lengths, starts = self._collate(data, indices)
         blocks = sample_blocks(ids, lengths, starts, self.config.blocks_per_seq, c.block_size, c.mask_token_id, generator)
         dev = self.device
-        store = self.stores.get(id(data))
         features = store.batch(indices, ids.shape[1]) if store is not None else self.twin.capture(ids.to(dev), mask.to(dev))
         with self._autocast():
             embeds = self.target.embed(blocks.input_ids.to(dev)).float()  # an fp32 residual stream; matmuls autocast
@@ -132,7 +126,7 @@ class Trainer:
         for g in self.opt.param_groups:
             g["lr"] = lr
         gen = torch.Generator().manual_seed(cfg.seed * 1_000_003 + self.step)
-        result, blocks = self._forward(self.train_data, self.batch_indices(self.step), gen)
+        result, blocks = self._forward(self.train_data, self.batch_indices(self.step), gen, self.train_features)
         result.loss.backward()
         grad_norm = torch.nn.utils.clip_grad_norm_([p for _, p in self.params], cfg.grad_clip)
         self.opt.step()
@@ -151,7 +145,7 @@ class Trainer:
         losses, accepts, correct, labelled = [], [], None, None
         bs = self.config.batch_size
         for s in range(0, n, bs):
-            result, blocks = self._forward(self.heldout, list(range(s, min(n, s + bs))), gen)
+            result, blocks = self._forward(self.heldout, list(range(s, min(n, s + bs))), gen, self.heldout_features)
             losses.append(float(result.loss))
             accepts.append(accepted_lengths(result.correct, blocks.valid.to(result.correct.device)).cpu())
             c, l = result.correct.sum((0, 1)).cpu(), result.labelled.sum((0, 1)).cpu()

@@ -181,6 +181,34 @@ def test_time_limit_shrinks_the_schedule(trained, tmp_path):
     assert summary["heldout"]["step"] == summary["step"]
 
 
+def test_time_limit_refits_after_slow_first_steps(trained, tmp_path, monkeypatch):
+    """GPU-like: 13 slow steps, then fast ones. The first fit undershoots; later windows extend it."""
+    import treeflash.train.trainer as trainer_mod
+    from treeflash.spec.dflash_model import DFlashModel
+    from treeflash.train.features import TargetTwin
+    from treeflash.train.recipe import drafter_config
+    from treeflash.train.trainer import Trainer, TrainConfig
+
+    _, out, loaded = trained
+    data = Dataset.load(out / "train" / "data.safetensors")
+    dcfg = drafter_config(loaded.config, 1, 4, 259)
+    twin = TargetTwin(loaded.model, dcfg.target_layer_ids, (2,), 0)
+    config = TrainConfig(steps=1000, batch_size=2, blocks_per_seq=2, eval_every=10_000, checkpoint_every=10_000, time_limit_s=60.0)
+    trainer = Trainer(loaded.model, twin, DFlashModel(dcfg), data, data.subset([0]), config, tmp_path)
+    clock = [0.0]
+    monkeypatch.setattr(trainer_mod.time, "perf_counter", lambda: clock[0])
+
+    def fake_step():
+        trainer.step += 1
+        clock[0] += 0.2 if trainer.step <= 13 else 0.01  # seconds per step, on the fake clock
+        return {"loss": 1.0, "lr": 1e-3}
+
+    monkeypatch.setattr(trainer, "train_step", fake_step)
+    summary = trainer.run(progress=False)
+    # 0.2 s/step at step 13 fits ~270 steps; at step 63 the window shows 0.01 s/step: all 1000 fit
+    assert summary["step"] == summary["total_steps"] == 1000
+
+
 def test_decode_evaluation_reports_tau_speedup_and_identity(trained, tmp_path):
     from treeflash.bench.prompts import user
     from treeflash.train.evaluate import evaluate

@@ -168,8 +168,13 @@ class Trainer:
 
         cfg = self.config
         stop = min(self.total_steps, until) if until is not None else self.total_steps
-        t0, first, timed = time.perf_counter(), self.step, cfg.time_limit_s is None
-        t_warm = t0
+        t0, first = time.perf_counter(), self.step
+        # With a time limit, the schedule is fitted to the measured step time after 13 steps, then
+        # refitted on later windows: on a GPU the first hundred steps can run 5x slower than the rest
+        # (new batch shapes select kernels, the allocator grows), so one early measurement undershoots.
+        refit_at = [13, 63, 263, 1263] if cfg.time_limit_s is not None else []
+        requested = self.total_steps
+        mark_t, mark_step = t0, first
         bar = tqdm(total=self.total_steps, initial=self.step, desc="training", unit="step", disable=not progress)
         ema, last_eval, m = None, None, None
         try:
@@ -178,14 +183,17 @@ class Trainer:
                 ema = m["loss"] if ema is None else 0.95 * ema + 0.05 * m["loss"]
                 bar.update(1)
                 if self.step - first == 3:
-                    t_warm = time.perf_counter()  # the first steps pay for kernel selection and allocation
-                if not timed and self.step - first >= 13:
-                    timed = True  # fit the schedule into the time limit, from the measured step time
-                    per_step = (time.perf_counter() - t_warm) / (self.step - first - 3)
-                    left = cfg.time_limit_s - (time.perf_counter() - t0)
-                    fits = self.step + max(1, int(left * 0.9 / per_step))
-                    if fits < self.total_steps:
-                        self.total_steps, stop = fits, min(stop, fits)
+                    mark_t, mark_step = time.perf_counter(), self.step  # the first steps pay for kernel selection and allocation
+                if refit_at and self.step - first >= refit_at[0]:
+                    refit_at.pop(0)
+                    now = time.perf_counter()
+                    per_step = (now - mark_t) / max(1, self.step - mark_step)  # the latest window only
+                    mark_t, mark_step = now, self.step
+                    left = cfg.time_limit_s - (now - t0)
+                    fits = min(requested, self.step + max(1, int(left * 0.9 / per_step)))
+                    if fits != self.total_steps:
+                        self.total_steps = fits
+                        stop = min(until, fits) if until is not None else fits
                         bar.total = self.total_steps
                         bar.write(f"time limit: training {self.total_steps} steps ({per_step * 1000:.0f} ms/step)")
                 if cfg.time_limit_s is not None and time.perf_counter() - t0 > 1.05 * cfg.time_limit_s:

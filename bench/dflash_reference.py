@@ -74,6 +74,7 @@ def main() -> None:
     p.add_argument("--random-shape", default=None, help="a random-weight target at a bench/gpu_speed.py shape instead, e.g. qwen3-8b")
     p.add_argument("--draft-layers", type=int, default=5, help="with --random-shape: the random drafter's layers")
     p.add_argument("--block-size", type=int, default=16, help="with --random-shape: the random drafter's block size")
+    p.add_argument("--eager-drafter", action="store_true", help="run our drafter's passes eagerly (the target still uses CUDA graphs)")
     p.add_argument("--prompt-tokens", type=int, default=128, help="with --random-shape: random prompt length")
     p.add_argument("--num-prompts", type=int, default=10, help="the first N held-out prompts")
     p.add_argument("--max-tokens", type=int, default=128)
@@ -107,6 +108,8 @@ def main() -> None:
     cfg.cache = model.new_cache(max_len)
     if dev.type == "cuda":
         cfg.runner = CudaGraphRunner(model, cfg.cache, capture_layers=cfg.drafter.capture_layers, buckets=BUCKETS)
+        if not args.eager_drafter:
+            cfg.drafter.bind_runner(cfg.runner)  # the drafter's passes as CUDA graphs too
     with torch.inference_mode():  # warm up both
         decode(model, cfg, prompts[0][1], 16, eos)
         reference_generate(ref_model, twin, prompts[0][1], 16, eos)
@@ -150,7 +153,7 @@ def main() -> None:
             report = {"bench": "dflash_reference", "target": source, "drafter": args.drafter or "random", "device": str(dev),
                       "gpu": torch.cuda.get_device_name() if dev.type == "cuda" else None, "dtype": str(model.dtype),
                       "threads": torch.get_num_threads(), "torch": torch.__version__, "platform": platform.platform(),
-                      "cuda_graphs": cfg.runner is not None, "max_tokens": args.max_tokens, "command": " ".join(sys.argv),
+                      "cuda_graphs": cfg.runner is not None, "drafter_graphs": cfg.drafter.graphs is not None and cfg.drafter.graphs.use_graphs, "max_tokens": args.max_tokens, "command": " ".join(sys.argv),
                       "summary": summary, "per_prompt": rows}
             Path(args.out).parent.mkdir(parents=True, exist_ok=True)
             Path(args.out).write_text(json.dumps(report, indent=2))

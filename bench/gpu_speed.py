@@ -217,11 +217,67 @@ def bench_shape(shape: str, args, bandwidth: float) -> dict:
             torch.cuda.empty_cache()
     res["prefill"] = prefill
 
+    if args.drafter_layers:
+        res["drafter"] = bench_drafter(model, runner, args)
+
     if args.hf and c.arch == "qwen3":
         res["transformers"] = bench_transformers(model, args)
     del runner, cache, model
     if DEV == "cuda":
         torch.cuda.empty_cache()
+    return res
+
+
+@torch.inference_mode()
+def bench_drafter(model: CausalLM, runner: CudaGraphRunner, args) -> dict:
+    """One DFlash drafting pass (random drafter, `--drafter-layers` layers, block `--block-size`):
+    eager (every op launched from the host) against its CUDA graph, n new context rows per pass
+    (what a step that committed n tokens hands over), at a `--context`-row draft context. Each pass
+    ends with what the decoder reads back: the logits (eager) or the packed top-k (graph)."""
+    from treeflash.spec.dflash import DFlashDrafter
+    from treeflash.spec.dflash_model import DFlashModel
+    from treeflash.train.recipe import drafter_config
+    from treeflash.train.trainer import init_weights
+
+    c = model.config
+    draft = DFlashModel(drafter_config(c, args.drafter_layers, args.block_size, c.vocab_size - 1))
+    init_weights(draft, seed=1)
+    draft = draft.to(device=model.device, dtype=model.dtype).eval()
+    drafter = DFlashDrafter(model, draft, budget=64)
+    width = len(draft.config.target_layer_ids) * c.hidden_size
+    ctx = torch.randn(args.context, width, device=model.device, dtype=model.dtype)
+    t0 = time.perf_counter()
+    drafter.static_passes(runner.max_len)
+    capture_s = time.perf_counter() - t0
+    res = {"draft_layers": args.drafter_layers, "block_size": args.block_size, "context": args.context,
+           "draft_params_m": sum(p.numel() for p in draft.parameters()) / 1e6, "capture_s": capture_s, "passes": {}}
+    for n in sorted({1, 4, args.block_size}):
+        rows = torch.randn(n, width, device=model.device, dtype=model.dtype)
+
+        def setup():
+            drafter.reset()
+            drafter.observe([0] * args.context, ctx)
+            drafter.draft_logits(0)  # the prompt's pass (eager: more rows than a block)
+
+        def eager():
+            drafter.observe([0] * n, rows)
+            drafter.draft_logits(0).argmax(-1).tolist()
+            drafter.cache.length -= n
+
+        def graph():
+            drafter.observe([0] * n, rows)
+            p = drafter._static_pass(0)
+            p.packed.cpu()
+            drafter.cache.length -= n
+
+        setup()
+        graphs, drafter.graphs = drafter.graphs, None
+        t_eager = wall_time(eager, iters=20)
+        drafter.graphs = graphs
+        t_graph = wall_time(graph, iters=20)
+        g_only = cuda_time(lambda: graphs.passes[n].replay(), iters=20)
+        res["passes"][n] = {"eager_ms": t_eager * 1e3, "graph_ms": t_graph * 1e3, "graph_replay_ms": g_only * 1e3}
+    del drafter, draft
     return res
 
 
@@ -270,6 +326,8 @@ def main() -> None:
     p.add_argument("--prefill", type=lambda s: [int(x) for x in s.split(",") if x], default=[4096, 32768])
     p.add_argument("--prefill-chunk", type=int, default=4096)
     p.add_argument("--unfused", action="store_true", help="skip fusing q/k/v, gate/up and linear-attention projections")
+    p.add_argument("--drafter-layers", type=int, default=5, help="time a random DFlash drafter's pass with this many layers (0: skip)")
+    p.add_argument("--block-size", type=int, default=16, help="the drafter's block size")
     p.add_argument("--hf", action="store_true", help="also time transformers' generate on the dense shape")
     p.add_argument("--hf-compile", action="store_true")
     p.add_argument("--hf-tokens", type=int, default=32)
@@ -289,6 +347,8 @@ def main() -> None:
             print(f"  verify {n:4d} nodes: {v['step_ms']:.2f} ms ({v['ratio_to_decode_step']:.2f}x decode; graph {v['graph_ms']:.2f} ms)", flush=True)
         for n, v in r["prefill"].items():
             print(f"  prefill {n}: {v}", flush=True)
+        for n, v in (r.get("drafter") or {}).get("passes", {}).items():
+            print(f"  dflash pass, {n} new rows: eager {v['eager_ms']:.2f} ms, graph {v['graph_ms']:.2f} ms (replay {v['graph_replay_ms']:.2f} ms)", flush=True)
         if "transformers" in r:
             print(f"  transformers: {r['transformers']}", flush=True)
         Path(args.out).parent.mkdir(parents=True, exist_ok=True)

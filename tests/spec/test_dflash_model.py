@@ -196,8 +196,10 @@ def test_last_target_layer_is_read_after_the_final_norm():
     assert plain.normed_slot == 1  # layer 2 is the target's last: HF hands it over normed
     hidden = torch.randn(3, 2 * H)
     plain.observe([1, 2, 3], hidden)
-    torch.testing.assert_close(plain._pending[0][:, H:], target.model.norm(hidden[:, H:]))
-    torch.testing.assert_close(plain._pending[0][:, :H], hidden[:, :H])
+    torch.testing.assert_close(plain._pending[0], hidden)  # kept raw; normalized when drafting
+    ready = plain._prepare(hidden)
+    torch.testing.assert_close(ready[:, H:], target.model.norm(hidden[:, H:]))
+    torch.testing.assert_close(ready[:, :H], hidden[:, :H])
 
 
 def test_config_errors(tmp_path):

@@ -22,7 +22,7 @@ class EagerRunner:
         self.model, self.cache = model, cache
 
     def forward(self, step: StepInput, capture_layers: tuple[int, ...] = (), logits_at=None, compute_logits: bool = True) -> ForwardOutput:
-        return self.model(step, self.cache, capture_layers, logits_at, compute_logits)
+        return self.model(step.to(self.model.device), self.cache, capture_layers, logits_at, compute_logits)
 
     def commit(self, path: list[int]) -> None:
         self.cache.commit(path)

@@ -38,6 +38,14 @@ class StepInput:
     def is_verify(self) -> bool:
         return self.parents is not None
 
+    def to(self, device: torch.device) -> "StepInput":
+        """The same step with every tensor on `device` (a tree built on the host for a graph runner)."""
+        if self.input_ids.device == device:
+            return self
+        move = lambda t: None if t is None else t.to(device)  # noqa: E731
+        return StepInput(move(self.input_ids), move(self.positions), self.start, move(self.parents), move(self.tree_mask),
+                         move(self.depths), move(self.slots), move(self.key_mask))
+
     @staticmethod
     def plain(input_ids: torch.Tensor, start: int) -> "StepInput":
         n = input_ids.shape[0]

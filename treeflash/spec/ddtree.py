@@ -31,17 +31,26 @@ def build_tree(
     budget: int,  # draft nodes, the root excluded
     seed_chain: bool = False,
 ) -> DraftTree:
-    depth_max, vocab = logprobs.shape
-    k = max(1, min(budget, vocab))  # a top-`budget` prefix never uses a rank >= budget at any depth
+    k = max(1, min(budget, logprobs.shape[1]))  # a top-`budget` prefix never uses a rank >= budget at any depth
     top_lp, top_ids = logprobs.float().topk(k, dim=-1)
-    parents, ranks = best_first(top_lp.tolist(), budget, seed_chain)
-    ids = top_ids.tolist()
+    return tree_from_top(top_lp.tolist(), top_ids.tolist(), root, budget, seed_chain, logprobs.device)
+
+
+def tree_from_top(
+    top_lp: list[list[float]],  # [D][k]: each depth's best k log-probabilities, descending
+    top_ids: list[list[int]],  # [D][k]: their token ids
+    root: int,
+    budget: int,
+    seed_chain: bool = False,
+    device: torch.device | str = "cpu",
+) -> DraftTree:
+    parents, ranks = best_first(top_lp, budget, seed_chain)
     depth = [0] * len(parents)
     tokens = [root]
     for i in range(1, len(parents)):
         depth[i] = depth[parents[i]] + 1
-        tokens.append(ids[depth[i] - 1][ranks[i]])
-    return DraftTree(torch.tensor(tokens, dtype=torch.long, device=logprobs.device), parents)
+        tokens.append(top_ids[depth[i] - 1][ranks[i]])
+    return DraftTree(torch.tensor(tokens, dtype=torch.long, device=device), parents)
 
 
 def best_first(top_lp: list[list[float]], budget: int, seed_chain: bool = False) -> tuple[list[int], list[int]]:

@@ -94,7 +94,8 @@ class Decoder:
             hidden = None if out.captured is None else out.captured[torch.tensor(result.path, device=out.captured.device)]
             self.drafter.observe(committed, hidden)
         self.root = result.tokens[-1]
-        self._logprobs(out.logits[torch.tensor(result.path, device=out.logits.device)], result.tokens)
+        if self.want_logprobs is not None:
+            self._logprobs(out.logits[torch.tensor(result.path, device=out.logits.device)], result.tokens)
         t3 = time.perf_counter()
         self.stats.draft_s += t1 - t0
         self.stats.verify_s += t2 - t1

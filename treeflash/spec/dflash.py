@@ -19,6 +19,7 @@ every tree this drafter proposed.
 from __future__ import annotations
 
 import time
+import warnings
 from typing import Any
 
 import torch
@@ -27,7 +28,7 @@ from treeflash.errors import ModelLoadError
 from treeflash.models.default_model import default_drafter_path, is_default_model
 from treeflash.models.transformer import CausalLM
 from treeflash.spec.budget import BudgetTuner, measure_verify_times, runner_verify_timer
-from treeflash.spec.ddtree import build_tree
+from treeflash.spec.ddtree import build_tree, tree_from_top
 from treeflash.spec.dflash_model import DFlashModel, load_dflash
 from treeflash.spec.drafter import DraftContext, Drafter, DraftOptions, register
 from treeflash.spec.sampling import sample, target_probs
@@ -55,12 +56,30 @@ class DFlashDrafter(Drafter):
         else:
             self.fixed_budget = min(int(budget), limit) if not tree else int(budget)
         self.cache = model.new_cache()
+        self.graphs = None  # DraftGraphs once bound to a static-shape runner
         self.reset()
 
     def bind_runner(self, runner) -> None:
-        """Time verify passes through the decoder's own runner (graphs on a GPU) for --budget auto."""
+        """Time verify passes through the decoder's own runner (graphs on a GPU) for --budget auto,
+        and, beside a static-shape runner, draft through static passes too (CUDA graphs on a GPU)."""
         if self.tuner is not None:
             self.tuner.measure = runner_verify_timer(runner)
+        if getattr(runner, "max_len", None) is not None and hasattr(runner, "use_graphs"):
+            try:
+                self.static_passes(runner.max_len, runner.use_graphs)
+            except (RuntimeError, torch.OutOfMemoryError) as e:  # slower, still exact: say so and go on eagerly
+                warnings.warn(f"dflash: capturing the drafter's CUDA graphs failed ({e}); drafting eagerly")
+                self.graphs = None
+                self.reset()
+
+    def static_passes(self, max_len: int, use_graphs: bool | None = None) -> None:
+        """Capture the drafting pass per new-row count (draft context up to `max_len` rows); resets the drafter."""
+        from treeflash.spec.dflash_graph import DraftGraphs
+
+        top_k = (AUTO_MAX_BUDGET if self.tuner is not None else max(self.fixed_budget or 1, 1)) if self.tree else 1
+        self.graphs = DraftGraphs(self.model, self.target, self.cache, max_len + self.model.config.block_size,
+                                  top_k, self._prepare, use_graphs)
+        self.reset()
 
     # -- the drafter protocol --
 
@@ -73,12 +92,7 @@ class DFlashDrafter(Drafter):
     def observe(self, committed_ids: list[int], hidden: torch.Tensor | None) -> None:
         if hidden is None or hidden.shape[0] != len(committed_ids):
             raise RuntimeError("dflash needs the target's hidden states at every committed token (capture_layers)")
-        if self.normed_slot is not None:
-            h = self.target.config.hidden_size
-            s = self.normed_slot * h
-            hidden = hidden.clone()
-            hidden[:, s : s + h] = self.target.model.norm(hidden[:, s : s + h])
-        self._pending.append(hidden)
+        self._pending.append(hidden)  # raw: `_prepare` normalizes the final-norm slot at draft time
         self._observed += len(committed_ids)
         if self._last is not None and self.tuner is not None:
             tree, draft_s = self._last
@@ -94,11 +108,15 @@ class DFlashDrafter(Drafter):
         if budget < 1:
             return DraftTree.root_only(ctx.root, self.target.device)
         t0 = time.perf_counter()
-        logits = self.draft_logits(ctx.root)  # [B-1, vocab] fp32
-        if self.tree:
-            tree = build_tree(self._tree_logprobs(logits, ctx), ctx.root, budget, self.seed_chain)
+        static = self._static_pass(ctx.root)
+        if static is not None and ctx.params.greedy and (not self.tree or budget <= self.graphs.top_k):
+            tree = self._from_packed(static.packed, ctx.root, budget)  # one read-back, no vocab-wide work
         else:
-            tree = self._chain(logits[:budget], ctx)
+            logits = static.logits if static is not None else self.draft_logits(ctx.root)  # [B-1, vocab] fp32
+            if self.tree:
+                tree = build_tree(self._tree_logprobs(logits, ctx), ctx.root, budget, self.seed_chain)
+            else:
+                tree = self._chain(logits[:budget], ctx)
         self._last = (tree, time.perf_counter() - t0)
         return tree
 
@@ -132,8 +150,35 @@ class DFlashDrafter(Drafter):
             block = block * c.input_embedding_scale
         context = torch.cat(self._pending) if self._pending else block.new_zeros(0, len(c.target_layer_ids) * c.hidden_size)
         self._pending = []
-        hidden = self.model(context.to(block.dtype), block, self.cache)
+        hidden = self.model(self._prepare(context.to(block.dtype)), block, self.cache)
         return self.model.logits(hidden[1:], self.target.head).float()
+
+    def _static_pass(self, root: int):
+        """The pass through DraftGraphs when bound and the new rows fit one; else None (eager)."""
+        n = sum(r.shape[0] for r in self._pending)
+        if self.graphs is None or not self.graphs.fits(n):
+            return None
+        rows, self._pending = self._pending, []
+        return self.graphs.run(rows, root)
+
+    def _from_packed(self, packed: torch.Tensor, root: int, budget: int) -> DraftTree:
+        """Greedy drafts from a static pass's read-back ([2D, K]: top-K log-probs per depth, then their
+        ids); the tree lives on the host, where the runner reads it."""
+        packed = packed.cpu()
+        d = packed.shape[0] // 2
+        if not self.tree:
+            return DraftTree.chain(root, packed[d : d + budget, 0].long().tolist())
+        top_lp, top_ids = packed[:d, :budget].tolist(), packed[d:, :budget].long().tolist()
+        return tree_from_top(top_lp, top_ids, root, budget, self.seed_chain)
+
+    def _prepare(self, context: torch.Tensor) -> torch.Tensor:
+        """[n, C] raw target hidden states -> the drafter's input: HF's hidden_states[-1] (what the
+        reference trains on) is after the target's final norm, so that slot is normalized."""
+        if self.normed_slot is None:
+            return context
+        h = self.target.config.hidden_size
+        s = self.normed_slot * h
+        return torch.cat((context[:, :s], self.target.model.norm(context[:, s : s + h]), context[:, s + h :]), dim=1)
 
     def _budget(self, context_len: int) -> int:
         if self.tuner is None:

@@ -203,6 +203,8 @@ class DFlashAttention(nn.Module):
         keys: torch.Tensor,  # [>= start + n + B, Hkv, D] this layer's DraftCache buffers
         values: torch.Tensor,
         start: int,  # committed context rows before ctx
+        slots: torch.Tensor | None = None,  # static mode: [n + B] long, = start .. start+n+B-1 on the device
+        key_pos: torch.Tensor | None = None,  # static mode: [S] long, arange over the whole cache buffer
     ) -> torch.Tensor:  # [B, H]
         b, n = x.shape[0], ctx.shape[0]
         both = torch.cat((ctx, x)) if n else x
@@ -211,26 +213,36 @@ class DFlashAttention(nn.Module):
         v = self.v_proj(both).view(n + b, self.num_kv_heads, self.head_dim)
         cos, sin = rope
         q, k = apply_rotary(q, cos[n:], sin[n:]), apply_rotary(k, cos, sin)
-        end = start + n + b
-        keys[start:end] = k.to(keys.dtype)
-        values[start:end] = v.to(values.dtype)
-        mask = self._mask(end - b, b, end, x.device)
-        out = attention_reference(q, keys[:end].to(q.dtype), values[:end].to(q.dtype), mask, self.scale)
+        if slots is None:  # eager: shapes follow the context length
+            end = start + n + b
+            keys[start:end] = k.to(keys.dtype)
+            values[start:end] = v.to(values.dtype)
+            mask = None  # the block sees every written row, unless causal or windowed
+            if self.causal or self.window is not None:
+                k_pos = torch.arange(end, device=x.device)
+                mask = self._mask(k_pos[end - b :], k_pos, end)
+            return self.o_proj(attention_reference(q, keys[:end].to(q.dtype), values[:end].to(q.dtype), mask, self.scale).reshape(b, -1))
+        # static (CUDA graphs): the start lives on the device; read the whole buffer under a mask
+        assert key_pos is not None
+        keys.index_copy_(0, slots, k.to(keys.dtype))
+        values.index_copy_(0, slots, v.to(values.dtype))
+        mask = self._mask(slots[n:], key_pos, slots[-1:] + 1)
+        out = attention_reference(q, keys[: key_pos.shape[0]].to(q.dtype), values[: key_pos.shape[0]].to(q.dtype), mask, self.scale)
         return self.o_proj(out.reshape(b, -1))
 
-    def _mask(self, first: int, b: int, total: int, device: torch.device) -> torch.Tensor | None:
-        """[B, total] bool over absolute positions; None = the block sees everything."""
-        if not self.causal and self.window is None:
-            return None
-        q_pos = torch.arange(first, first + b, device=device)[:, None]
-        k_pos = torch.arange(total, device=device)[None, :]
-        visible = torch.ones(b, total, dtype=torch.bool, device=device)
+    def _mask(self, q_pos: torch.Tensor, k_pos: torch.Tensor, total) -> torch.Tensor:
+        """[B, S] bool: which key positions each block query sees.
+
+        q_pos [B], k_pos [S]: absolute positions; keys at or past `total` (int or [1] tensor) are not
+        written yet (static mode reads the whole buffer)."""
+        q, k = q_pos[:, None], k_pos[None, :]
+        visible = (k < total).expand(q.shape[0], -1)
         if self.causal:
-            visible &= k_pos <= q_pos
+            visible = visible & (k <= q)
         if self.window is not None:
-            visible &= q_pos - k_pos < self.window
+            visible = visible & (q - k < self.window)
             if not self.causal:
-                visible &= k_pos - q_pos < self.window
+                visible = visible & (k - q < self.window)
         return visible
 
 
@@ -242,9 +254,9 @@ class DFlashLayer(nn.Module):
         self.post_attention_layernorm = RMSNorm(c.hidden_size, c.rms_norm_eps)
         self.mlp = MLP(c.hidden_size, c.intermediate_size)
 
-    def forward(self, x, ctx, rope, keys, values, start) -> torch.Tensor:
+    def forward(self, x, ctx, rope, keys, values, start, slots=None, key_pos=None) -> torch.Tensor:
         # the context features enter every layer as they are; only the block goes through the norms
-        x = x + self.self_attn(self.input_layernorm(x), ctx, rope, keys, values, start)
+        x = x + self.self_attn(self.input_layernorm(x), ctx, rope, keys, values, start, slots, key_pos)
         return x + self.mlp(self.post_attention_layernorm(x))
 
 
@@ -278,6 +290,25 @@ class DFlashModel(nn.Module):
         for i, layer in enumerate(self.layers):
             x = layer(x, ctx, rope, cache.k[i], cache.v[i], start)
         cache.length = start + n  # the block's rows stay scratch
+        return self.norm(x)
+
+    def forward_static(
+        self,
+        context: torch.Tensor,  # [n, len(target_layer_ids) * H], n >= 1
+        block: torch.Tensor,  # [B, H]
+        cache: DraftCache,  # buffers already reserved; `cache.length` is NOT read or advanced
+        start: torch.Tensor,  # [1] long on the device: committed context rows before `context`
+        key_pos: torch.Tensor,  # [S] long: arange over the cache buffers (S <= their capacity)
+    ) -> torch.Tensor:  # [B, H] after the final norm
+        """The same pass with fixed shapes for a CUDA graph: the start is read from device memory,
+        keys and values are written with index_copy_ and attention reads the whole buffer under a mask."""
+        n, b = context.shape[0], block.shape[0]
+        ctx = self.hidden_norm(self.fc(context))
+        slots = start + torch.arange(n + b, device=block.device)  # slot = position in the draft cache
+        rope = self.rotary.cos_sin(slots, block.dtype)
+        x = block
+        for i, layer in enumerate(self.layers):
+            x = layer(x, ctx, rope, cache.k[i], cache.v[i], 0, slots, key_pos)
         return self.norm(x)
 
     def logits(self, hidden: torch.Tensor, head) -> torch.Tensor:

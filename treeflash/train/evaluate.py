@@ -81,6 +81,8 @@ def build_configs(loaded, drafter_dir: str, budgets, graphs: bool, max_len: int)
         if graphs:
             capture = c.drafter.capture_layers if c.drafter is not None else ()
             c.runner = CudaGraphRunner(model, c.cache, capture_layers=capture, buckets=BUCKETS)
+            if c.drafter is not None:
+                c.drafter.bind_runner(c.runner)  # its passes as CUDA graphs too (static code on a CPU)
     return configs
 
 

@@ -1,0 +1,115 @@
+"""The DFlash drafter's static passes (DraftGraphs: CUDA graphs on a GPU, the same static code run
+eagerly here) propose exactly the trees of the eager pass, step by step, beside the static-shape
+target runner; decoding stays token-identical to plain decoding."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from tests.models.hf_oracle import make_pair
+from tests.spec.test_dflash_model import random_drafter
+from tests.spec.test_lossless_greedy import run
+from treeflash.models.runner import CudaGraphRunner
+from treeflash.spec.decoder import Decoder
+from treeflash.spec.dflash import DFlashDrafter
+from treeflash.spec.sampling import SamplingParams
+
+NUM_TOKENS = 120
+
+
+class Recorder(DFlashDrafter):
+    """Keeps every proposed tree (ids, parents) and whether the pass was static."""
+
+    def propose(self, ctx):
+        static_before = self.graphs is not None and self.graphs.fits(sum(r.shape[0] for r in self._pending))
+        tree = super().propose(ctx)
+        self.trees = getattr(self, "trees", []) + [(tree.token_ids.tolist(), list(tree.parents), static_before)]
+        return tree
+
+
+def decode(target, model, prompt, budget, tree, static: bool, params=None):
+    cache = target.new_cache(len(prompt) + NUM_TOKENS + 80)
+    drafter = Recorder(target, model, budget=budget, tree=tree)
+    runner = None
+    if static:
+        runner = CudaGraphRunner(target, cache, capture_layers=drafter.capture_layers, use_graphs=False)
+        drafter.bind_runner(runner)
+        assert drafter.graphs is not None and sorted(drafter.graphs.passes) == list(range(1, model.config.block_size + 1))
+    dec = Decoder(target, cache, params or SamplingParams(), drafter, runner=runner)
+    out = [dec.prefill(prompt)]
+    while len(out) < NUM_TOKENS:
+        out.extend(dec.step())
+    return out[:NUM_TOKENS], drafter.trees
+
+
+@pytest.mark.parametrize("arch", ["qwen3", "qwen3_5"])
+@pytest.mark.parametrize("budget", ["chain", 6, 22])
+def test_static_passes_propose_the_eager_trees(arch, budget):
+    if arch == "qwen3_5":
+        pytest.importorskip("treeflash.models.gated_deltanet")
+    _, target = make_pair(arch)
+    model = random_drafter(target)
+    prompt = torch.randint(0, target.config.vocab_size, (12,), generator=torch.Generator().manual_seed(5)).tolist()
+    ref, _ = run(target, prompt, NUM_TOKENS)
+    tree = budget != "chain"
+    b = budget if tree else model.config.block_size - 1
+    eager_out, eager_trees = decode(target, model, prompt, b, tree, static=False)
+    static_out, static_trees = decode(target, model, prompt, b, tree, static=True)
+    assert static_out == eager_out == ref
+    assert [t[:2] for t in static_trees] == [t[:2] for t in eager_trees]
+    assert not static_trees[0][2] and all(t[2] for t in static_trees[1:])  # the prompt's 12 rows > block 8: eager once
+
+
+def test_static_masks_for_causal_sliding_layers_and_short_prompts():
+    """Sliding (causal, windowed) draft layers read the whole buffer under the static mask; a
+    prompt shorter than the block takes the static pass from the first step."""
+    _, target = make_pair("qwen3")
+    model = random_drafter(target, layer_types=("full_attention", "sliding_attention"), sliding_window=5)
+    assert model.layers[1].self_attn.causal and model.layers[1].self_attn.window == 5
+    prompt = [3, 1, 4, 1, 5]
+    ref, _ = run(target, prompt, NUM_TOKENS)
+    eager_out, eager_trees = decode(target, model, prompt, 16, True, static=False)
+    static_out, static_trees = decode(target, model, prompt, 16, True, static=True)
+    assert static_out == eager_out == ref
+    assert [t[:2] for t in static_trees] == [t[:2] for t in eager_trees]
+    assert all(t[2] for t in static_trees)
+
+
+def test_static_pass_logits_equal_eager_logits():
+    _, target = make_pair("qwen3")
+    model = random_drafter(target)
+    eager = DFlashDrafter(target, model, budget=8)
+    static = DFlashDrafter(target, model, budget=8)
+    static.static_passes(64, use_graphs=False)
+    g = torch.Generator().manual_seed(0)
+    width = len(model.config.target_layer_ids) * target.config.hidden_size
+    for rows in (3, 8, 1, 5):  # new context rows per pass, as steps commit them
+        hidden = torch.randn(rows, width, generator=g)
+        ids = list(range(rows))
+        eager.observe(ids, hidden)
+        static.observe(ids, hidden)
+        want = eager.draft_logits(7)
+        p = static._static_pass(7)
+        assert p is not None
+        torch.testing.assert_close(p.logits, want, atol=1e-5, rtol=0)
+        packed = p.packed
+        d = packed.shape[0] // 2
+        top_lp, top_ids = torch.log_softmax(want, -1).topk(8, dim=-1)
+        torch.testing.assert_close(packed[:d].float(), top_lp, atol=1e-5, rtol=0)
+        assert torch.equal(packed[d:].long(), top_ids)
+    assert static.cache.length == eager.cache.length == 17
+
+
+def test_sampled_requests_use_the_static_logits():
+    """temperature > 0: the static pass's logits feed the sampler (no read-back shortcut); the
+    same seed gives the same text as the eager pass."""
+    _, target = make_pair("qwen3")
+    model = random_drafter(target)
+    prompt = [5, 9, 2, 6, 5, 3, 5, 8, 9, 7, 9, 3]
+    params = SamplingParams(temperature=0.8, seed=3)
+    for tree, budget in ((False, 7), (True, 12)):
+        eager_out, eager_trees = decode(target, model, prompt, budget, tree, static=False, params=params)
+        static_out, static_trees = decode(target, model, prompt, budget, tree, static=True, params=params)
+        assert static_out == eager_out
+        assert [t[:2] for t in static_trees] == [t[:2] for t in eager_trees]

@@ -1,0 +1,119 @@
+"""DraftGraphs: the DFlash drafter's pass as CUDA graphs, one per number of new context rows.
+
+On the H200 the host spends ~50-80 us per launched op, and an eager DFlash pass launches ~40 ops
+per draft layer plus the head, the log-softmax and the top-k: several milliseconds, more than the
+target's whole graphed verify step of a small model. Here the pass is captured once per n = 1 ..
+block_size new context rows (a step commits at most block_size tokens) over static buffers:
+
+    ints     [2] long      start (committed draft-context rows), root token   <- one H2D copy
+    ctx_in   [B, C]        target hidden states of the new rows (raw; the final-norm slot is
+                           normalized inside the graph)                       <- one device copy
+    outputs  logits [B-1, vocab] fp32; packed [2(B-1), K] fp64: top-K log-probs, then their ids
+
+so a pass is two small copies, one replay and one read-back of `packed` (what DDTree and the
+greedy chain need). Other passes (the prompt, rows piled up over plain steps) run the same
+static code eagerly at their own n, or the eager model when n > B. The draft cache's buffers are
+reserved once at `capacity` rows and never move, as the graphs require.
+
+`use_graphs=False` runs the identical static code without capturing: how the CPU tests check it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable
+
+import torch
+
+from treeflash.spec.dflash_model import DFlashModel, DraftCache
+
+
+@dataclass
+class _Pass:
+    replay: Callable[[], None]
+    logits: torch.Tensor | None = None  # [B-1, vocab] fp32
+    packed: torch.Tensor | None = None  # [2(B-1), K] fp64
+
+
+class DraftGraphs:
+    def __init__(
+        self,
+        model: DFlashModel,
+        target,  # CausalLM: embed() and head() are the drafter's
+        cache: DraftCache,
+        capacity: int,  # draft-context rows + one block the buffers must hold
+        top_k: int,  # candidates per depth read back for trees (>= the largest budget)
+        prepare: Callable[[torch.Tensor], torch.Tensor],  # raw context rows [n, C] -> the drafter's input
+        use_graphs: bool | None = None,
+    ):
+        c = model.config
+        dev = model.fc.weight.device
+        self.model, self.target, self.cache, self.prepare = model, target, cache, prepare
+        self.use_graphs = dev.type == "cuda" if use_graphs is None else use_graphs
+        self.block_size = c.block_size
+        self.top_k = max(1, min(top_k, target.config.vocab_size))
+        cache.reserve(capacity)
+        self.capacity = cache.k[0].shape[0]
+        self.key_pos = torch.arange(self.capacity, device=dev)
+        self.depth_ids = torch.arange(c.block_size, device=dev)
+        pin = dev.type == "cuda"
+        self.host_ints = torch.zeros(2, dtype=torch.long, pin_memory=pin)
+        self.ints = torch.zeros(2, dtype=torch.long, device=dev)
+        width = len(c.target_layer_ids) * c.hidden_size
+        self.ctx_in = torch.zeros(c.block_size, width, dtype=model.fc.weight.dtype, device=dev)
+        self.pool = torch.cuda.graph_pool_handle() if self.use_graphs else None
+        self.passes: dict[int, _Pass] = {}
+        saved = cache.length
+        for n in range(1, c.block_size + 1):
+            self.passes[n] = self._capture(n)
+        cache.length = saved
+
+    # -- the static pass --
+    def _run(self, n: int) -> tuple[torch.Tensor, torch.Tensor]:
+        c = self.model.config
+        start, root = self.ints[0:1], self.ints[1:2]
+        block_ids = torch.where(self.depth_ids == 0, root, c.mask_token_id)  # [B]: root, MASK ...
+        block = self.target.embed(block_ids)
+        if c.input_embedding_scale != 1.0:
+            block = block * c.input_embedding_scale
+        hidden = self.model.forward_static(self.prepare(self.ctx_in[:n]), block, self.cache, start, self.key_pos)
+        logits = self.model.logits(hidden[1:], self.target.head).float()  # [B-1, vocab]
+        top_lp, top_ids = torch.log_softmax(logits, dim=-1).topk(self.top_k, dim=-1)
+        return logits, torch.cat((top_lp.double(), top_ids.double()))  # ids < 2^53: exact in fp64
+
+    def _capture(self, n: int) -> _Pass:
+        if not self.use_graphs:
+            p = _Pass(lambda: None)
+
+            def replay():
+                p.logits, p.packed = self._run(n)
+
+            p.replay = replay
+            return p
+        stream = torch.cuda.Stream()
+        stream.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(stream):
+            for _ in range(2):  # warm up kernels / cuBLAS handles outside the graph
+                self._run(n)
+        torch.cuda.current_stream().wait_stream(stream)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph, pool=self.pool):
+            logits, packed = self._run(n)
+        return _Pass(graph.replay, logits, packed)
+
+    # -- one drafting pass --
+    def fits(self, n: int) -> bool:
+        return 1 <= n <= self.block_size and self.cache.length + n + self.block_size <= self.capacity
+
+    def run(self, rows: list[torch.Tensor], root: int) -> _Pass:
+        """rows: the new context rows (raw target hidden states, [k_i, C] each, n = sum k_i <= B)."""
+        off = 0
+        for r in rows:
+            self.ctx_in[off : off + r.shape[0]].copy_(r)
+            off += r.shape[0]
+        self.host_ints[0], self.host_ints[1] = self.cache.length, root
+        self.ints.copy_(self.host_ints, non_blocking=True)
+        p = self.passes[off]
+        p.replay()
+        self.cache.length += off  # the block's rows stay scratch, as in the eager pass
+        return p

@@ -19,15 +19,21 @@ sys.path.insert(0, str(ROOT))
 
 from tests.models.hf_oracle import make_pair  # noqa: E402
 from tests.spec.oracle_drafter import OracleDrafter  # noqa: E402
+from tests.spec.test_dflash_model import random_drafter  # noqa: E402
 from treeflash.models.runner import CudaGraphRunner  # noqa: E402
 from treeflash.models.step import StepInput  # noqa: E402
 from treeflash.spec.decoder import Decoder  # noqa: E402
+from treeflash.spec.dflash import DFlashDrafter  # noqa: E402
 from treeflash.spec.sampling import SamplingParams  # noqa: E402
 
 
-def decode(model, prompt, n, drafter=None, graphs=False):
+def decode(model, prompt, n, drafter=None, graphs=False, bind=False):
     cache = model.new_cache(len(prompt) + n + 64)
-    runner = CudaGraphRunner(model, cache, buckets=(1, 2, 4, 8, 16)) if graphs else None
+    capture = drafter.capture_layers if drafter is not None else ()
+    runner = CudaGraphRunner(model, cache, capture_layers=capture, buckets=(1, 2, 4, 8, 16, 32)) if graphs else None
+    if bind:
+        drafter.bind_runner(runner)  # DFlash: its passes as CUDA graphs too
+        assert drafter.graphs is not None and drafter.graphs.use_graphs
     dec = Decoder(model, cache, SamplingParams(), drafter, runner=runner)
     out = [dec.prefill(prompt)]
     while len(out) < n:
@@ -89,11 +95,19 @@ def main() -> None:
                                "note": "bf16 eager and graph paths use different kernels; rounding can flip near-ties"}
         res[arch] = {"prefill_max_abs_err": err, "decode_max_abs_err": inc,
                      "graph_plain_identical": graph_plain == plain, "graph_spec_identical": graph_spec == plain}
+        if arch in ("qwen3", "qwen3_5"):  # DFlash (random drafter): eager passes vs CUDA-graph passes, chain and tree
+            draft = random_drafter(ours).cuda()
+            for name, budget, tree in (("chain", 7, False), ("ddtree22", 22, True)):
+                eager = decode(ours, prompt, 60, DFlashDrafter(ours, draft, budget=budget, tree=tree), graphs=True)
+                graphed = decode(ours, prompt, 60, DFlashDrafter(ours, draft, budget=budget, tree=tree), graphs=True, bind=True)
+                res[arch][f"dflash_{name}_eager_identical"] = eager == plain
+                res[arch][f"dflash_{name}_graph_identical"] = graphed == plain
         print(arch, res[arch], flush=True)
     # fp32: exact agreement; bf16: the graph path's logits within bf16 rounding of the eager path's
     # (greedy tokens of flat random tiny models can flip on near-ties, so agreement is reported, not gated)
     ok = all(r["verify_logits_rel_err_graph_vs_eager"] < 2e-2 if "verify_logits_rel_err_graph_vs_eager" in r else
              r["prefill_max_abs_err"] < 1e-3 and r["decode_max_abs_err"] < 1e-3 and r["graph_plain_identical"] and r["graph_spec_identical"]
+             and all(v for k, v in r.items() if k.startswith("dflash_"))
              for r in res.values())
     res["ok"] = ok
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)

@@ -113,3 +113,26 @@ def test_sampled_requests_use_the_static_logits():
         static_out, static_trees = decode(target, model, prompt, budget, tree, static=True, params=params)
         assert static_out == eager_out
         assert [t[:2] for t in static_trees] == [t[:2] for t in eager_trees]
+
+
+def test_budget_zero_steps_take_the_plain_decode_path():
+    """A root-only tree (budget 0: no drafting) runs as a plain decode step (the decode graph on a
+    GPU), not as a one-node verify; the drafter still sees every committed row."""
+    _, target = make_pair("qwen3")
+    model = random_drafter(target)
+    prompt = [2, 7, 1, 8, 2, 8, 1, 8, 2, 8, 4, 5]
+    ref, _ = run(target, prompt, 40)
+    cache = target.new_cache(len(prompt) + 120)
+    drafter = DFlashDrafter(target, model, budget=0)
+    runner = CudaGraphRunner(target, cache, capture_layers=drafter.capture_layers, use_graphs=False)
+    drafter.bind_runner(runner)
+    steps = []
+    forward = runner.forward
+    runner.forward = lambda step, *a, **k: steps.append(step.is_verify) or forward(step, *a, **k)
+    dec = Decoder(target, cache, SamplingParams(), drafter, runner=runner)
+    out = [dec.prefill(prompt)]
+    while len(out) < 40:
+        out.extend(dec.step())
+    assert out[:40] == ref
+    assert steps and not any(steps)  # prefill and every step: plain forwards
+    assert drafter._observed == len(dec.tokens) and dec.stats.passes == 39

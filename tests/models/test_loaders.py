@@ -369,3 +369,32 @@ def test_gguf_qwen35_matches_transformers_and_its_gguf_reader(tmp_path, monkeypa
     assert_same_logits(hf, loaded.model)
     theirs = tf.AutoModelForCausalLM.from_pretrained(str(tmp_path), gguf_file="q35.gguf", dtype=torch.float32).eval()
     assert_same_logits(theirs, loaded.model)
+
+
+def test_hf_dir_qwen3_5_text_matches_transformers(tmp_path):
+    """A text-only Qwen3.5 directory (model_type qwen3_5_text, as save_pretrained writes the text
+    model: weights under `model.*`, no `language_model` prefix, no vision tower) loads as qwen3_5."""
+    hf = random_hf("qwen3_5")
+    save_hf(hf, tmp_path)
+    assert json.loads((tmp_path / "config.json").read_text())["model_type"] == "qwen3_5_text"
+    loaded = load_model(str(tmp_path), device="cpu", progress=False)
+    assert loaded.config.arch == "qwen3_5" and loaded.config.layer_types == tuple(hf.config.layer_types)
+    assert loaded.config.is_hybrid and loaded.config.rotary_dim == int(hf.config.head_dim * hf.config.rope_parameters["partial_rotary_factor"])
+    assert loaded.config.num_kv_heads < loaded.config.num_heads  # grouped-query attention
+    assert_same_logits(hf, loaded.model)
+
+
+def test_gguf_qwen2_matches_transformers_and_its_gguf_reader(tmp_path, monkeypatch):
+    """qwen2 in a GGUF: q/k/v biases, no q/k permutation (llama.cpp permutes llama only); checked
+    against the HF model and against transformers' own reader of the same file."""
+    import transformers as tf
+
+    allow_transformers_gguf(monkeypatch)
+    hf = random_hf("qwen2")
+    path = write_gguf(tmp_path / "q2.gguf", hf, arch="qwen2")  # Q8_0 matrices, f32 biases and norms
+    loaded = load_model(str(path), device="cpu", progress=False)
+    assert loaded.config.arch == "qwen2" and loaded.config.attention_bias and not loaded.config.tie_word_embeddings
+    assert loaded.config.rope_theta == 1000000.0
+    assert_same_logits(hf, loaded.model)
+    theirs = tf.AutoModelForCausalLM.from_pretrained(str(tmp_path), gguf_file="q2.gguf", dtype=torch.float32).eval()
+    assert_same_logits(theirs, loaded.model)

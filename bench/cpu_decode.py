@@ -1,9 +1,12 @@
 """Decode speed of the embedded default (SmolLM2-135M-Instruct) on this CPU: treeflash against
-transformers' generate on the same GGUF, same dtype (fp32), same prompts, interleaved in one run.
+transformers' generate on the same GGUF, same prompts, interleaved in one run.
 
-    python bench/cpu_decode.py --out docs/results/cpu_decode.json
+    python bench/cpu_decode.py --threads 1 --out docs/results/cpu_decode.json
 
-Decode tokens/s = (tokens - 1) / (time after the first token); both sides greedy, EOS ignored.
+Three rows per prompt: treeflash fp32 (the GGUF dequantized, as transformers loads it),
+treeflash `--weights int4` (the GGUF's Q4_1 layers kept at 4 bits, bf16-level precision), and
+transformers fp32. Decode tokens/s = (tokens - 1) / (time after the first token), by the wall
+clock and per CPU-second of this process (steadier on a shared machine); greedy, EOS ignored.
 """
 
 from __future__ import annotations
@@ -35,15 +38,15 @@ PROMPTS = [
 
 
 @torch.inference_mode()
-def ours_decode(loaded, ids: list[int], n: int) -> tuple[list[int], float]:
+def ours_decode(loaded, ids: list[int], n: int) -> tuple[list[int], float, float]:
     model = loaded.model
     cache = model.new_cache(len(ids) + n + 8)
     dec = Decoder(model, cache, SamplingParams())
     out = [dec.prefill(ids)]
-    t0 = time.perf_counter()
+    t0, c0 = time.perf_counter(), time.process_time()
     while len(out) < n:
         out.extend(dec.step())
-    return out[:n], (n - 1) / (time.perf_counter() - t0)
+    return out[:n], (n - 1) / (time.perf_counter() - t0), (n - 1) / (time.process_time() - c0)
 
 
 @torch.inference_mode()
@@ -56,14 +59,14 @@ def hf_decode(hf, ids: list[int], n: int) -> tuple[list[int], float]:
 
         def __call__(self, input_ids, scores):
             if self.first is None:
-                self.first = time.perf_counter()
+                self.first, self.first_cpu = time.perf_counter(), time.process_time()
             return scores
 
     clock = Clock()
     x = torch.tensor([ids])
     out = hf.generate(x, max_new_tokens=n, min_new_tokens=n, do_sample=False, logits_processor=LogitsProcessorList([clock]))
-    end = time.perf_counter()
-    return out[0, len(ids):].tolist(), (n - 1) / (end - clock.first)
+    end, end_cpu = time.perf_counter(), time.process_time()
+    return out[0, len(ids):].tolist(), (n - 1) / (end - clock.first), (n - 1) / (end_cpu - clock.first_cpu)
 
 
 def main() -> None:
@@ -81,33 +84,44 @@ def main() -> None:
     loaded = load_model(None, device="cpu", dtype=torch.float32, progress=False)
     loaded.model.fuse_projections()
     hf = AutoModelForCausalLM.from_pretrained(str(path.parent), gguf_file=path.name, dtype=torch.float32).eval()
+    int4 = load_model(None, device="cpu", dtype=torch.float32, progress=False, weights="int4")
     rows = []
     for r in range(args.rounds):
         for prompt in PROMPTS:
             text = render_chat(loaded.chat_template, [{"role": "user", "content": prompt}])
             ids = loaded.tokenizer(text, add_special_tokens=False)["input_ids"]
-            a_ids, a = ours_decode(loaded, ids, args.tokens)
-            b_ids, b = hf_decode(hf, ids, args.tokens)
+            order = ("fp32", "int4", "hf") if r % 2 == 0 else ("hf", "int4", "fp32")
+            got = {}
+            for who in order:
+                got[who] = hf_decode(hf, ids, args.tokens) if who == "hf" else ours_decode(loaded if who == "fp32" else int4, ids, args.tokens)
+            (a_ids, a, a_cpu), (q_ids, q, q_cpu), (b_ids, b, b_cpu) = got["fp32"], got["int4"], got["hf"]
             # transformers' min_new_tokens masks EOS, so compare the tokens before our first EOS
             eos = set(loaded.config.eos_token_ids)
             cut = next((i for i, t in enumerate(a_ids) if t in eos), len(a_ids))
             same = a_ids[:cut] == b_ids[:cut]
-            rows.append({"round": r, "prompt": prompt, "treeflash_tok_s": a, "transformers_tok_s": b,
-                         "same_tokens_until_eos": same, "compared_tokens": cut})
-            print(f"round {r} {prompt[:30]!r}: treeflash {a:.1f} tok/s, transformers {b:.1f} tok/s, same tokens {same} ({cut})", flush=True)
-    ours = statistics.median(x["treeflash_tok_s"] for x in rows)
-    theirs = statistics.median(x["transformers_tok_s"] for x in rows)
+            int4_same = next((i for i in range(cut) if q_ids[i] != a_ids[i]), cut)
+            rows.append({"round": r, "prompt": prompt, "treeflash_tok_s": a, "treeflash_int4_tok_s": q, "transformers_tok_s": b,
+                         "treeflash_tok_per_cpu_s": a_cpu, "treeflash_int4_tok_per_cpu_s": q_cpu, "transformers_tok_per_cpu_s": b_cpu,
+                         "same_tokens_until_eos": same, "compared_tokens": cut, "int4_same_as_fp32_for_first": int4_same})
+            print(f"round {r} {prompt[:30]!r}: treeflash fp32 {a:.1f} tok/s ({a_cpu:.1f}/cpu-s), int4 {q:.1f} ({q_cpu:.1f}), "
+                  f"transformers {b:.1f} ({b_cpu:.1f}); fp32 same tokens {same} ({cut}); int4 = fp32 for {int4_same}", flush=True)
+    med = {k: statistics.median(x[k] for x in rows) for k in rows[0] if k.endswith("_s") and k != "compared_tokens"}
+    ours, theirs, q4 = med["treeflash_tok_s"], med["transformers_tok_s"], med["treeflash_int4_tok_s"]
     result = {
         "command": "python bench/cpu_decode.py " + " ".join(sys.argv[1:]),
         "load_average_1min_at_end": os.getloadavg()[0],
         "machine": {"cpu": platform.processor() or platform.machine(), "cores": os.cpu_count(), "torch_threads": torch.get_num_threads()},
         "torch": torch.__version__, "model": str(path.name), "dtype": "float32", "tokens": args.tokens,
-        "rows": rows, "median_treeflash_tok_s": ours, "median_transformers_tok_s": theirs, "ratio": ours / theirs,
+        "rows": rows, "medians": med, "median_treeflash_tok_s": ours, "median_transformers_tok_s": theirs, "ratio": ours / theirs,
+        "median_treeflash_int4_tok_s": q4, "ratio_int4": q4 / theirs,
+        "ratio_per_cpu_s": med["treeflash_tok_per_cpu_s"] / med["transformers_tok_per_cpu_s"],
+        "ratio_int4_per_cpu_s": med["treeflash_int4_tok_per_cpu_s"] / med["transformers_tok_per_cpu_s"],
         "all_same_tokens_until_eos": all(x["same_tokens_until_eos"] for x in rows),
     }
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(result, indent=2))
-    print(f"median decode: treeflash {ours:.1f} tok/s, transformers {theirs:.1f} tok/s, ratio {ours / theirs:.2f}x")
+    print(f"median decode: treeflash fp32 {ours:.1f} tok/s ({ours / theirs:.2f}x), int4 {q4:.1f} tok/s ({q4 / theirs:.2f}x), "
+          f"transformers {theirs:.1f} tok/s; per CPU-second: {result['ratio_per_cpu_s']:.2f}x and {result['ratio_int4_per_cpu_s']:.2f}x")
 
 
 if __name__ == "__main__":

@@ -100,7 +100,7 @@ def roofline(model) -> dict:
     for t in [*model.parameters(), *model.buffers()]:
         storages[t.untyped_storage().data_ptr()] = t.untyped_storage().nbytes()
     embed = getattr(getattr(model, "model", None), "embed_tokens", None)
-    if embed is not None and not getattr(model.config, "tie_word_embeddings", True):
+    if embed is not None and (not getattr(model.config, "tie_word_embeddings", True) or getattr(model, "head_weight_bf16", None) is not None):
         storages.pop(embed.weight.untyped_storage().data_ptr(), None)  # one row read per token, not the table
     weight_bytes = sum(storages.values())
     device = next(model.parameters()).device
@@ -108,6 +108,7 @@ def roofline(model) -> dict:
     return {
         "device": str(device),
         "dtype": str(next(model.parameters()).dtype).replace("torch.", ""),
+        "weights": getattr(model, "weights_format", "float"),
         "parameters": sum(p.numel() for p in model.parameters()),
         "weight_bytes": weight_bytes,
         "bandwidth_gbs": round(bw, 2),

@@ -170,7 +170,7 @@ def load(args: argparse.Namespace):
     from treeflash.models.loader import load_model
 
     return load_model(args.model, device=args.device, dtype=getattr(torch, args.dtype) if args.dtype else None,
-                      progress=not args.quiet)
+                      progress=not args.quiet, weights=getattr(args, "weights", "float"))
 
 
 def _engine_targets(args, prompts):

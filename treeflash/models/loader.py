@@ -18,7 +18,7 @@ from typing import Any, Callable
 import torch
 from torch import nn
 
-from treeflash.errors import ModelLoadError
+from treeflash.errors import InvalidRequestError, ModelLoadError
 from treeflash.models.config import ModelConfig
 from treeflash.models.layers import Rotary
 from treeflash.models.transformer import CausalLM
@@ -56,6 +56,10 @@ class LoadedModel:
     chat_template: str | None
     config: ModelConfig
     source: str
+    weights: str = "float"  # "int4": 4-bit linear layers on the CPU (models/int4_linear.py)
+
+
+WEIGHT_FORMATS = ("float", "int4")
 
 
 def resolve_device(device: str | torch.device) -> torch.device:
@@ -85,12 +89,16 @@ def load_model(
     device: str | torch.device = "auto",
     dtype: torch.dtype | None = None,
     progress: bool = True,
+    weights: str = "float",
 ) -> LoadedModel:
     """Load a model for inference. `path` None -> the embedded default (SmolLM2-135M-Instruct, Q4_1 GGUF).
 
     dtype defaults to float32 on a CPU and bfloat16 on a GPU. Raises ModelLoadError naming the file
-    and the tensor for anything that does not fit the architecture exactly.
+    and the tensor for anything that does not fit the architecture exactly. weights="int4" keeps
+    4-bit (Q4_0/Q4_1) linear layers at 4 bits on the CPU (see models/int4_linear.py).
     """
+    if weights not in WEIGHT_FORMATS:
+        raise InvalidRequestError(f"--weights must be one of {', '.join(WEIGHT_FORMATS)}, got {weights!r}", "weights")
     if path is None:
         from treeflash.models.default_model import default_model_path
 
@@ -100,8 +108,16 @@ def load_model(
         dtype = torch.float32 if dev.type == "cpu" else torch.bfloat16
     ckpt = open_checkpoint(path)
     tokenizer = ckpt.load_tokenizer()  # before the weights: a broken tokenizer should fail fast
+    if weights == "int4" and dev.type != "cpu":
+        raise InvalidRequestError(f"--weights int4 runs on the CPU only (device {dev}); on a GPU the weights are {dtype}", "weights")
     model = build_model(ckpt, dev, dtype, progress)
-    return LoadedModel(model=model, tokenizer=tokenizer, chat_template=ckpt.chat_template, config=ckpt.config, source=ckpt.source)
+    if weights == "int4":
+        from treeflash.models.int4_linear import use_int4_model
+
+        stats = use_int4_model(model)
+        if not stats["int4"]:
+            raise InvalidRequestError(f"--weights int4: no linear layer of {ckpt.source} is 4-bit (Q4_0/Q4_1 GGUF blocks); use --weights float", "weights")
+    return LoadedModel(model=model, tokenizer=tokenizer, chat_template=ckpt.chat_template, config=ckpt.config, source=ckpt.source, weights=weights)
 
 
 def build_model(ckpt: Checkpoint, device: torch.device, dtype: torch.dtype, progress: bool = True) -> CausalLM:

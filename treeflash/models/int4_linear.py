@@ -1,0 +1,124 @@
+"""4-bit weights on the CPU: GGUF Q4_0 / Q4_1 layers kept at 4 bits, multiplied by PyTorch's int4 kernel.
+
+Decoding at batch 1 reads every weight once per token. The loader dequantizes a GGUF's 4.5-bit
+blocks to fp32, 7x the bytes, and a CPU core streams ~8-18 GB/s: the embedded SmolLM2-135M is
+537 MB of fp32 per token. `use_int4_weights(model)` swaps each linear layer whose weight is
+4-bit representable for an `Int4Linear` that keeps the 4-bit codes and runs
+`torch.ops.aten._weight_int4pack_mm_for_cpu` (groups of 32 along the input, per group a scale s
+and a zero z: w = (q - 8) * s + z).
+
+Which weights: recovered from the dequantized tensor, block by block, and checked. A Q4_1 block
+is w = d * q + m with q in 0..15 (llama.cpp's quantizer puts the block's min at q = 0 and its max at
+q = 15), so d = (max - min) / 15, m = min; a Q4_0 block is w = d * (q - 8) with the largest-
+magnitude value at q = 0, so d = -that / 8. Every block must reproduce its dequantized values
+(to 1e-3 of its step) in one of the two forms, or the layer stays float. The Q8_0 embedding (the
+tied head of SmolLM2) is not 4-bit and stays float.
+
+Numerics: the kernel's fast path takes bf16 activations and bf16 scales and zeros. Rounding a
+block's scale to bf16 moves each weight by at most 8 * 2^-9 of the block's step (under 2% of the
+4-bit rounding the file already has), and activations are rounded to bf16 at each such layer.
+So this is the GGUF's own 4-bit model computed at about bf16 precision, like llama.cpp's CPU path
+(which rounds activations to 8 bits); it is not bit-identical to the fp32 dequantized model.
+Speculative decoding stays exact with respect to the model as it runs (the target verifies with the
+same layers).
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+GROUP = 32
+
+
+def int4_kernel_available() -> bool:
+    return hasattr(torch.ops.aten, "_weight_int4pack_mm_for_cpu") and hasattr(torch.ops.aten, "_convert_weight_to_int4pack_for_cpu")
+
+
+def recover_q4(w: torch.Tensor, group: int = GROUP) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None:
+    """w [N, K] (dequantized Q4_0/Q4_1) -> (q [N, K] int32 in 0..15, scale [N, K/g], zero [N, K/g]) fp32
+    with w = (q - 8) * scale + zero, or None when some block is not 4-bit in either form."""
+    n, k = w.shape
+    if k % group or n == 0:
+        return None
+    b = w.detach().float().reshape(n, k // group, group)
+    lo, hi = b.amin(-1), b.amax(-1)
+    # Q4_1: w = d * q + m
+    d1 = (hi - lo) / 15
+    q1 = torch.where(d1[..., None] > 0, ((b - lo[..., None]) / d1[..., None].clamp_min(1e-30)).round(), torch.zeros_like(b)).clamp(0, 15)
+    ok1 = ((q1 * d1[..., None] + lo[..., None] - b).abs() <= 1e-3 * d1[..., None] + 1e-12).all(-1)
+    # Q4_0: w = d * (q - 8), the largest-magnitude value at q = 0
+    big = torch.where(hi.abs() > lo.abs(), hi, lo)
+    d0 = -big / 8
+    q0 = torch.where(d0[..., None] != 0, (b / d0[..., None].masked_fill(d0[..., None] == 0, 1.0) + 8).round(), torch.full_like(b, 8.0)).clamp(0, 15)
+    ok0 = (((q0 - 8) * d0[..., None] - b).abs() <= 1e-3 * d0[..., None].abs() + 1e-12).all(-1)
+    if not bool((ok1 | ok0).all()):
+        return None
+    q = torch.where(ok1[..., None], q1, q0)
+    scale = torch.where(ok1, d1, d0)
+    zero = torch.where(ok1, lo + 8 * d1, torch.zeros_like(d0))
+    return q.reshape(n, k).to(torch.int32), scale, zero
+
+
+class Int4Linear(nn.Module):
+    """y = x @ W^T (+ b) with W held as 4-bit codes, bf16 group scales and zeros (see the module doc)."""
+
+    def __init__(self, q: torch.Tensor, scale: torch.Tensor, zero: torch.Tensor, bias: torch.Tensor | None = None):
+        super().__init__()
+        self.out_features, self.in_features = q.shape
+        self.register_buffer("packed", torch.ops.aten._convert_weight_to_int4pack_for_cpu(q.contiguous(), 1), persistent=False)
+        # [K/g, N, 2]: the kernel's layout
+        self.register_buffer("scales_zeros", torch.stack((scale.t(), zero.t()), dim=-1).to(torch.bfloat16).contiguous(), persistent=False)
+        self.bias = None if bias is None else nn.Parameter(bias.detach().clone(), requires_grad=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:  # x [..., K] -> [..., N] in x.dtype
+        lead = x.shape[:-1]
+        y = torch.ops.aten._weight_int4pack_mm_for_cpu(x.reshape(-1, self.in_features).to(torch.bfloat16), self.packed, GROUP, self.scales_zeros)
+        y = y.to(x.dtype).reshape(*lead, self.out_features)
+        return y if self.bias is None else y + self.bias
+
+    def dequantized(self) -> torch.Tensor:
+        """[N, K] fp32: the weights this layer multiplies by (after the bf16 rounding of its scales)."""
+        eye = torch.eye(self.in_features, dtype=torch.bfloat16)
+        return torch.ops.aten._weight_int4pack_mm_for_cpu(eye, self.packed, GROUP, self.scales_zeros).float().t()
+
+    def extra_repr(self) -> str:
+        return f"in_features={self.in_features}, out_features={self.out_features}, int4 groups of {GROUP}"
+
+
+def use_int4_weights(model: nn.Module) -> dict[str, int]:
+    """Swap every nn.Linear of `model` whose weight is 4-bit representable (CPU only) for an Int4Linear.
+
+    Returns counts: {"int4": layers swapped, "float": linear layers left float}."""
+    if not int4_kernel_available():
+        raise RuntimeError(f"this PyTorch ({torch.__version__}) has no CPU int4 kernel (_weight_int4pack_mm_for_cpu)")
+    swapped = kept = 0
+    for parent in list(model.modules()):
+        for name, child in list(parent.named_children()):
+            if not isinstance(child, nn.Linear):
+                continue
+            if child.weight.device.type != "cpu":
+                raise RuntimeError("int4 weights run on the CPU only")
+            got = recover_q4(child.weight)
+            if got is None:
+                kept += 1
+                continue
+            setattr(parent, name, Int4Linear(*got, bias=child.bias))
+            swapped += 1
+    return {"int4": swapped, "float": kept}
+
+
+def use_int4_model(model) -> dict[str, int]:
+    """A CausalLM's linear layers to int4 where 4-bit representable, and its head to bf16.
+
+    The head (SmolLM2: the tied Q8_0 embedding, 49152 x 576) is not 4-bit; a bf16 copy halves the
+    bytes it reads per token (bf16 GEMV is ~1.5x faster than fp32 here). Returns the counts."""
+    stats = use_int4_weights(model.model)
+    if model.lm_head is not None and isinstance(model.lm_head, Int4Linear):
+        stats["head"] = "int4"
+    else:
+        w = model.model.embed_tokens.weight if model.lm_head is None else model.lm_head.weight
+        model.register_buffer("head_weight_bf16", w.detach().to(torch.bfloat16).contiguous(), persistent=False)
+        stats["head"] = "bf16"
+    model.weights_format = "int4"
+    return stats

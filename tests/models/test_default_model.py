@@ -113,3 +113,53 @@ def test_default_model_decodes_like_transformers(monkeypatch):
         msgs = [{"role": "user", "content": prompt}]
         ids = loaded.tokenizer.apply_chat_template(msgs, add_generation_prompt=True, tokenize=True, return_dict=False)
         assert greedy_ours(loaded.model, ids, 32) == greedy_transformers(hf, ids, 32), prompt
+
+
+TOKENIZER_TEXTS = [
+    "Hello world",
+    "The quick brown fox jumps over the lazy dog. 1234567890!?",
+    "def f(x):\n\treturn x ** 2  # héllo → wörld ✓ 日本語 🙂\n",
+    "  leading spaces,\n\n\ttabs\t\tand trailing   ",
+    "<|im_start|>system\nYou are helpful.<|im_end|>\n<|im_start|>user\nWhat is the capital of France?<|im_end|>\n<|im_start|>assistant\n",
+    "<|endoftext|>x<|im_end|>",
+]
+
+
+@pytest.mark.slow
+def test_default_gguf_tokenizer_matches_transformers():
+    """treeflash's tokenizer built from the GGUF metadata encodes and decodes as transformers' own
+    GGUF tokenizer does: ASCII, code with tabs and non-ASCII text, ChatML special tokens."""
+    from transformers import AutoTokenizer
+
+    from treeflash.models.loader import open_checkpoint
+
+    path = dm.default_model_path()
+    ours = open_checkpoint(path).load_tokenizer()
+    theirs = AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name)
+    assert len(ours) == len(theirs) == 49152
+    for text in TOKENIZER_TEXTS:
+        for special in (False, True):
+            ids = ours(text, add_special_tokens=special).input_ids
+            assert ids == theirs(text, add_special_tokens=special).input_ids, (text, special)
+        assert ours.decode(ids) == theirs.decode(ids) == text  # byte-level: exact round trip
+        assert ours.decode(ids, skip_special_tokens=True) == theirs.decode(ids, skip_special_tokens=True)
+    chatml = ours(TOKENIZER_TEXTS[4]).input_ids
+    assert chatml.count(1) == 3 and chatml.count(2) == 2  # <|im_start|>, <|im_end|>: one token each
+    assert ours.convert_ids_to_tokens([0, 1, 2]) == ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
+
+
+@pytest.mark.slow
+def test_cli_generate_chat_answers_paris():
+    """The README's command, run as a user runs it: the answer on stdout, the summary on stderr."""
+    import re
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[2]
+    cmd = [sys.executable, "-m", "treeflash.cli.main", "generate", "--chat", "What is the capital of France?", "--temperature", "0"]
+    proc = subprocess.run(cmd, cwd=root, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert "Paris" in proc.stdout
+    summary = proc.stderr.strip().splitlines()[-1]
+    assert re.fullmatch(r"\[treeflash\] \d+ tokens in [\d.]+ s: [\d.]+ tokens/s \(prompt \d+ tokens, .*\)", summary), summary

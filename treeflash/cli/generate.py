@@ -63,6 +63,7 @@ def run(args: argparse.Namespace) -> int:
         sys.stdout.flush()
         last = ev
     sys.stdout.write("\n")
+    sys.stdout.flush()  # before the summary on stderr: with 2>&1 they would share a line
     u = last.usage
     decode_s = max(u.seconds - u.first_token_s, 1e-9)
     line = (f"[treeflash] {u.completion_tokens} tokens in {u.seconds:.2f} s: {u.completion_tokens / u.seconds:.1f} tokens/s "

@@ -69,6 +69,31 @@ def hf_decode(hf, ids: list[int], n: int) -> tuple[list[int], float]:
     return out[0, len(ids):].tolist(), (n - 1) / (end - clock.first), (n - 1) / (end_cpu - clock.first_cpu)
 
 
+def gemv_rates(n: int = 49152, k: int = 576, iters: int = 30) -> dict:
+    """One token's head GEMV (SmolLM2: 49152 x 576) in fp32, bf16 and int4: ms and GB/s of weights read."""
+    from treeflash.models.int4_linear import Int4Linear, int4_kernel_available
+
+    g = torch.Generator().manual_seed(0)
+    w = torch.randn(n, k, generator=g)
+    x = torch.randn(1, k, generator=g)
+    cases = {"fp32": (lambda: torch.nn.functional.linear(x, w), n * k * 4),
+             "bf16": (lambda xb=x.bfloat16(), wb=w.bfloat16(): torch.nn.functional.linear(xb, wb), n * k * 2)}
+    if int4_kernel_available():
+        q = torch.randint(0, 16, (n, k), dtype=torch.int32, generator=g)
+        lin = Int4Linear(q, torch.rand(n, k // 32, generator=g) * 0.01, torch.zeros(n, k // 32))
+        cases["int4"] = (lambda: lin(x), n * k // 2 + n * (k // 32) * 4)
+    out = {}
+    for name, (fn, nbytes) in cases.items():
+        for _ in range(3):
+            fn()
+        t0 = time.perf_counter()
+        for _ in range(iters):
+            fn()
+        dt = (time.perf_counter() - t0) / iters
+        out[name] = {"ms": round(dt * 1e3, 3), "weight_gb_s": round(nbytes / dt / 1e9, 2)}
+    return out
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--tokens", type=int, default=64)
@@ -84,6 +109,8 @@ def main() -> None:
     loaded = load_model(None, device="cpu", dtype=torch.float32, progress=False)
     loaded.model.fuse_projections()
     hf = AutoModelForCausalLM.from_pretrained(str(path.parent), gguf_file=path.name, dtype=torch.float32).eval()
+    gemv = gemv_rates()
+    print(f"head GEMV 49152x576: {gemv}", flush=True)
     int4 = load_model(None, device="cpu", dtype=torch.float32, progress=False, weights="int4")
     rows = []
     for r in range(args.rounds):
@@ -112,7 +139,7 @@ def main() -> None:
         "load_average_1min_at_end": os.getloadavg()[0],
         "machine": {"cpu": platform.processor() or platform.machine(), "cores": os.cpu_count(), "torch_threads": torch.get_num_threads()},
         "torch": torch.__version__, "model": str(path.name), "dtype": "float32", "tokens": args.tokens,
-        "rows": rows, "medians": med, "median_treeflash_tok_s": ours, "median_transformers_tok_s": theirs, "ratio": ours / theirs,
+        "head_gemv": gemv, "rows": rows, "medians": med, "median_treeflash_tok_s": ours, "median_transformers_tok_s": theirs, "ratio": ours / theirs,
         "median_treeflash_int4_tok_s": q4, "ratio_int4": q4 / theirs,
         "ratio_per_cpu_s": med["treeflash_tok_per_cpu_s"] / med["transformers_tok_per_cpu_s"],
         "ratio_int4_per_cpu_s": med["treeflash_int4_tok_per_cpu_s"] / med["transformers_tok_per_cpu_s"],

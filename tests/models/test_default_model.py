@@ -120,6 +120,7 @@ TOKENIZER_TEXTS = [
     "The quick brown fox jumps over the lazy dog. 1234567890!?",
     "def f(x):\n\treturn x ** 2  # héllo → wörld ✓ 日本語 🙂\n",
     "  leading spaces,\n\n\ttabs\t\tand trailing   ",
+    "It 's spaced , isn't it ? Yes . No !",  # decoding keeps the spaces (no clean-up of tokenization spaces)
     "<|im_start|>system\nYou are helpful.<|im_end|>\n<|im_start|>user\nWhat is the capital of France?<|im_end|>\n<|im_start|>assistant\n",
     "<|endoftext|>x<|im_end|>",
 ]
@@ -143,7 +144,7 @@ def test_default_gguf_tokenizer_matches_transformers():
             assert ids == theirs(text, add_special_tokens=special).input_ids, (text, special)
         assert ours.decode(ids) == theirs.decode(ids) == text  # byte-level: exact round trip
         assert ours.decode(ids, skip_special_tokens=True) == theirs.decode(ids, skip_special_tokens=True)
-    chatml = ours(TOKENIZER_TEXTS[4]).input_ids
+    chatml = ours(TOKENIZER_TEXTS[5]).input_ids
     assert chatml.count(1) == 3 and chatml.count(2) == 2  # <|im_start|>, <|im_end|>: one token each
     assert ours.convert_ids_to_tokens([0, 1, 2]) == ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
 

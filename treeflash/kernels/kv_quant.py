@@ -1,7 +1,7 @@
 """Quantize-on-write: new K/V rows into a compressed cache's planes (Triton, with the torch reference).
 
-Planes of one cache tensor (layouts in treeflash/kv/formats.py, a leaf module of pure functions
-that both the cache and these kernels read the format definitions from):
+Planes of one cache tensor (layouts in treeflash/kernels/kv_formats.py, a leaf module of pure functions
+that both the cache (through treeflash.kv.formats) and these kernels read the format definitions from):
     scales: [max_len, num_kv_heads, head_dim / 32] fp16
     codes:  [max_len, num_kv_heads, code_bytes] uint8 (q8_0: [.., head_dim] int8)
 `quantize_into(name, x, scales, codes, slots)` writes x [N, Hkv, D] into slots start..start+N-1
@@ -19,7 +19,7 @@ import torch
 import triton
 import triton.language as tl
 
-from treeflash.kv import formats
+from treeflash.kernels import kv_formats as formats
 
 TQ3_ROWS = 16  # rows per program of the tq3_0 kernel (tl.dot needs M >= 16)
 

@@ -28,7 +28,7 @@ import triton
 import triton.language as tl
 
 from treeflash.kernels.kv_quant import Planes
-from treeflash.kv import formats
+from treeflash.kernels import kv_formats as formats
 
 FMT_IDS = {"q8_0": 1, "q4_0": 2, "tq3_0": 3}  # anything dense is 0
 LOG2E = 1.4426950408889634

@@ -82,7 +82,7 @@ def test_model_logits_within_bf16_of_fp32_and_spec_stays_exact(arch):
     with torch.inference_mode():
         ref = model(StepInput.plain(ids, 0), model.new_cache(32)).logits
     stats = use_int4_model(model)
-    assert stats["int4"] > 0 and stats["head"] == "bf16"
+    assert stats["int4"] > 0 and stats["fused"] == 2 * model.config.num_layers and stats["head"] == "bf16"
     with torch.inference_mode():
         got = model(StepInput.plain(ids, 0), model.new_cache(32)).logits
     assert (got - ref).abs().max() <= 3e-2 * ref.abs().max()

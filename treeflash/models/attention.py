@@ -33,6 +33,7 @@ class Attention(nn.Module):
         self.eps, self.unit_offset = config.rms_norm_eps, config.norm_unit_offset
         self.register_buffer("qkv_weight", None, persistent=False)  # [q_out + 2 * kv_out, hidden] once fused
         self.register_buffer("qkv_bias", None, persistent=False)
+        self.qkv_int4 = None  # models.int4_linear: one 4-bit GEMV for q, k and v (CPU)
 
     def fuse(self) -> None:
         """One GEMV for q, k and v: the three weights (and biases) become views of one tensor."""
@@ -58,7 +59,9 @@ class Attention(nn.Module):
         cache: AttentionCache,
     ) -> torch.Tensor:  # [T, hidden]
         n = x.shape[0]
-        if self.qkv_weight is not None:
+        if self.qkv_int4 is not None:
+            q, k, v = self.qkv_int4(x).split([self.q_proj.out_features, self.k_proj.out_features, self.v_proj.out_features], dim=-1)
+        elif self.qkv_weight is not None:
             q, k, v = F.linear(x, self.qkv_weight, self.qkv_bias).split(
                 [self.q_proj.weight.shape[0], self.k_proj.weight.shape[0], self.v_proj.weight.shape[0]], dim=-1)
         else:

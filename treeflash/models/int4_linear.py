@@ -108,12 +108,46 @@ def use_int4_weights(model: nn.Module) -> dict[str, int]:
     return {"int4": swapped, "float": kept}
 
 
+def _fuse(parent: nn.Module, names: tuple[str, ...]) -> Int4Linear | None:
+    """One Int4Linear over the concatenated outputs of parent's linear layers `names` (one GEMV, one
+    activation conversion instead of several); the layers themselves become int4 slices of it."""
+    lins = [getattr(parent, n, None) for n in names]
+    if not all(isinstance(lin, nn.Linear) for lin in lins) or len({lin.bias is None for lin in lins}) != 1:
+        return None
+    got = recover_q4(torch.cat([lin.weight.detach() for lin in lins]))
+    if got is None:
+        return None
+    q, scale, zero = got
+    bias = None if lins[0].bias is None else torch.cat([lin.bias.detach() for lin in lins])
+    start = 0
+    for name, lin in zip(names, lins):
+        end = start + lin.out_features
+        setattr(parent, name, Int4Linear(q[start:end], scale[start:end], zero[start:end], None if bias is None else bias[start:end]))
+        start = end
+    return Int4Linear(q, scale, zero, bias)
+
+
 def use_int4_model(model) -> dict[str, int]:
     """A CausalLM's linear layers to int4 where 4-bit representable, and its head to bf16.
 
-    The head (SmolLM2: the tied Q8_0 embedding, 49152 x 576) is not 4-bit; a bf16 copy halves the
-    bytes it reads per token (bf16 GEMV is ~1.5x faster than fp32 here). Returns the counts."""
-    stats = use_int4_weights(model.model)
+    q/k/v of each attention layer and gate/up of each MLP also get one fused Int4Linear
+    (`qkv_int4`, `gate_up_int4`), which their forward passes use. The head (SmolLM2: the tied Q8_0
+    embedding, 49152 x 576) is not 4-bit; a bf16 copy halves the bytes it reads per token.
+    Returns the counts."""
+    if not int4_kernel_available():
+        raise RuntimeError(f"this PyTorch ({torch.__version__}) has no CPU int4 kernel (_weight_int4pack_mm_for_cpu)")
+    fused = 0
+    for mod in list(model.model.modules()):
+        if hasattr(mod, "qkv_int4") and getattr(mod, "qkv_weight", None) is None:
+            qkv = _fuse(mod, ("q_proj", "k_proj", "v_proj"))
+            if qkv is not None:
+                mod.qkv_int4, fused = qkv, fused + 1
+        if hasattr(mod, "gate_up_int4") and getattr(mod, "gate_up", None) is None:
+            gu = _fuse(mod, ("gate_proj", "up_proj"))
+            if gu is not None:
+                mod.gate_up_int4, fused = gu, fused + 1
+    kept = use_int4_weights(model.model)["float"]
+    stats: dict = {"int4": sum(isinstance(m, Int4Linear) for m in model.model.modules()) - fused, "fused": fused, "float": kept}
     if model.lm_head is not None and isinstance(model.lm_head, Int4Linear):
         stats["head"] = "int4"
     else:

@@ -87,6 +87,7 @@ class MLP(nn.Module):
         self.down_proj = nn.Linear(inner, hidden, bias=False)
 
         self.register_buffer("gate_up", None, persistent=False)  # [2 * inner, hidden] once fused (gate_proj/up_proj become views)
+        self.gate_up_int4 = None  # models.int4_linear: one 4-bit GEMV for gate and up (CPU)
 
     def fuse(self) -> None:
         """One GEMV for gate and up: the two weights become views of one [2I, H] tensor."""
@@ -99,6 +100,8 @@ class MLP(nn.Module):
         self.gate_up = fused  # a registered buffer: .to() carries it
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.gate_up_int4 is not None:
+            return self.down_proj(silu_mul(self.gate_up_int4(x)))
         if self.gate_up is not None:
             return self.down_proj(silu_mul(F.linear(x, self.gate_up)))
         return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))

@@ -1,5 +1,8 @@
 """`ngram` drafter: prompt lookup. Match the longest recent suffix (ngram_max down to ngram_min
-tokens) against earlier committed tokens and propose what followed its latest occurrence."""
+tokens) against earlier committed tokens and propose what followed its latest occurrence. The
+copy may run into the tokens it proposes itself, so inside a repeating cycle shorter than the
+draft ("a b a b ...") the proposal continues the cycle for all k tokens instead of stopping at
+the end of the sequence."""
 
 from __future__ import annotations
 
@@ -30,7 +33,10 @@ def lookup(seq: list[int], n_max: int, n_min: int, k: int) -> list[int]:
         suffix = seq[-n:]
         for start in range(len(seq) - n - 1, -1, -1):  # latest occurrence first, excluding the suffix itself
             if seq[start : start + n] == suffix:
-                return seq[start + n : start + n + k]
+                out: list[int] = []
+                for j in range(start + n, start + n + k):  # j < len(seq) + len(out): always defined
+                    out.append(seq[j] if j < len(seq) else out[j - len(seq)])
+                return out
     return []
 
 

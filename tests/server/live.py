@@ -20,6 +20,14 @@ KEY = "test-key"
 MODEL = "SmolLM2-135M-Instruct"
 CONTEXT = 2048
 
+# the session's toy server (conftest.py, tests/server/toy_server.py)
+TOY = "tests.server.toy_server"
+
+
+def toy_chat_body(max_tokens=8, stream=False, **kw):
+    return {"model": "toy", "messages": [{"role": "user", "content": "hi"}], "max_tokens": max_tokens, "stream": stream,
+            "temperature": 0, "ignore_eos": True, **kw}
+
 
 def free_port() -> int:
     with socket.socket() as s:

@@ -49,3 +49,13 @@ def test_api_key_guards_everything_but_probes():
         assert c.get("/metrics").status_code == 200 and c.get("/health").status_code == 503
         r = c.post("/v1/completions", content=b"x" * (5 << 20), headers={"Authorization": "Bearer k"})
         assert r.status_code == 503  # not ready comes first; the body limit is checked once a model is there
+
+
+def test_oversized_headers_get_431_before_anything_else():
+    with make_client(api_key="k") as c:
+        for headers in ({"X-Junk": "a" * (100 << 10)}, {f"X-H{i}": "b" * 60 for i in range(1200)}):
+            r = c.get("/health", headers=headers)
+            assert r.status_code == 431, r.text[:200]
+            err = r.json()["error"]
+            assert err["code"] == "request_header_fields_too_large" and "the limit is 65536 bytes" in err["message"]
+        assert c.get("/health", headers={"X-Junk": "a" * (60 << 10)}).status_code == 503  # under the limit: served (loading failed)

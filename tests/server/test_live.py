@@ -1,6 +1,8 @@
 """The real server on the embedded default model (SmolLM2-135M-Instruct), through the official
 openai client: streamed == non-streamed, usage, stop strings across multi-token deltas (ngram
-drafting commits several tokens per step), n, seeds, logprobs, tool-call history, tokenize, metrics."""
+drafting commits several tokens per step), n, seeds, logprobs, top_k / min_p, max_completion_tokens,
+tool-call history, tokenize, metrics. (Tool calls and thinking in the output, which this model does
+not write on cue, are in test_scripted_live.py.)"""
 
 import httpx
 import pytest
@@ -100,6 +102,27 @@ def test_chat_and_completion_logprobs(client):
     lps = c.choices[0].logprobs
     assert len(lps.tokens) == len(lps.token_logprobs) == len(lps.top_logprobs) == c.usage.completion_tokens
     assert all(1 <= len(t) <= 2 for t in lps.top_logprobs)
+
+
+def test_top_k_1_and_min_p_1_keep_only_the_greedy_token(client):
+    """At temperature 2 this seed leaves the greedy path; top_k=1 or min_p=1 must hold it there, drafted
+    tokens included (ngram drafts are verified against the filtered distribution)."""
+    args = dict(model=MODEL, prompt="The capital of France is", max_tokens=3)
+    greedy = client.completions.create(temperature=0, extra_body={"ignore_eos": True}, **args).choices[0].text
+    hot = client.completions.create(temperature=2.0, seed=11, extra_body={"ignore_eos": True}, **args).choices[0].text
+    assert hot != greedy
+    for extra in ({"top_k": 1}, {"min_p": 1.0}):
+        chunks = client.completions.create(temperature=2.0, seed=11, stream=True, extra_body={"ignore_eos": True, **extra}, **args)
+        assert "".join(c.choices[0].text for c in chunks if c.choices) == greedy, extra
+
+
+def test_max_completion_tokens(client):
+    kw = dict(messages=HELLO, max_completion_tokens=3, temperature=0, extra_body={"ignore_eos": True})
+    r = client.chat.completions.create(model=MODEL, **kw)
+    assert r.usage.completion_tokens == 3 and r.choices[0].finish_reason == "length"
+    chunks, text = stream_chat(client, **kw)
+    assert text == r.choices[0].message.content and chunks[-1].usage == r.usage
+    assert [c.choices[0].finish_reason for c in chunks if c.choices and c.choices[0].finish_reason] == ["length"]
 
 
 WEATHER_TOOL = {"type": "function", "function": {"name": "get_weather", "description": "Current weather in a city",

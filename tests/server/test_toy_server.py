@@ -7,16 +7,12 @@ import threading
 import time
 
 import httpx
+import openai
 import pytest
+from openai import OpenAI
 
-from tests.server.live import LiveServer
-
-TOY = "tests.server.toy_server"
-
-
-def chat_body(max_tokens=8, stream=False, **kw):
-    return {"model": "toy", "messages": [{"role": "user", "content": "hi"}], "max_tokens": max_tokens, "stream": stream,
-            "temperature": 0, "ignore_eos": True, **kw}
+from tests.server.live import TOY, LiveServer
+from tests.server.live import toy_chat_body as chat_body
 
 
 def sse_events(response):
@@ -25,28 +21,18 @@ def sse_events(response):
             yield line[6:]
 
 
-@pytest.fixture(scope="module")
-def toy():
-    server = LiveServer(["--load-delay", "3", "--step-delay", "0.05", "--max-queue", "1"], module=TOY)
-    # while the model loads: /health and generation routes answer 503 in the OpenAI envelope
-    deadline = time.monotonic() + 120
-    early = None
-    while time.monotonic() < deadline and early is None:
-        try:
-            early = httpx.post(server.url + "/v1/chat/completions", json=chat_body(), timeout=5)
-        except httpx.TransportError:
-            time.sleep(0.05)
-    server.early_chat = early
-    server.wait_ready(120)
-    yield server
-    server.stop()
-
-
 def test_503_while_loading_then_200(toy):
     assert toy.early_chat.status_code == 503
     assert toy.early_chat.json()["error"]["type"] == "service_unavailable"
     assert 503 in toy.health_seen and toy.health_seen[-1] == 200
     assert httpx.post(toy.url + "/v1/chat/completions", json=chat_body()).status_code == 200
+
+
+def test_503_while_loading_through_the_openai_client(toy):
+    e = toy.early_openai
+    assert isinstance(e, openai.InternalServerError), e  # the openai client's class for every 5xx
+    assert e.status_code == 503 and e.type == "service_unavailable"
+    assert "still loading" in e.message and "GET /health" in e.message  # says what to do
 
 
 def test_429_when_the_queue_is_full(toy):
@@ -63,6 +49,10 @@ def test_429_when_the_queue_is_full(toy):
             refused = httpx.post(toy.url + "/v1/chat/completions", json=chat_body())
             assert refused.status_code == 429, refused.text
             assert refused.json()["error"]["type"] == "rate_limit_error"
+            with pytest.raises(openai.RateLimitError) as e:
+                OpenAI(base_url=toy.url + "/v1", api_key="none", max_retries=0).chat.completions.create(
+                    model="toy", messages=[{"role": "user", "content": "hi"}], max_tokens=2)
+            assert e.value.status_code == 429 and "the queue is full (1 request waiting, the limit set by --max-queue)" in e.value.message
     waiting.join(30)  # the stream's disconnect cancelled it, so the waiting request ran soon after
     assert not waiting.is_alive()
     assert httpx.post(toy.url + "/v1/chat/completions", json=chat_body()).status_code == 200
@@ -77,6 +67,27 @@ def test_a_failure_inside_generation_is_a_500_for_that_request_only(toy):
     assert r.status_code == 200 and events[-1] == "[DONE]"
     assert json.loads(events[-2])["error"]["type"] == "server_error"
     assert httpx.post(toy.url + "/v1/completions", json={**body, "prompt": "fine"}, timeout=30).status_code == 200
+
+
+def test_a_failure_inside_generation_through_the_openai_client(toy_client):
+    args = dict(model="toy", prompt="boom", max_tokens=8, temperature=0)
+    with pytest.raises(openai.InternalServerError) as e:
+        toy_client.completions.create(**args)
+    assert e.value.status_code == 500 and e.value.type == "server_error"
+    assert "generation failed: RuntimeError: scripted failure inside the engine" in e.value.message
+    # streamed, the 200 has gone out: the client raises on the error event (an APIError, no status)
+    with pytest.raises(openai.APIError, match="generation failed: RuntimeError: scripted failure") as e:
+        list(toy_client.completions.create(stream=True, **args))
+    assert not isinstance(e.value, openai.APIStatusError) and e.value.type == "server_error"
+    assert toy_client.completions.create(**{**args, "prompt": "fine"}).choices[0].finish_reason == "length"
+
+
+def test_413_through_the_openai_client(toy_client):
+    with pytest.raises(openai.APIStatusError) as e:
+        toy_client.chat.completions.create(model="toy", messages=[{"role": "user", "content": "x" * (5 << 20)}], max_tokens=2)
+    assert e.value.status_code == 413 and e.value.type == "invalid_request_error"
+    assert "the limit is 4194304 bytes" in e.value.message and "the request body is 52" in e.value.message
+    assert toy_client.chat.completions.create(model="toy", messages=[{"role": "user", "content": "hi"}], max_tokens=2).choices
 
 
 def _quick_request_seconds(url):

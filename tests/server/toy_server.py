@@ -1,7 +1,13 @@
 """A live server over the toy engine (tests/engine/toy.py), for tests that need control the real
-model cannot give: a slow load (503), slow steps (429, disconnects, shutdown), a scripted failure.
+model cannot give: a slow load (503), slow steps (429, disconnects, shutdown), a scripted failure,
+scripted tool calls and thinking (tests/server/scripted.py).
 
-    python -m tests.server.toy_server --port P [--load-delay S] [--step-delay S] [--api-key K] [--max-queue N]
+    python -m tests.server.toy_server [--load-delay S] [--step-delay S] [--fail-load] [treeflash serve flags]
+
+Every flag but the three toy ones goes through the real `treeflash serve` parser and
+`server_config` (--port, --api-key, --max-queue, --max-body-mb, --served-model-name, --draft,
+--max-context, ...), with `--served-model-name toy --max-context 1024 --log-level warning` as defaults.
+The tokenizer is one token per ASCII character, so the prompt reads back exactly.
 """
 
 from __future__ import annotations
@@ -10,50 +16,63 @@ import argparse
 import sys
 import time
 
-FAIL_PROMPT = "boom"  # a completion prompt containing this raises inside the engine, mid-generation
+FAIL_PROMPT = "boom"  # a completion prompt containing this raises inside the engine, at its second event
+LATE_FAIL_PROMPT = "slowboom"  # ... at its twentieth event (one second in at --step-delay 0.05)
+TOY_DEFAULTS = ["--served-model-name", "toy", "--max-context", "1024", "--log-level", "warning"]
 
 
-def make_engine(draft: str | None, step_delay: float, load_delay: float):
-    from tests.engine.toy import toy_loaded
+def make_engine(draft: str | None, step_delay: float, load_delay: float, max_context: int = 1024):
+    from tests.engine.toy import ToyLoaded
+    from tests.models.hf_oracle import make_pair
+    from tests.server.scripted import TEMPLATE, AsciiTokenizer, script_for, scripted_events
     from treeflash.engine.engine import Engine, EngineConfig
 
     class ToyEngine(Engine):
         def stream(self, req, cancelled=None):
-            fail = self.encode(FAIL_PROMPT)
             ids = list(req.prompt_ids)
+            script = script_for(self.decode(ids))
+            if script is not None:
+                self.check_fits(len(ids), req.max_tokens)
+                with self.lock:
+                    yield from scripted_events(script, self.encode, req, cancelled, step_delay)
+                return
+            fail_at = None
+            for prompt, k in ((LATE_FAIL_PROMPT, 20), (FAIL_PROMPT, 1)):
+                marker = self.encode(prompt)
+                if any(ids[i:i + len(marker)] == marker for i in range(len(ids))):
+                    fail_at = k
+                    break
             for k, ev in enumerate(super().stream(req, cancelled)):
-                if k == 1 and any(ids[i:i + len(fail)] == fail for i in range(len(ids))):
+                if k == fail_at:
                     raise RuntimeError("scripted failure inside the engine")
                 time.sleep(step_delay)
                 yield ev
 
     time.sleep(load_delay)
-    return ToyEngine(toy_loaded(), EngineConfig(max_context=256, draft=draft))
+    _, model = make_pair("qwen3", max_position_embeddings=2048)  # room for chat prompts at one token per character
+    loaded = ToyLoaded(model, AsciiTokenizer(), model.config, TEMPLATE)
+    return ToyEngine(loaded, EngineConfig(max_context=max_context, draft=draft))
 
 
 def main(argv=None) -> int:
-    from treeflash.cli.serve import serve
-    from treeflash.server.app import ServerConfig
+    from treeflash.cli.main import build_parser
+    from treeflash.cli.serve import serve, server_config
 
-    p = argparse.ArgumentParser()
-    p.add_argument("--port", type=int, required=True)
-    p.add_argument("--api-key", default=None)
-    p.add_argument("--max-queue", type=int, default=64)
-    p.add_argument("--max-body-mb", type=float, default=4.0)
-    p.add_argument("--load-delay", type=float, default=0.0)
-    p.add_argument("--step-delay", type=float, default=0.0)
-    p.add_argument("--draft", default=None)
-    p.add_argument("--fail-load", action="store_true")
-    a = p.parse_args(argv)
-    config = ServerConfig("toy", a.api_key, a.max_queue, int(a.max_body_mb * 1024 * 1024))
+    toy = argparse.ArgumentParser(add_help=False)
+    toy.add_argument("--load-delay", type=float, default=0.0)
+    toy.add_argument("--step-delay", type=float, default=0.0)
+    toy.add_argument("--fail-load", action="store_true")
+    t, rest = toy.parse_known_args(argv)
+    args = build_parser().parse_args(["serve", *TOY_DEFAULTS, *rest])
+    config = server_config(args)
 
     def load():
-        if a.fail_load:
-            time.sleep(a.load_delay)
+        if t.fail_load:
+            time.sleep(t.load_delay)
             raise RuntimeError("scripted load failure")
-        return make_engine(a.draft, a.step_delay, a.load_delay)
+        return make_engine(args.draft, t.step_delay, t.load_delay, args.max_context)
 
-    return serve(config, load, "127.0.0.1", a.port, "warning")
+    return serve(config, load, args.host, args.port, args.log_level)
 
 
 if __name__ == "__main__":

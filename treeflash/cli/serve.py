@@ -30,6 +30,7 @@ POST /tokenize, POST /detokenize, GET /health, GET /metrics (Prometheus). See do
 """
 
 DEFAULT_NAME = "SmolLM2-135M-Instruct"
+HEAD_BUFFER_BYTES = 1024 * 1024  # see serve()
 
 
 def add_parser(sub) -> None:
@@ -55,17 +56,22 @@ def served_name(model: str | None) -> str:
     return path.stem if path.suffix.lower() == ".gguf" else path.name or model
 
 
-def run(args: argparse.Namespace) -> int:
+def server_config(args: argparse.Namespace):
+    """The ServerConfig the parsed `treeflash serve` flags describe (raises InvalidRequestError on bad values)."""
     from treeflash.server.app import ServerConfig
 
-    if args.model is not None and not Path(args.model).expanduser().exists():
-        raise ModelLoadError(f"{args.model}: no such file or directory; pass a Hugging Face model directory or a .gguf file")
-    config = ServerConfig(
-        served_model_name=args.served_model_name or served_name(args.model),
+    return ServerConfig(
+        served_model_name=served_name(args.model) if args.served_model_name is None else args.served_model_name,
         api_key=args.api_key,
         max_queue=args.max_queue,
         max_body_bytes=int(args.max_body_mb * 1024 * 1024),
     )
+
+
+def run(args: argparse.Namespace) -> int:
+    if args.model is not None and not Path(args.model).expanduser().exists():
+        raise ModelLoadError(f"{args.model}: no such file or directory; pass a Hugging Face model directory or a .gguf file")
+    config = server_config(args)
     return serve(config, lambda: build_engine(args, progress=False), args.host, args.port, args.log_level)
 
 
@@ -91,8 +97,12 @@ def serve(config, load: Callable[[], object], host: str, port: int, log_level: s
             worker.begin_stop()  # in-flight generations end at their next step, so the graceful wait is short
             await super().shutdown(sockets)
 
+    # h11 buffers a request head up to this size; the Gate (treeflash.server.guard) then refuses heads
+    # over MAX_HEADER_BYTES with a 431. h11's own limit is only checked on a head that is still
+    # incomplete after a read, and one read takes up to 256 KB, so it cannot be the 64 KB limit
+    # itself: a 100 KB head arriving in one read would pass it. Heads over this bound get h11's plain 400.
     uv_config = uvicorn.Config(app, host=host, port=port, log_level=log_level, timeout_graceful_shutdown=10,
-                               h11_max_incomplete_event_size=64 * 1024)
+                               http="h11", h11_max_incomplete_event_size=HEAD_BUFFER_BYTES)
     server = Server(uv_config)
     holder.append(server)
     print(f"treeflash serve: http://{host}:{port}/v1 model {config.served_model_name!r} (loading; GET /health answers 200 when ready)",

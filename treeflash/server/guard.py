@@ -1,5 +1,5 @@
-"""What stands between the network and the handlers: the API key, the body size limit, and the
-count of requests by route and status (every answer is counted, refusals included)."""
+"""What stands between the network and the handlers: the header size limit, the API key, the body
+size limit, and the count of requests by route and status (every answer is counted, refusals included)."""
 
 from __future__ import annotations
 
@@ -11,6 +11,7 @@ from treeflash.server.errors import APIError
 from treeflash.server.metrics import Metrics, route_label
 
 OPEN_PATHS = ("/health", "/v1/health", "/metrics", "/v1/metrics")  # probes and scrapers need no key
+MAX_HEADER_BYTES = 64 * 1024  # request headers (names + values) over this get 431
 MAX_DRAIN_FACTOR = 16  # past the limit, read (and drop) up to this many limits so the client sees the 413
 
 
@@ -34,6 +35,12 @@ class Gate:
             await send(message)
 
         try:
+            head = sum(len(name) + len(value) for name, value in scope["headers"])
+            if head > MAX_HEADER_BYTES:
+                refusal = APIError(431, f"the request headers are {head} bytes; the limit is {MAX_HEADER_BYTES} bytes",
+                                   code="request_header_fields_too_large")
+                await refusal.response()(scope, receive, counted_send)
+                return
             if self.key is not None and scope["path"] not in OPEN_PATHS and not self._authorized(scope):
                 refusal = APIError(401, "a valid API key is required: send the header 'Authorization: Bearer <key>'", code="invalid_api_key")
                 await refusal.response()(scope, receive, counted_send)

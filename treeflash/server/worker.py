@@ -105,7 +105,8 @@ class Worker:
             if self.state != "ready":
                 raise APIError(503, "the server is shutting down" if self.state == "stopping" else f"the model failed to load: {self.load_error}")
             if len(self._pending) >= self.max_queue:
-                raise APIError(429, f"the queue is full ({self.max_queue} requests waiting); retry later")
+                waiting = f"{self.max_queue} request{'s' if self.max_queue != 1 else ''} waiting"
+                raise APIError(429, f"the queue is full ({waiting}, the limit set by --max-queue); retry later")
             self._pending.append(job)
             self._cv.notify()
 

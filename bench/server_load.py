@@ -5,10 +5,12 @@ then get `--drain` seconds to finish, after which the script disconnects them (w
 that the server cancels abandoned generations: it must be idle a moment later).
 
 Reports: no 5xx (HTTP status or an error event inside a stream), every stream that was not cut by
-the script ended with exactly one finish_reason, time to first token percentiles, throughput, and
-the server's RSS over time (pass its pid). Writes JSON.
+the script ended with exactly one finish_reason, time to first token percentiles, throughput, the
+server's own timing (its /metrics histograms), and, given the server's pid, its RSS over time and
+the CPU its event-loop thread and its other threads used. The machine's load average is sampled
+throughout (on a shared machine it says how much CPU the server could get). Writes JSON.
 
-    treeflash serve --port 8000 &
+    treeflash serve --port 8000 --threads 1 &
     python bench/server_load.py --url http://127.0.0.1:8000 --pid $! --clients 32 --duration 120 \\
         --out docs/results/server_load.json
 """
@@ -103,16 +105,65 @@ async def client_loop(k: int, args, results: list[Result], deadline: float, t0: 
             i += 1
 
 
-async def sample_rss(pid: int | None, t0: float, samples: list, stop: asyncio.Event, every: float) -> None:
+async def sample_machine(pid: int | None, t0: float, samples: list, loads: list, stop: asyncio.Event, every: float) -> None:
+    """Every `every` seconds: the server's RSS (when its pid is known) and the machine's 1-minute load average."""
     while not stop.is_set():
+        now = round(time.perf_counter() - t0, 1)
         if pid is not None:
             rss = read_rss_mb(pid)
             if rss is not None:
-                samples.append((round(time.perf_counter() - t0, 1), rss))
+                samples.append((now, rss))
+        loads.append((now, round(os.getloadavg()[0], 2)))
         try:
             await asyncio.wait_for(stop.wait(), every)
         except asyncio.TimeoutError:
             pass
+
+
+def read_thread_cpu_s(pid: int) -> dict[str, float]:
+    """CPU seconds (user + system) of the server's main thread, which runs the asyncio event loop
+    (HTTP parsing, JSON, SSE), and of all its other threads together (the engine's thread, PyTorch's
+    intra-op threads, the thread pool that tokenizes and renders templates)."""
+    out = {"main_thread": 0.0, "other_threads": 0.0}
+    tick = os.sysconf("SC_CLK_TCK")
+    try:
+        tids = os.listdir(f"/proc/{pid}/task")
+    except OSError:
+        return out
+    for tid in tids:
+        try:
+            fields = Path(f"/proc/{pid}/task/{tid}/stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue  # the thread ended meanwhile
+        seconds = (int(fields[11]) + int(fields[12])) / tick
+        out["main_thread" if int(tid) == pid else "other_threads"] += seconds
+    return out
+
+
+async def server_metrics(url: str, headers: dict) -> dict:
+    """Means of the server's own histograms (GET /metrics): its view of time to first token and of
+    decode time per output token, which excludes the client and the network."""
+    try:
+        async with httpx.AsyncClient(timeout=10) as c:
+            text = (await c.get(url.rstrip("/") + "/metrics", headers=headers)).text
+    except httpx.HTTPError as e:
+        return {"error": str(e)}
+    values = {}
+    for line in text.splitlines():
+        if line and not line.startswith("#") and "{" not in line:
+            name, _, value = line.rpartition(" ")
+            try:
+                values[name] = float(value)
+            except ValueError:
+                pass
+    out = {}
+    for key, name in (("ttft_s", "treeflash_time_to_first_token_seconds"), ("time_per_output_token_s", "treeflash_time_per_output_token_seconds"),
+                      ("tokens_per_s_per_choice", "treeflash_tokens_per_second")):
+        count = values.get(name + "_count", 0)
+        out[key + "_mean"] = round(values.get(name + "_sum", 0) / count, 4) if count else None
+        out[key + "_count"] = int(count)
+    out["generation_tokens_total"] = values.get("treeflash_generation_tokens_total")
+    return out
 
 
 def read_cpu_s(pid: int) -> float | None:
@@ -121,6 +172,14 @@ def read_cpu_s(pid: int) -> float | None:
         fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
         return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
     except (OSError, IndexError, ValueError):
+        return None
+
+
+def read_cmdline(pid: int) -> str | None:
+    """The server's command line, so the JSON says how the server was started (threads, drafter, ...)."""
+    try:
+        return " ".join(a.decode(errors="replace") for a in Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0") if a)
+    except OSError:
         return None
 
 
@@ -166,12 +225,15 @@ async def idle_after(url: str, headers: dict, wait_s: float) -> dict:
 async def run(args) -> dict:
     results: list[Result] = []
     rss: list = []
+    loads: list = []
     stop = asyncio.Event()
     load_start = os.getloadavg()
     cpu_start = read_cpu_s(args.pid) if args.pid else None
+    threads_start = read_thread_cpu_s(args.pid) if args.pid else None
+    server_command = read_cmdline(args.pid) if args.pid else None
     t0 = time.perf_counter()
     deadline = t0 + args.duration
-    sampler = asyncio.create_task(sample_rss(args.pid, t0, rss, stop, args.rss_every))
+    sampler = asyncio.create_task(sample_machine(args.pid, t0, rss, loads, stop, args.rss_every))
     clients = [asyncio.create_task(client_loop(k, args, results, deadline, t0)) for k in range(args.clients)]
     _, pending = await asyncio.wait(clients, timeout=args.duration + args.drain)
     for task in pending:  # still generating after the drain: disconnect (the server must cancel them)
@@ -179,9 +241,11 @@ async def run(args) -> dict:
     await asyncio.gather(*pending, return_exceptions=True)
     wall = time.perf_counter() - t0
     cpu_end = read_cpu_s(args.pid) if args.pid else None
+    threads_end = read_thread_cpu_s(args.pid) if args.pid else None
     load_end = os.getloadavg()
     headers = {"Authorization": f"Bearer {args.api_key}"} if args.api_key else {}
     after = await idle_after(args.url, headers, 60)
+    seen_by_server = await server_metrics(args.url, headers)
     stop.set()
     await sampler
 
@@ -210,17 +274,23 @@ async def run(args) -> dict:
         "requests_per_s": round(len(completed) / wall, 4),
         "wall_s": round(wall, 1),
         "server_cpu_cores_used": round((cpu_end - cpu_start) / wall, 2) if cpu_start is not None and cpu_end is not None else None,
+        "server_thread_cpu_s": {k: round(threads_end[k] - threads_start[k], 2) for k in threads_start} if threads_start else None,
+        "server_metrics": seen_by_server,
+        "loadavg_1m": {"start": round(load_start[0], 2), "mean": round(statistics.fmean(l for _, l in loads), 2) if loads else None,
+                       "max": max((l for _, l in loads), default=None), "end": round(load_end[0], 2)},
         "rss_mb": {"first": rss[0][1] if rss else None, "max": max((m for _, m in rss), default=None),
                    "last": rss[-1][1] if rss else None},
     }
     return {
         "command": "python bench/server_load.py " + " ".join(args.argv),
+        "server_command": server_command,
         "config": {k: v for k, v in vars(args).items() if k not in ("argv", "api_key")},
         "machine": {"platform": platform.platform(), "python": platform.python_version(), "cpu_count": os.cpu_count(),
                     "loadavg_1m_start": round(load_start[0], 2), "loadavg_1m_end": round(load_end[0], 2)},
         "summary": summary,
         "after": after,
         "rss_samples": rss,
+        "loadavg_samples": loads,
         "failures": [asdict(r) for r in fivexx + unfinished][:50],
         "requests": [asdict(r) for r in results],
     }
@@ -240,7 +310,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--temperature", type=float, default=0.7)
     p.add_argument("--model", default=None, help="model name to send (default: none, the server's own)")
     p.add_argument("--api-key", default=None)
-    p.add_argument("--rss-every", type=float, default=2.0, help="seconds between RSS samples (default 2)")
+    p.add_argument("--rss-every", type=float, default=2.0, help="seconds between RSS and load-average samples (default 2)")
     p.add_argument("--out", default=None, help="write the JSON here (default: print the summary only)")
     args = p.parse_args(argv)
     args.argv = list(argv if argv is not None else sys.argv[1:])

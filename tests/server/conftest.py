@@ -13,7 +13,7 @@ from tests.server.live import CONTEXT, KEY, TOY, LiveServer, toy_chat_body
 
 @pytest.fixture(scope="session")
 def server():
-    s = LiveServer(["serve", "--draft", "ngram", "--api-key", KEY, "--max-context", str(CONTEXT)]).wait_ready(900)
+    s = LiveServer(["serve", "--draft", "ngram", "--api-key", KEY, "--max-context", str(CONTEXT), "--threads", "1"]).wait_ready(900)
     yield s
     code = s.stop()
     assert code in (0, 130), s.output()

@@ -5,6 +5,7 @@ end exactly as it would have alone."""
 
 import json
 import threading
+import time
 
 import httpx
 import openai
@@ -139,7 +140,7 @@ def test_bad_requests_next_to_a_stream_in_flight(toy, toy_client):
 
 
 def test_a_failure_in_flight_does_not_touch_the_request_queued_behind_it(toy, toy_client):
-    """A stream that fails inside the engine a second in, with a good request waiting behind it:
+    """A stream that fails inside the engine two seconds in, with a good request waiting behind it:
     the failing one ends with an error event, the good one gets exactly its text alone."""
     good = toy_chat_body(40)
     alone = httpx.post(toy.url + "/v1/chat/completions", json=good, timeout=30).json()
@@ -147,10 +148,11 @@ def test_a_failure_in_flight_does_not_touch_the_request_queued_behind_it(toy, to
     with pytest.raises(openai.APIError, match="scripted failure") as e:
         for k, chunk in enumerate(toy_client.completions.create(model="toy", prompt="slowboom", max_tokens=100, temperature=0,
                                                                  stream=True, extra_body={"ignore_eos": True})):
-            if k == 1:  # the failing request is generating (it fails at its 20th step): queue the good one behind it
+            if k == 1:  # the failing request is generating (it fails at its 40th step): queue the good one behind it
                 t = threading.Thread(target=lambda: result.update(r=httpx.post(toy.url + "/v1/chat/completions", json=good, timeout=30)))
                 t.start()
-                for _ in range(50):
+                until = time.monotonic() + 1.5
+                while time.monotonic() < until:
                     depths.append(httpx.get(toy.url + "/health").json()["queue_depth"])
                     if depths[-1] == 1:
                         break

@@ -6,7 +6,8 @@ scripted tool calls and thinking (tests/server/scripted.py).
 
 Every flag but the three toy ones goes through the real `treeflash serve` parser and
 `server_config` (--port, --api-key, --max-queue, --max-body-mb, --served-model-name, --draft,
---max-context, ...), with `--served-model-name toy --max-context 1024 --log-level warning` as defaults.
+--max-context, ...), with `--served-model-name toy --max-context 1024 --threads 1 --log-level warning` as defaults (one
+PyTorch thread: two wait on each other at every step on a busy 2-core machine).
 The tokenizer is one token per ASCII character, so the prompt reads back exactly.
 """
 
@@ -17,8 +18,8 @@ import sys
 import time
 
 FAIL_PROMPT = "boom"  # a completion prompt containing this raises inside the engine, at its second event
-LATE_FAIL_PROMPT = "slowboom"  # ... at its twentieth event (one second in at --step-delay 0.05)
-TOY_DEFAULTS = ["--served-model-name", "toy", "--max-context", "1024", "--log-level", "warning"]
+LATE_FAIL_PROMPT = "slowboom"  # ... at its 40th event (two seconds in at --step-delay 0.05)
+TOY_DEFAULTS = ["--served-model-name", "toy", "--max-context", "1024", "--threads", "1", "--log-level", "warning"]
 
 
 def make_engine(draft: str | None, step_delay: float, load_delay: float, max_context: int = 1024):
@@ -37,7 +38,7 @@ def make_engine(draft: str | None, step_delay: float, load_delay: float, max_con
                     yield from scripted_events(script, self.encode, req, cancelled, step_delay)
                 return
             fail_at = None
-            for prompt, k in ((LATE_FAIL_PROMPT, 20), (FAIL_PROMPT, 1)):
+            for prompt, k in ((LATE_FAIL_PROMPT, 40), (FAIL_PROMPT, 1)):
                 marker = self.encode(prompt)
                 if any(ids[i:i + len(marker)] == marker for i in range(len(ids))):
                     fail_at = k
@@ -70,6 +71,9 @@ def main(argv=None) -> int:
         if t.fail_load:
             time.sleep(t.load_delay)
             raise RuntimeError("scripted load failure")
+        import torch
+
+        torch.set_num_threads(args.threads)
         return make_engine(args.draft, t.step_delay, t.load_delay, args.max_context)
 
     return serve(config, load, args.host, args.port, args.log_level)

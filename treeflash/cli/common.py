@@ -14,7 +14,7 @@ def add_model_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--dtype", default=None, choices=["float32", "bfloat16", "float16"], help="runtime dtype (default: float32 on CPU, bfloat16 on CUDA)")
     g.add_argument("--weights", default="float", choices=["float", "int4"],
                    help="float: dequantize to --dtype (default); int4: keep a GGUF's Q4_0/Q4_1 layers at 4 bits (CPU; ~2x faster decode, bf16-level precision)")
-    g.add_argument("--threads", type=int, default=None, help="CPU threads for PyTorch (default: PyTorch's choice; 1 is faster on a busy machine)")
+    g.add_argument("--threads", type=int, default=None, help="CPU threads for PyTorch (default: PyTorch's choice; serve on a CPU: 1; 1 is faster on a busy machine)")
     g.add_argument("--max-context", type=int, default=8192, help="tokens of KV cache to allocate (default 8192)")
     g.add_argument("--cache-type-k", default="auto", help="K cache type: auto, bf16, f16, f32, q8_0, q4_0, tq3_0")
     g.add_argument("--cache-type-v", default="auto", help="V cache type: auto, bf16, f16, f32, q8_0, q4_0, tq3_0")

@@ -72,6 +72,11 @@ def run(args: argparse.Namespace) -> int:
     if args.model is not None and not Path(args.model).expanduser().exists():
         raise ModelLoadError(f"{args.model}: no such file or directory; pass a Hugging Face model directory or a .gguf file")
     config = server_config(args)
+    if args.threads is None and args.device != "cuda":
+        # the server's event loop and HTTP threads share the cores with PyTorch's: with PyTorch's
+        # default (one thread per core) every op waits for a preempted worker (36x slower per
+        # token measured on the 2-core machine, docs/server.md); --threads N overrides
+        args.threads = 1
     return serve(config, lambda: build_engine(args, progress=False), args.host, args.port, args.log_level)
 
 

@@ -211,8 +211,10 @@ class CudaGraphRunner(EagerRunner):
             self.host_mask[:n, :n] = step.tree_mask.cpu()
             self.host_mask[n:t, :t] = False
             self.host_mask[:t, n:t] = False
-            for i in range(n, t):
-                self.host_mask[i, 0] = self.host_mask[i, i] = True
+            if t > n:  # padding nodes see the root and themselves (one indexed write, not 2 per node)
+                pad = torch.arange(n, t)
+                self.host_mask[pad, 0] = True
+                self.host_mask[pad, pad] = True
         else:
             h[tm] = 0
         h[3 * tm] = cache.seq_len

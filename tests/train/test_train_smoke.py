@@ -164,7 +164,8 @@ def test_teacher_forced_acceptance_equals_decoding_acceptance(trained):
     assert sum(decoded) > 0
 
 
-def test_time_limit_shrinks_the_schedule(trained, tmp_path):
+def timed_trainer(trained, tmp_path, **config):
+    """A one-layer drafter's Trainer over the smoke run's data, with the given TrainConfig fields."""
     from treeflash.spec.dflash_model import DFlashModel
     from treeflash.train.features import TargetTwin
     from treeflash.train.recipe import drafter_config
@@ -174,8 +175,12 @@ def test_time_limit_shrinks_the_schedule(trained, tmp_path):
     data = Dataset.load(out / "train" / "data.safetensors")
     dcfg = drafter_config(loaded.config, 1, 4, 259)
     twin = TargetTwin(loaded.model, dcfg.target_layer_ids, (2,), 0)
-    config = TrainConfig(steps=10_000, batch_size=2, blocks_per_seq=2, eval_every=1000, checkpoint_every=1000, time_limit_s=0.2)
-    trainer = Trainer(loaded.model, twin, DFlashModel(dcfg), data, data.subset([0]), config, tmp_path)
+    cfg = TrainConfig(batch_size=2, blocks_per_seq=2, **config)
+    return Trainer(loaded.model, twin, DFlashModel(dcfg), data, data.subset([0]), cfg, tmp_path)
+
+
+def test_time_limit_shrinks_the_schedule(trained, tmp_path):
+    trainer = timed_trainer(trained, tmp_path, steps=10_000, eval_every=1000, checkpoint_every=1000, time_limit_s=0.2)
     summary = trainer.run(progress=False)
     assert summary["step"] == summary["total_steps"] < 20  # out of time: the schedule ends where the run does
     assert summary["heldout"]["step"] == summary["step"]
@@ -184,17 +189,8 @@ def test_time_limit_shrinks_the_schedule(trained, tmp_path):
 def test_time_limit_refits_after_slow_first_steps(trained, tmp_path, monkeypatch):
     """GPU-like: 13 slow steps, then fast ones. The first fit undershoots; later windows extend it."""
     import treeflash.train.trainer as trainer_mod
-    from treeflash.spec.dflash_model import DFlashModel
-    from treeflash.train.features import TargetTwin
-    from treeflash.train.recipe import drafter_config
-    from treeflash.train.trainer import Trainer, TrainConfig
 
-    _, out, loaded = trained
-    data = Dataset.load(out / "train" / "data.safetensors")
-    dcfg = drafter_config(loaded.config, 1, 4, 259)
-    twin = TargetTwin(loaded.model, dcfg.target_layer_ids, (2,), 0)
-    config = TrainConfig(steps=1000, batch_size=2, blocks_per_seq=2, eval_every=10_000, checkpoint_every=10_000, time_limit_s=60.0)
-    trainer = Trainer(loaded.model, twin, DFlashModel(dcfg), data, data.subset([0]), config, tmp_path)
+    trainer = timed_trainer(trained, tmp_path, steps=1000, eval_every=10_000, checkpoint_every=10_000, time_limit_s=60.0)
     clock = [0.0]
     monkeypatch.setattr(trainer_mod.time, "perf_counter", lambda: clock[0])
 

@@ -1,9 +1,10 @@
 """--weights int4: GGUF Q4_0 / Q4_1 linear layers kept at 4 bits on the CPU (models/int4_linear.py).
 
 The 4-bit codes are recovered exactly from the dequantized weights (gguf-py's own quantizer makes
-the blocks); the kernel's semantics are checked against a plain-torch dequantization; a model runs
-within bf16 precision of its fp32 self, and speculative decoding over int4 weights stays
-token-identical to plain decoding over the same int4 weights."""
+the blocks); the kernel's semantics are checked against a plain-torch dequantization and it is
+batch-invariant; a model runs within bf16 precision of its fp32 self; on these tiny models
+speculative decoding over int4 weights equals plain decoding over them (on real models a near-tie
+can flip: the fp32 ops around the 4-bit layers are not batch-invariant; docs/core.md)."""
 
 from __future__ import annotations
 

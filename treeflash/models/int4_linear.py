@@ -19,8 +19,10 @@ block's scale to bf16 moves each weight by at most 8 * 2^-9 of the block's step 
 4-bit rounding the file already has), and activations are rounded to bf16 at each such layer.
 So this is the GGUF's own 4-bit model computed at about bf16 precision, like llama.cpp's CPU path
 (which rounds activations to 8 bits); it is not bit-identical to the fp32 dequantized model.
-Speculative decoding stays exact with respect to the model as it runs (the target verifies with the
-same layers).
+The kernel is batch-invariant, but the fp32 ops between these layers (attention, norms) differ by
+~1e-7 between a verify batch and a one-token step, and the bf16 rounding here can turn that into a
+different greedy token at a near-tie: speculative decoding over int4 weights is exact only up to
+bf16-level precision (docs/core.md has the measurement).
 """
 
 from __future__ import annotations

@@ -11,6 +11,7 @@ from tests.models.hf_oracle import make_pair
 from tests.spec.test_dflash_model import random_drafter
 from tests.spec.test_lossless_greedy import run
 from treeflash.models.runner import CudaGraphRunner
+from treeflash.models.step import StepInput
 from treeflash.spec.decoder import Decoder
 from treeflash.spec.dflash import DFlashDrafter
 from treeflash.spec.sampling import SamplingParams
@@ -136,3 +137,40 @@ def test_budget_zero_steps_take_the_plain_decode_path():
     assert out[:40] == ref
     assert steps and not any(steps)  # prefill and every step: plain forwards
     assert drafter._observed == len(dec.tokens) and dec.stats.passes == 39
+
+
+class StaticOutputRunner(CudaGraphRunner):
+    """Like a CUDA-graph replay: every forward hands back views of the same output buffers, which
+    the next forward overwrites (use_graphs=False would return fresh tensors and hide aliasing)."""
+
+    def forward(self, step, *args, **kwargs):
+        from treeflash.models.transformer import ForwardOutput
+
+        out = super().forward(step, *args, **kwargs)
+        if out.captured is None or step.num_tokens > 64:
+            return out
+        n = out.captured.shape[0]
+        if not hasattr(self, "buf"):
+            self.buf = torch.zeros(64, out.captured.shape[1])
+        self.buf[:n].copy_(out.captured)
+        return ForwardOutput(out.logits, out.hidden, self.buf[:n])
+
+
+def test_rows_kept_over_budget_zero_steps_survive_the_next_replay():
+    """Rows observed over several no-draft steps must be copies: a graph's next replay overwrites
+    its output buffers. The rows the drafter holds equal a fresh capture of those tokens."""
+    _, target = make_pair("qwen3")
+    model = random_drafter(target)
+    prompt = [2, 7, 1, 8, 2, 8, 1, 8, 2, 8, 4, 5]
+    cache = target.new_cache(len(prompt) + 64)
+    drafter = DFlashDrafter(target, model, budget=0)
+    runner = StaticOutputRunner(target, cache, capture_layers=drafter.capture_layers, use_graphs=False)
+    dec = Decoder(target, cache, SamplingParams(), drafter, runner=runner)
+    dec.prefill(prompt)
+    drafter._pending = []  # keep only what the steps hand over
+    for _ in range(6):
+        dec.step()
+    held = torch.cat(drafter._pending)  # [6, C]: the roots of the 6 steps
+    with torch.inference_mode():
+        fresh = target(StepInput.plain(torch.tensor(dec.tokens), 0), target.new_cache(len(dec.tokens)), capture_layers=drafter.capture_layers)
+    torch.testing.assert_close(held, fresh.captured[len(prompt) : len(prompt) + 6], atol=1e-5, rtol=0)

@@ -114,7 +114,8 @@ class Decoder:
         committed = [self.root]
         self.tokens.append(self.root)
         assert self.drafter is not None
-        self.drafter.observe(committed, out.captured)
+        # a copy: on a GPU `captured` is the decode graph's output buffer, which the next replay overwrites
+        self.drafter.observe(committed, None if out.captured is None else out.captured.clone())
         self.root = int(pick(out.logits, self.params, self.generator)[0])
         self._logprobs(out.logits, [self.root])
         t2 = time.perf_counter()

@@ -30,7 +30,7 @@ from triton.testing import do_bench, do_bench_cudagraph  # noqa: E402
 
 from treeflash.kernels import quant_attention as qa  # noqa: E402
 from treeflash.kernels.kv_quant import Planes, quantize_into  # noqa: E402
-from treeflash.kv.formats import get_format  # noqa: E402
+from treeflash.kernels.kv_formats import get_format  # noqa: E402
 
 TYPES = ("bf16", "q8_0", "q4_0", "tq3_0")
 VERIFY_NODES = 16

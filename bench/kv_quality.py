@@ -55,7 +55,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import torch  # noqa: E402
 
-from treeflash.kv import formats  # noqa: E402
+from treeflash.kernels import kv_formats as formats  # noqa: E402
 from treeflash.models.step import StepInput  # noqa: E402
 
 GRID_TYPES = ("bf16", "q8_0", "q4_0", "tq3_0")

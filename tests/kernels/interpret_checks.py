@@ -15,7 +15,7 @@ import traceback
 
 import torch
 
-from treeflash.kv import formats
+from treeflash.kernels import kv_formats as formats
 
 QUANT = ("q8_0", "q4_0", "tq3_0")
 ALL = ("bf16", "q8_0", "q4_0", "tq3_0")

@@ -1,8 +1,8 @@
 """KV cache storage formats: the registry of type names, byte accounting, and plain-torch references.
 
 This module sits in the kernels layer because the Triton kernels (kv_quant.py, quant_attention.py)
-read and write these layouts and are checked against these references; the KV cache reaches it
-as treeflash.kv.formats, which is this same module under a second name.
+read and write these layouts and are checked against these references; the KV cache
+(treeflash/kv/quantized.py) imports it from here.
 
 A cache row is one token's keys (or values) for one KV head: `head_dim` values. Compressed
 formats cut a row into blocks of 32 values (ggml's block size) and keep, per block, one fp16

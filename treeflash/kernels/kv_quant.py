@@ -1,7 +1,7 @@
 """Quantize-on-write: new K/V rows into a compressed cache's planes (Triton, with the torch reference).
 
 Planes of one cache tensor (layouts in treeflash/kernels/kv_formats.py, a leaf module of pure functions
-that both the cache (through treeflash.kv.formats) and these kernels read the format definitions from):
+that both the cache (treeflash/kv/quantized.py) and these kernels read the format definitions from):
     scales: [max_len, num_kv_heads, head_dim / 32] fp16
     codes:  [max_len, num_kv_heads, code_bytes] uint8 (q8_0: [.., head_dim] int8)
 `quantize_into(name, x, scales, codes, slots)` writes x [N, Hkv, D] into slots start..start+N-1

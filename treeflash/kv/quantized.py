@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from treeflash.kv import formats
+from treeflash.kernels import kv_formats as formats
 from treeflash.kv.attention_cache import attention_reference, build_mask
 
 if TYPE_CHECKING:

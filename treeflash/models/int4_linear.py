@@ -150,11 +150,8 @@ def use_int4_model(model) -> dict[str, int]:
                 mod.gate_up_int4, fused = gu, fused + 1
     kept = use_int4_weights(model.model)["float"]
     stats: dict = {"int4": sum(isinstance(m, Int4Linear) for m in model.model.modules()) - fused, "fused": fused, "float": kept}
-    if model.lm_head is not None and isinstance(model.lm_head, Int4Linear):
-        stats["head"] = "int4"
-    else:
-        w = model.model.embed_tokens.weight if model.lm_head is None else model.lm_head.weight
-        model.register_buffer("head_weight_bf16", w.detach().to(torch.bfloat16).contiguous(), persistent=False)
-        stats["head"] = "bf16"
+    w = model.model.embed_tokens.weight if model.lm_head is None else model.lm_head.weight
+    model.register_buffer("head_weight_bf16", w.detach().to(torch.bfloat16).contiguous(), persistent=False)
+    stats["head"] = "bf16"
     model.weights_format = "int4"
     return stats

@@ -97,8 +97,6 @@ class CausalLM(nn.Module):
         low = getattr(self, "head_weight_bf16", None)  # set by models.int4_linear.use_int4_model
         if low is not None:
             return torch.nn.functional.linear(hidden.to(low.dtype), low).float()
-        if self.lm_head is not None and not hasattr(self.lm_head, "weight"):  # an Int4Linear head
-            return self.lm_head(hidden).float()
         w = self.model.embed_tokens.weight if self.lm_head is None else self.lm_head.weight
         return torch.nn.functional.linear(hidden, w).float()
 

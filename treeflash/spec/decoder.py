@@ -84,7 +84,7 @@ class Decoder:
         tree = _fit(self.drafter.propose(ctx), room)  # propose a draft tree
         t1 = time.perf_counter()
         if tree.num_nodes == 1:  # nothing drafted (budget 0): a plain decode step, hidden states kept
-            return self._root_only_step(t0, t1)
+            return self._plain_step(draft_s=t1 - t0)
         batch = StepInput.tree(tree.token_ids, tree.parents, self.cache.seq_len)  # build the verify batch
         out = self.runner.forward(batch, capture_layers=self.capture)  # run the target once
         result = verify(tree, out.logits, self.params, self.generator)  # accept
@@ -105,32 +105,21 @@ class Decoder:
         self.stats.record(max(tree.depths()), result.num_accepted, tree.budget)
         return result.tokens  # emit
 
-    def _root_only_step(self, t0: float, t1: float) -> list[int]:
-        """The root alone, through the plain decode path (the decode graph on a GPU, which costs
-        less than a one-node verify plus its commit); exact: a one-node verify would sample the same
-        distribution at the same node."""
-        ids = torch.tensor([self.root], dtype=torch.long, device=self.target.device)
-        out = self.runner.forward(StepInput.plain(ids, self.cache.seq_len), capture_layers=self.capture)
-        committed = [self.root]
-        self.tokens.append(self.root)
-        assert self.drafter is not None
-        # a copy: on a GPU `captured` is the decode graph's output buffer, which the next replay overwrites
-        self.drafter.observe(committed, None if out.captured is None else out.captured.clone())
-        self.root = int(pick(out.logits, self.params, self.generator)[0])
-        self._logprobs(out.logits, [self.root])
-        t2 = time.perf_counter()
-        self.stats.draft_s += t1 - t0
-        self.stats.verify_s += t2 - t1
-        self.stats.record(0, 0, 0)
-        return [self.root]
-
-    def _plain_step(self) -> list[int]:
+    def _plain_step(self, draft_s: float = 0.0) -> list[int]:
+        """One token through the plain decode path (the decode graph on a GPU). Also the step for a
+        root-only tree (budget 0: nothing drafted), which is cheaper than a one-node verify plus its
+        commit and exact: that verify would sample the same distribution at the same node. A drafter
+        still gets the root's hidden states."""
         t0 = time.perf_counter()
         ids = torch.tensor([self.root], dtype=torch.long, device=self.target.device)
-        out = self.runner.forward(StepInput.plain(ids, self.cache.seq_len))
+        out = self.runner.forward(StepInput.plain(ids, self.cache.seq_len), capture_layers=self.capture)
         self.tokens.append(self.root)
+        if self.drafter is not None:
+            # a copy: on a GPU `captured` is the decode graph's output buffer, which the next replay overwrites
+            self.drafter.observe([self.root], None if out.captured is None else out.captured.clone())
         self.root = int(pick(out.logits, self.params, self.generator)[0])
         self._logprobs(out.logits, [self.root])
+        self.stats.draft_s += draft_s
         self.stats.verify_s += time.perf_counter() - t0
         self.stats.record(0, 0, 0)
         return [self.root]

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from tests.models.hf_oracle import hf_config
-from tests.train.tiny_target import byte_tokenizer, save_tiny_target
+from tests.train.tiny_target import byte_tokenizer, save_random_model, save_tiny_target
 from treeflash.cli.main import main
 
 SUMMARY = re.compile(r"^\[treeflash\] (\d+) tokens in .* tokens/s\)(?: tau (\d+\.\d\d) draft=(\S+))?$")
@@ -21,7 +21,6 @@ PROMPT = "abcabcabcabc abcabc"
 
 def save_mtp_target(path) -> str:
     """A random qwen3_5 (byte tokenizer, vocab 260) whose checkpoint carries mtp.* weights."""
-    import transformers as tf
     from safetensors.torch import load_file, save_file
 
     from treeflash.models.config import ModelConfig
@@ -30,13 +29,7 @@ def save_mtp_target(path) -> str:
     tok = byte_tokenizer()
     cfg = hf_config("qwen3_5", vocab_size=len(tok) + 1, mtp_num_hidden_layers=1,
                     bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id)
-    torch.manual_seed(0)
-    hf = tf.AutoModelForCausalLM.from_config(cfg).eval()
-    with torch.no_grad():
-        for p in hf.parameters():
-            p.add_(torch.randn_like(p) * 0.05)
-    hf.save_pretrained(path)
-    tok.save_pretrained(path)
+    save_random_model(cfg, tok, path, seed=0)
     head = MTPHead(ModelConfig.from_hf_dict(cfg.to_dict()), 1)
     weights = load_file(path / "model.safetensors")
     weights |= {f"mtp.{k}": (v + torch.randn_like(v) * 0.1).contiguous() for k, v in head.state_dict().items()}

@@ -39,6 +39,14 @@ def save_tiny_target(path: str | Path, num_layers: int = 6, hidden: int = 64, se
                          num_hidden_layers=num_layers, num_attention_heads=4, num_key_value_heads=2,
                          max_position_embeddings=2048, rms_norm_eps=1e-6, tie_word_embeddings=True,
                          bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id, rope_theta=10000.0)
+    return save_random_model(cfg, tok, path, seed)
+
+
+def save_random_model(cfg, tok, path: str | Path, seed: int = 0) -> Path:
+    """transformers' model for `cfg`, every weight nudged by N(0, 0.05), saved with `tok` in `path`."""
+    import transformers as tf
+
+    path = Path(path)
     torch.manual_seed(seed)
     hf = tf.AutoModelForCausalLM.from_config(cfg).eval()
     with torch.no_grad():

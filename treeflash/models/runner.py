@@ -35,6 +35,22 @@ class EagerRunner:
 DEFAULT_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128)
 
 
+def capture_graph(fn, pool, warmups: int = 2):
+    """Run `fn` `warmups` times on a side stream (kernel selection, cuBLAS handles, allocations stay
+    out of the graph), then capture one call into a CUDA graph drawing on `pool`.
+    Returns (graph, what the captured call returned: its static outputs)."""
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        for _ in range(warmups):
+            fn()
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph, pool=pool):
+        out = fn()
+    return graph, out
+
+
 @dataclass
 class _Graph:
     replay: object  # () -> None: a CUDA graph's replay, or (static mode without graphs) the eager call
@@ -123,15 +139,7 @@ class CudaGraphRunner(EagerRunner):
             g.replay = replay
             g.commit = lambda: self._commit_static(t)
             return g
-        stream = torch.cuda.Stream()
-        stream.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(stream):
-            for _ in range(2):  # warm up kernels / cuBLAS handles outside the graph
-                self._run_static(t, verify)
-        torch.cuda.current_stream().wait_stream(stream)
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph, pool=self.pool):
-            out = self._run_static(t, verify)
+        graph, out = capture_graph(lambda: self._run_static(t, verify), self.pool)
         pending = []
         for layer in self.cache.layers:
             if isinstance(layer, RecurrentCache):
@@ -156,17 +164,7 @@ class CudaGraphRunner(EagerRunner):
     def _capture_commit(self, t: int, g: _Graph):
         self._install(g)
 
-        def commit_static():
-            self._commit_static(t)
-
-        stream = torch.cuda.Stream()
-        stream.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(stream):
-            commit_static()
-        torch.cuda.current_stream().wait_stream(stream)
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph, pool=self.pool):
-            commit_static()
+        graph, _ = capture_graph(lambda: self._commit_static(t), self.pool, warmups=1)
         return graph.replay
 
     def _install(self, g: _Graph) -> None:

@@ -25,6 +25,7 @@ from typing import Callable
 
 import torch
 
+from treeflash.models.runner import capture_graph
 from treeflash.spec.dflash_model import DFlashModel, DraftCache
 
 
@@ -90,15 +91,7 @@ class DraftGraphs:
 
             p.replay = replay
             return p
-        stream = torch.cuda.Stream()
-        stream.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(stream):
-            for _ in range(2):  # warm up kernels / cuBLAS handles outside the graph
-                self._run(n)
-        torch.cuda.current_stream().wait_stream(stream)
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph, pool=self.pool):
-            logits, packed = self._run(n)
+        graph, (logits, packed) = capture_graph(lambda: self._run(n), self.pool)
         return _Pass(graph.replay, logits, packed)
 
     # -- one drafting pass --

@@ -9,13 +9,15 @@ from tests.models.hf_oracle import make_pair
 ARCHS = ["llama", "qwen2", "qwen3", "qwen3_5"]
 
 
-@pytest.mark.parametrize("fused", [False, True])
+@pytest.mark.parametrize("fused", [False, True, "layers"])
 @pytest.mark.parametrize("arch", ARCHS)
 @torch.inference_mode()
 def test_prefill_logits_match_transformers(arch, fused):
+    """fused: one GEMV for q/k/v and gate/up; "layers": also the norms and residual adds folded
+    into the GEMVs (forward_fused, here through linear_fused's reference math on the CPU)."""
     hf, ours = make_pair(arch)
     if fused:
-        ours.fuse_projections()
+        ours.fuse_projections(fused_rows=64 if fused == "layers" else 0)
     ids = torch.randint(0, 97, (1, 23))
     ref = hf(ids).logits[0].float()
     cache = ours.new_cache(64)
@@ -25,10 +27,14 @@ def test_prefill_logits_match_transformers(arch, fused):
     assert err < 1e-4
 
 
+@pytest.mark.parametrize("fused_rows", [0, 16])
 @pytest.mark.parametrize("arch", ARCHS)
 @torch.inference_mode()
-def test_incremental_decode_equals_full_forward(arch):
+def test_incremental_decode_equals_full_forward(arch, fused_rows):
+    """fused_rows 16: the prefill (30 and 11 tokens) runs the unfused layers, the one-token steps
+    the fused ones: both paths keep the same cache."""
     _, ours = make_pair(arch)
+    ours.fuse_projections(fused_rows=fused_rows)
     ids = torch.randint(0, 97, (30,))
     full = ours(StepInput.plain(ids, 0), ours.new_cache(64)).logits
     cache = ours.new_cache(64)

@@ -6,6 +6,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from treeflash.kernels.linear import linear_fused
 from treeflash.kernels.rotary import norm_rotary
 from treeflash.kv.attention_cache import AttentionCache
 from treeflash.models.config import ModelConfig
@@ -57,9 +58,14 @@ class Attention(nn.Module):
         rope: tuple[torch.Tensor, torch.Tensor],  # cos, sin: [T, rotary_dim]
         step: StepInput,
         cache: AttentionCache,
+        norm: RMSNorm | None = None,  # fused path: x is the residual stream, normed inside the qkv GEMV
+        residual: torch.Tensor | None = None,  # fused path: returns residual + o_proj(...)
     ) -> torch.Tensor:  # [T, hidden]
         n = x.shape[0]
-        if self.qkv_int4 is not None:
+        if norm is not None:
+            q, k, v = norm.linear(x, self.qkv_weight, self.qkv_bias).split(
+                [self.q_proj.weight.shape[0], self.k_proj.weight.shape[0], self.v_proj.weight.shape[0]], dim=-1)
+        elif self.qkv_int4 is not None:
             q, k, v = self.qkv_int4(x).split([self.q_proj.out_features, self.k_proj.out_features, self.v_proj.out_features], dim=-1)
         elif self.qkv_weight is not None:
             q, k, v = F.linear(x, self.qkv_weight, self.qkv_bias).split(
@@ -85,4 +91,6 @@ class Attention(nn.Module):
             out = cache.attend(q, k, v, step.start, step.tree_mask, self.scale).reshape(n, -1)
         if gate is not None:
             out = out * torch.sigmoid(gate)
+        if residual is not None:
+            return linear_fused(out, self.o_proj.weight, residual=residual)
         return self.o_proj(out)

@@ -22,16 +22,22 @@ parent's (the root's, the committed state). The per-node inputs and states go to
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 from treeflash.kernels.gdn_decode import conv_step, recurrent_step
 from treeflash.kernels.gdn_tree import tree_conv, tree_recurrent
+from treeflash.kernels.linear import linear_fused
 from treeflash.kernels.norm import rmsnorm_gated
 from treeflash.kv.recurrent_cache import RecurrentCache
 from treeflash.models.config import ModelConfig
 from treeflash.models.step import StepInput
+
+if TYPE_CHECKING:
+    from treeflash.models.layers import RMSNorm
 
 CHUNK_SIZE = 64
 
@@ -275,18 +281,26 @@ class GatedDeltaNet(nn.Module):
             lin.weight = nn.Parameter(part, requires_grad=False)
         self.in_proj = fused  # a registered buffer: .to() carries it
 
-    def forward(self, x: torch.Tensor, step: StepInput, cache: RecurrentCache) -> torch.Tensor:
+    def forward(
+        self, x: torch.Tensor, step: StepInput, cache: RecurrentCache,
+        norm: RMSNorm | None = None,  # fused path: x is the residual stream, normed inside the input GEMV
+        residual: torch.Tensor | None = None,  # fused path: returns residual + out_proj(...)
+    ) -> torch.Tensor:
         # x: [T, hidden] -> [T, hidden]
         n = x.shape[0]
-        if self.in_proj is not None:
+        if norm is not None:
+            mixed, z, b, a = norm.linear(x, self.in_proj).split([self.conv_dim, self.value_dim, self.num_v_heads, self.num_v_heads], dim=-1)
+        elif self.in_proj is not None:
             mixed, z, b, a = F.linear(x, self.in_proj).split([self.conv_dim, self.value_dim, self.num_v_heads, self.num_v_heads], dim=-1)
         else:
             mixed, z, b, a = self.in_proj_qkv(x), self.in_proj_z(x), self.in_proj_b(x), self.in_proj_a(x)
         # mixed: [T, conv_dim], the conv inputs, kept per node for commit
         z = z.reshape(n, self.num_v_heads, self.v_head_dim)
         o = self._mix(mixed, a, b, step, cache)  # [T, Hv, Dv] fp32
-        out = self.norm(o.to(x.dtype), z)
-        return self.out_proj(out.reshape(n, self.value_dim))
+        out = self.norm(o.to(x.dtype), z).reshape(n, self.value_dim)
+        if residual is not None:
+            return linear_fused(out, self.out_proj.weight, residual=residual)
+        return self.out_proj(out)
 
     def _mix(self, mixed, a, b, step: StepInput, cache: RecurrentCache) -> torch.Tensor:
         """Short conv + gated delta rule: fused kernels on CUDA, the plain-torch references elsewhere."""

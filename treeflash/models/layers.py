@@ -9,6 +9,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from treeflash.kernels.activation import silu_mul
+from treeflash.kernels.linear import linear_fused
 from treeflash.kernels.norm import rmsnorm
 from treeflash.models.config import ModelConfig
 
@@ -24,6 +25,10 @@ class RMSNorm(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return rmsnorm(x, self.weight, self.eps, self.unit_offset)[0]
+
+    def linear(self, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+        """linear(norm(x), weight, bias) as one kernel (kernels/linear.py): x [T, dim] -> [T, out]."""
+        return linear_fused(x, weight, bias, self.weight, self.eps, self.unit_offset)
 
     def add_forward(self, x: torch.Tensor, residual: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
         """s = x + residual (x alone when residual is None); returns (norm(s), s) in one pass."""
@@ -98,6 +103,11 @@ class MLP(nn.Module):
         self.gate_proj.weight = nn.Parameter(gate, requires_grad=False)
         self.up_proj.weight = nn.Parameter(up, requires_grad=False)
         self.gate_up = fused  # a registered buffer: .to() carries it
+
+    def forward_fused(self, s: torch.Tensor, norm: RMSNorm) -> torch.Tensor:
+        """s + down(swiglu(gate_up(norm(s)))) in two kernels; needs fuse(). s: [T, hidden]."""
+        act = linear_fused(s, self.gate_up, None, norm.weight, norm.eps, norm.unit_offset, swiglu=True)  # [T, inner]
+        return linear_fused(act, self.down_proj.weight, residual=s)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.gate_up_int4 is not None:

@@ -18,6 +18,8 @@ from treeflash.models.config import FULL_ATTENTION, ModelConfig
 from treeflash.models.layers import MLP, RMSNorm, Rotary
 from treeflash.models.step import StepInput
 
+FUSED_ROWS = 128  # the largest verify bucket: every decode and verify step of the CUDA graphs
+
 
 @dataclass
 class ForwardOutput:
@@ -44,6 +46,17 @@ class DecoderLayer(nn.Module):
     def forward(self, x, rope, step: StepInput, cache) -> torch.Tensor:
         out, residual = self.forward_residual(x, None, rope, step, cache)
         return out + residual
+
+    def forward_fused(self, s: torch.Tensor, rope, step: StepInput, cache) -> torch.Tensor:
+        """The layer on the materialized residual stream s [T, hidden], with each RMSNorm folded into
+        the projection after it and each residual add into the projection before it
+        (kernels/linear.py): s -> s + mixer(norm(s)) -> that + mlp(norm(that))."""
+        norm = self.input_layernorm
+        if self.layer_type == FULL_ATTENTION:
+            s = self.self_attn(s, rope, step, cache, norm=norm, residual=s)
+        else:
+            s = self.linear_attn(s, step, cache, norm=norm, residual=s)
+        return self.mlp.forward_fused(s, self.post_attention_layernorm)
 
     def forward_residual(self, x, residual, rope, step: StepInput, cache) -> tuple[torch.Tensor, torch.Tensor]:
         """The layer with the residual add fused into each norm: the stream is x + residual."""
@@ -79,13 +92,21 @@ class CausalLM(nn.Module):
         else:
             self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
         self.mtp: nn.Module | None = None  # set by the loader when the checkpoint carries mtp.* weights
+        # steps of at most this many tokens run forward_fused (norms and residual adds folded into
+        # the GEMVs); 0 = off. fuse_projections turns it on for bf16/fp16 on CUDA.
+        self.fused_rows = 0
 
-    def fuse_projections(self) -> "CausalLM":
+    def fuse_projections(self, fused_rows: int | None = None) -> "CausalLM":
         """Fuse q/k/v, gate/up and the linear-attention input projections into single GEMVs
-        (the per-projection parameters become views, so names and loading are unchanged).
-        Call after the weights are loaded and placed on their device."""
+        (the per-projection parameters become views, so names and loading are unchanged), and
+        choose how many tokens a step may have to take the fused-layer path (None: FUSED_ROWS for
+        bf16/fp16 weights on CUDA, else 0). Call after the weights are placed on their device."""
         for layer in self.model.layers:
             layer.fuse()
+        if fused_rows is None:
+            on_gpu = self.device.type == "cuda" and self.dtype in (torch.float16, torch.bfloat16)
+            fused_rows = FUSED_ROWS if on_gpu else 0
+        self.fused_rows = fused_rows
         return self
 
     # -- shared with drafters (DFlash and MTP reuse the target's embedding and head) --
@@ -157,12 +178,19 @@ class CausalLM(nn.Module):
         x = self.embed(step.input_ids)
         rope = self.rotary.cos_sin(step.positions, x.dtype)
         captured = []
-        residual = None
-        for i, layer in enumerate(self.model.layers):
-            x, residual = layer.forward_residual(x, residual, rope, step, cache.layers[i])
-            if i in capture_layers:
-                captured.append(x + residual)  # the layer's output stream
-        hidden, _ = self.model.norm.add_forward(x, residual)
+        if step.num_tokens <= self.fused_rows:
+            for i, layer in enumerate(self.model.layers):
+                x = layer.forward_fused(x, rope, step, cache.layers[i])
+                if i in capture_layers:
+                    captured.append(x)
+            hidden = self.model.norm(x)
+        else:
+            residual = None
+            for i, layer in enumerate(self.model.layers):
+                x, residual = layer.forward_residual(x, residual, rope, step, cache.layers[i])
+                if i in capture_layers:
+                    captured.append(x + residual)  # the layer's output stream
+            hidden, _ = self.model.norm.add_forward(x, residual)
         logits = None
         if compute_logits:
             logits = self.head(hidden if logits_at is None else hidden.index_select(0, logits_at))

@@ -1,0 +1,192 @@
+"""Linear layers for few rows (decode and tree verify) with the layer's neighbours fused in, beside
+the plain-torch reference.
+
+At batch 1 a decoder layer reads its weights once per step, and the small kernels around its
+GEMVs (the RMSNorm before a projection, the residual add after one, SwiGLU between gate/up and
+down) cost a launch and a round trip each. This kernel folds them into the GEMV:
+
+    y = [norm](x) @ W^T [+ b]      then   [swiglu]   then   [+ residual]
+
+- norm (prologue): RMSNorm of each row of x with weight w (1 + w with unit_offset). The kernel
+  multiplies x by w on the fly and the row's 1/rms (accumulated in the same pass over K) after
+  the dot: y = rstd * ((x * w) @ W^T). No pre-pass over x.
+- swiglu (epilogue): W is [2I, K] (gate rows, then up rows); each program reads the gate and up
+  rows of its I-columns and writes silu(g) * u: [M, I]. Replaces gate_up -> silu_mul.
+- residual (epilogue): y + residual, rounded once more to the model dtype: the residual stream.
+
+Roundings follow the unfused layer: the GEMV's output is rounded to the model dtype before the
+SwiGLU or the residual add, which are computed in fp32. The one difference is the normalized
+input: the unfused path rounds x * rstd * w to the model dtype, this one rounds x * w (rstd
+multiplies the fp32 dot): the same precision, other bits.
+
+Program (n-tile, m-tile) computes BLOCK_M rows x BLOCK_N outputs with tl.dot over K in
+BLOCK_K chunks (a decode step's single row pads to 16 rows; the GEMV is bound by the weight
+bytes, not by the tensor cores). No split-K: every output is one program's sum, in a fixed
+order, so a row's result does not depend on which other rows share its batch.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import triton
+import triton.language as tl
+
+from treeflash.kernels.norm import _interpreting
+
+
+def linear_fused_ref(
+    x: torch.Tensor,  # [M, K]
+    weight: torch.Tensor,  # [N, K] ([2I, K] with swiglu)
+    bias: torch.Tensor | None = None,  # [N]
+    norm_weight: torch.Tensor | None = None,  # [K]
+    eps: float = 1e-6,
+    unit_offset: bool = False,
+    residual: torch.Tensor | None = None,  # [M, N'] (N' = N, or I with swiglu)
+    swiglu: bool = False,
+    out_dtype: torch.dtype | None = None,
+) -> torch.Tensor:  # [M, N']
+    dtype = out_dtype or x.dtype
+    xf = x.float()
+    rstd = None
+    if norm_weight is not None:
+        w = norm_weight.float() + 1.0 if unit_offset else norm_weight.float()
+        rstd = torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)
+        xf = (xf * w).to(weight.dtype).float()
+    else:
+        xf = xf.to(weight.dtype).float()
+    y = xf @ weight.float().t()
+    if rstd is not None:
+        y = y * rstd
+    if bias is not None:
+        y = y + bias.float()
+    if swiglu:
+        g, u = y.to(dtype).float().chunk(2, dim=-1)
+        y = torch.nn.functional.silu(g) * u
+    if residual is not None:
+        y = y.to(dtype).float() + residual.float()
+    return y.to(dtype)
+
+
+@triton.jit
+def _dot_t(a, b, DOT: tl.constexpr):
+    """a [M, K] @ b[N, K]^T in fp32 (ieee for fp32 inputs: no TF32)."""
+    if DOT == tl.float32:  # fp32 weights, or bf16/fp16 ones under the interpreter (exact products)
+        out = tl.dot(a.to(tl.float32), tl.trans(b.to(tl.float32)), input_precision="ieee")
+    else:
+        out = tl.dot(a.to(DOT), tl.trans(b.to(DOT)))
+    return out
+
+
+@triton.jit
+def _linear_kernel(
+    X, W, NW, B, R, Y, M, N, stride_xm, stride_rm, stride_ym, eps,
+    K: tl.constexpr, HAS_NORM: tl.constexpr, UNIT: tl.constexpr, HAS_BIAS: tl.constexpr,
+    HAS_RES: tl.constexpr, SWIGLU: tl.constexpr, DOT: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+):
+    pid_n, pid_m = tl.program_id(0), tl.program_id(1)
+    rows = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    cols = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    row_ok, col_ok = rows < M, cols < N
+    w_rows = cols.to(tl.int64) * K
+    acc = tl.zeros((BLOCK_M, BLOCK_N), tl.float32)
+    acc_u = tl.zeros((BLOCK_M, BLOCK_N), tl.float32)
+    ss = tl.zeros((BLOCK_M,), tl.float32)
+    for kt in range(0, tl.cdiv(K, BLOCK_K)):
+        k = kt * BLOCK_K + tl.arange(0, BLOCK_K)
+        k_ok = k < K
+        x = tl.load(X + rows[:, None] * stride_xm + k[None, :], mask=row_ok[:, None] & k_ok[None, :], other=0.0).to(tl.float32)
+        if HAS_NORM:
+            ss += tl.sum(x * x, axis=1)
+            nw = tl.load(NW + k, mask=k_ok, other=0.0).to(tl.float32)
+            if UNIT:
+                nw = nw + 1.0
+            x = x * nw[None, :]
+        x = x.to(W.dtype.element_ty)  # the GEMV's input, rounded to the weight dtype
+        wm = col_ok[:, None] & k_ok[None, :]
+        w = tl.load(W + w_rows[:, None] + k[None, :], mask=wm, other=0.0)
+        acc += _dot_t(x, w, DOT)
+        if SWIGLU:
+            wu = tl.load(W + (w_rows + N * K)[:, None] + k[None, :], mask=wm, other=0.0)
+            acc_u += _dot_t(x, wu, DOT)
+    if HAS_NORM:
+        rstd = tl.rsqrt(ss / K + eps)
+        acc = acc * rstd[:, None]
+        acc_u = acc_u * rstd[:, None]
+    if HAS_BIAS:
+        acc += tl.load(B + cols, mask=col_ok, other=0.0).to(tl.float32)[None, :]
+        if SWIGLU:
+            acc_u += tl.load(B + N + cols, mask=col_ok, other=0.0).to(tl.float32)[None, :]
+    out_ty = Y.dtype.element_ty
+    if SWIGLU:
+        g = acc.to(out_ty).to(tl.float32)
+        acc = g / (1.0 + tl.exp(-g)) * acc_u.to(out_ty).to(tl.float32)
+    om = row_ok[:, None] & col_ok[None, :]
+    if HAS_RES:
+        acc = acc.to(out_ty).to(tl.float32) + tl.load(R + rows[:, None] * stride_rm + cols[None, :], mask=om, other=0.0).to(tl.float32)
+    tl.store(Y + rows[:, None] * stride_ym + cols[None, :], acc.to(out_ty), mask=om)
+
+
+@dataclass(frozen=True)
+class LinearConfig:
+    block_m: int
+    block_n: int
+    block_k: int
+    num_warps: int
+    num_stages: int
+
+
+def linear_config(m: int, n: int, k: int, swiglu: bool = False) -> LinearConfig:
+    """The fixed launch configuration for an [m, k] x [n, k]^T product (no autotuning).
+
+    Narrow tiles of output columns so that a 4096-wide projection still spreads over every SM
+    (a GEMV is bound by how many bytes are in flight, not by the math)."""
+    block_m = 16 if m <= 16 else (32 if m <= 32 else 64)
+    block_n = 16 if (swiglu or n <= 8192) else 32
+    return LinearConfig(block_m, block_n, 256 if k >= 256 else max(16, triton.next_power_of_2(k)), 4, 4)
+
+
+_DOT = {torch.float32: tl.float32, torch.float16: tl.float16, torch.bfloat16: tl.bfloat16}
+
+
+def linear_fused(
+    x: torch.Tensor,  # [M, K] (row stride free, last dim contiguous)
+    weight: torch.Tensor,  # [N, K] contiguous ([2I, K] with swiglu)
+    bias: torch.Tensor | None = None,
+    norm_weight: torch.Tensor | None = None,
+    eps: float = 1e-6,
+    unit_offset: bool = False,
+    residual: torch.Tensor | None = None,  # [M, N'] last dim contiguous
+    swiglu: bool = False,
+    out_dtype: torch.dtype | None = None,
+    config: LinearConfig | None = None,
+) -> torch.Tensor:  # [M, N'] in out_dtype (default x.dtype)
+    """Triton on CUDA (or under TRITON_INTERPRET), the reference elsewhere."""
+    if not (x.is_cuda or _interpreting()):
+        return linear_fused_ref(x, weight, bias, norm_weight, eps, unit_offset, residual, swiglu, out_dtype)
+    m, k = x.shape
+    n_w = weight.shape[0]
+    if weight.dim() != 2 or weight.shape[1] != k or not weight.is_contiguous() or x.stride(1) != 1:
+        raise ValueError(f"linear_fused: x [M, K] with a contiguous last dim and a contiguous weight [N, K]; "
+                         f"got x {tuple(x.shape)}/{x.stride()}, weight {tuple(weight.shape)}")
+    if swiglu and n_w % 2:
+        raise ValueError(f"linear_fused: swiglu needs an even number of weight rows, got {n_w}")
+    n = n_w // 2 if swiglu else n_w
+    if residual is not None and (tuple(residual.shape) != (m, n) or residual.stride(1) != 1):
+        raise ValueError(f"linear_fused: residual must be [{m}, {n}] with a contiguous last dim, got {tuple(residual.shape)}")
+    dtype = out_dtype or x.dtype
+    y = torch.empty(m, n, dtype=dtype, device=x.device)
+    cfg = config or linear_config(m, n, k, swiglu)
+    grid = (triton.cdiv(n, cfg.block_n), triton.cdiv(m, cfg.block_m))
+    _linear_kernel[grid](
+        x, weight, norm_weight if norm_weight is not None else weight, bias if bias is not None else weight,
+        residual if residual is not None else y, y, m, n, x.stride(0),
+        residual.stride(0) if residual is not None else 0, y.stride(0), eps,
+        K=k, HAS_NORM=norm_weight is not None, UNIT=unit_offset, HAS_BIAS=bias is not None,
+        HAS_RES=residual is not None, SWIGLU=swiglu, DOT=tl.float32 if _interpreting() else _DOT[weight.dtype],
+        BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k,
+        num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+    )
+    return y

@@ -143,9 +143,9 @@ def bench_shape(shape: str, args, bandwidth: float) -> dict:
     dev = DEV
     model = build_model(shape)
     if not args.unfused:
-        model.fuse_projections()
+        model.fuse_projections(fused_rows=args.fused_rows)
     c = model.config
-    res: dict = {"shape": shape, "params_b": sum(p.numel() for p in model.parameters()) / 1e9,
+    res: dict = {"shape": shape, "fused_rows": model.fused_rows, "params_b": sum(p.numel() for p in model.parameters()) / 1e9,
                  "weight_gb": weight_bytes(model) / 1e9}
     ctx = args.context
     cache = model.new_cache(ctx + 2 * max(args.buckets) + args.decode_tokens + 64)
@@ -332,6 +332,8 @@ def main() -> None:
     p.add_argument("--prefill", type=lambda s: [int(x) for x in s.split(",") if x], default=[4096, 32768])
     p.add_argument("--prefill-chunk", type=int, default=4096)
     p.add_argument("--unfused", action="store_true", help="skip fusing q/k/v, gate/up and linear-attention projections")
+    p.add_argument("--fused-rows", type=int, default=None,
+                   help="steps of up to this many tokens run the fused layers (kernels/linear.py); 0: off; default: the model's (128 on CUDA bf16)")
     p.add_argument("--drafter-layers", type=int, default=5, help="time a random DFlash drafter's pass with this many layers (0: skip)")
     p.add_argument("--block-size", type=int, default=16, help="the drafter's block size")
     p.add_argument("--hf", action="store_true", help="also time transformers' generate on the dense shape")

@@ -63,13 +63,27 @@ def check_gdn() -> dict:
 
 
 
+def tree_mask_of(parents: list[int], pad_to: int) -> torch.Tensor:
+    """[T, T] ancestor-or-self mask, as a view into a [pad_to, pad_to] buffer (strided rows, like the runner's)."""
+    buf = torch.zeros(pad_to, pad_to, dtype=torch.bool)
+    for i, p in enumerate(parents):
+        if p >= 0:
+            buf[i] = buf[p]
+        buf[i, i] = True
+    return buf[: len(parents), : len(parents)]
+
+
 def check_gdn_tree() -> dict:
-    from treeflash.kernels.gdn_tree import tree_conv, tree_conv_ref, tree_recurrent, tree_recurrent_ref
+    from treeflash.kernels.gdn_decode import recurrent_step
+    from treeflash.kernels.gdn_tree import (recurrent_path, recurrent_path_ref, tree_conv, tree_conv_ref, tree_recurrent,
+                                            tree_recurrent_ref)
 
     hk, hv, dk, dv = 2, 4, 16, 32
     c = 2 * hk * dk + hv * dv
     out = {}
-    for name, parents in (("chain", [-1, 0, 1, 2, 3]), ("tree", [-1, 0, 0, 1, 2, 2, 5, 3, 0]), ("root", [-1])):
+    trees = (("chain", [-1, 0, 1, 2, 3], [0, 1, 2]), ("tree", [-1, 0, 0, 1, 2, 2, 5, 3, 0], [0, 2, 5, 6]),
+             ("root", [-1], [0]), ("padded", [-1, 0, 1, 0, 0, 0], [0, 1, 2]))  # padding nodes: children of the root
+    for name, parents, path in trees:
         t = len(parents)
         par = torch.tensor(parents)
         x, win, w = torch.randn(t, c), torch.randn(c, 3), torch.randn(c, 4)
@@ -77,10 +91,21 @@ def check_gdn_tree() -> dict:
         yr = tree_conv_ref(x, win, w, par)
         a, b = torch.randn(t, hv), torch.randn(t, hv)
         alog, dtb, s0 = torch.randn(hv), torch.randn(hv), torch.randn(hv, dk, dv)
-        o, st = tree_recurrent(yr, a, b, alog, dtb, s0, par, hk, dk, dv)
-        orf, stf = tree_recurrent_ref(yr, a, b, alog, dtb, s0, par, hk, dk, dv)
+        o = tree_recurrent(yr, a, b, alog, dtb, s0, par, tree_mask_of(parents, 8 if t < 8 else t), hk, dk, dv)
+        orf = tree_recurrent_ref(yr, a, b, alog, dtb, s0, par, hk, dk, dv)
         out[f"conv_{name}"] = (y - yr).abs().max().item()
-        out[f"recurrent_{name}"] = max((o - orf).abs().max().item(), (st - stf).abs().max().item())
+        out[f"recurrent_{name}"] = (o - orf).abs().max().item()
+
+        # commit: the path kernel (path padded past its length, as in the commit graph) against its
+        # reference, and bit for bit against plain decode steps over the same rows
+        padded = torch.tensor(path + [path[-1]] * (t - len(path)))
+        s1, s2, s3 = s0.clone(), s0.clone(), s0.clone()
+        recurrent_path(yr, a, b, alog, dtb, s1, padded, torch.tensor([len(path)]), hk, dk, dv)
+        recurrent_path_ref(yr, a, b, alog, dtb, s2, padded, torch.tensor([len(path)]), hk, dk, dv)
+        for i in path:
+            recurrent_step(yr[i], a[i], b[i], alog, dtb, s3, hk, dk, dv)
+        out[f"path_{name}"] = (s1 - s2).abs().max().item()
+        out[f"path_{name}_vs_decode_steps_bitwise"] = 0.0 if torch.equal(s1, s3) else 1.0
     return out
 
 

@@ -22,7 +22,9 @@ CASES = [
 
 
 def main(dtype_name: str) -> None:
-    from treeflash.kernels.linear import linear_fused, linear_fused_ref
+    from treeflash.kernels.linear import LinearConfig, linear_fused, linear_fused_ref
+
+    fma = LinearConfig(1, 16, 64, 4, 2, fma=True)
 
     dtype = getattr(torch, dtype_name)
     torch.manual_seed(0)
@@ -38,6 +40,9 @@ def main(dtype_name: str) -> None:
         assert y.shape == ref.shape and y.dtype == ref.dtype
         key = f"m{m}_n{n}_k{k}_norm{int(norm)}{int(unit)}_bias{int(bias)}_res{int(res)}_swiglu{int(swiglu)}"
         out[key] = [(y.float() - ref.float()).abs().max().item(), ref.float().abs().max().item()]
+        if m == 1:  # the CUDA-core GEMV
+            y = linear_fused(x, w, b, nw, 1e-6, unit, r, swiglu, config=fma)
+            out[key + "_fma"] = [(y.float() - ref.float()).abs().max().item(), ref.float().abs().max().item()]
     # a row's result does not depend on the rows batched with it
     x = torch.randn(16, 200).to(dtype)
     w = torch.randn(64, 200).to(dtype)

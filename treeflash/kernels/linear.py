@@ -80,12 +80,35 @@ def _dot_t(a, b, DOT: tl.constexpr):
 
 
 @triton.jit
+def _epilogue(acc, acc_u, ss, rows, cols, row_ok, col_ok, B, R, Y, N, stride_rm, stride_ym, eps,
+              K: tl.constexpr, HAS_NORM: tl.constexpr, HAS_BIAS: tl.constexpr, HAS_RES: tl.constexpr, SWIGLU: tl.constexpr):
+    """acc, acc_u: [BM, BN] fp32 dot products (acc_u: SwiGLU's up rows); ss: [BM] sums of x^2."""
+    if HAS_NORM:
+        rstd = tl.rsqrt(ss / K + eps)
+        acc = acc * rstd[:, None]
+        acc_u = acc_u * rstd[:, None]
+    if HAS_BIAS:
+        acc += tl.load(B + cols, mask=col_ok, other=0.0).to(tl.float32)[None, :]
+        if SWIGLU:
+            acc_u += tl.load(B + N + cols, mask=col_ok, other=0.0).to(tl.float32)[None, :]
+    out_ty = Y.dtype.element_ty
+    if SWIGLU:
+        g = acc.to(out_ty).to(tl.float32)
+        acc = g / (1.0 + tl.exp(-g)) * acc_u.to(out_ty).to(tl.float32)
+    om = row_ok[:, None] & col_ok[None, :]
+    if HAS_RES:
+        acc = acc.to(out_ty).to(tl.float32) + tl.load(R + rows[:, None] * stride_rm + cols[None, :], mask=om, other=0.0).to(tl.float32)
+    tl.store(Y + rows[:, None] * stride_ym + cols[None, :], acc.to(out_ty), mask=om)
+
+
+@triton.jit
 def _linear_kernel(
     X, W, NW, B, R, Y, M, N, stride_xm, stride_rm, stride_ym, eps,
     K: tl.constexpr, HAS_NORM: tl.constexpr, UNIT: tl.constexpr, HAS_BIAS: tl.constexpr,
     HAS_RES: tl.constexpr, SWIGLU: tl.constexpr, DOT: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
 ):
+    """tl.dot over [BLOCK_M, BLOCK_K] x [BLOCK_K, BLOCK_N] tiles (any M; one row pads to 16)."""
     pid_n, pid_m = tl.program_id(0), tl.program_id(1)
     rows = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     cols = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -111,31 +134,59 @@ def _linear_kernel(
         if SWIGLU:
             wu = tl.load(W + (w_rows + N * K)[:, None] + k[None, :], mask=wm, other=0.0)
             acc_u += _dot_t(x, wu, DOT)
-    if HAS_NORM:
-        rstd = tl.rsqrt(ss / K + eps)
-        acc = acc * rstd[:, None]
-        acc_u = acc_u * rstd[:, None]
-    if HAS_BIAS:
-        acc += tl.load(B + cols, mask=col_ok, other=0.0).to(tl.float32)[None, :]
+    _epilogue(acc, acc_u, ss, rows, cols, row_ok, col_ok, B, R, Y, N, stride_rm, stride_ym, eps,
+              K, HAS_NORM, HAS_BIAS, HAS_RES, SWIGLU)
+
+
+@triton.jit
+def _gemv_kernel(
+    X, W, NW, B, R, Y, M, N, stride_xm, stride_rm, stride_ym, eps,
+    K: tl.constexpr, HAS_NORM: tl.constexpr, UNIT: tl.constexpr, HAS_BIAS: tl.constexpr,
+    HAS_RES: tl.constexpr, SWIGLU: tl.constexpr,
+    BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+):
+    """One row (M == 1) with fp32 multiply-adds on CUDA cores: [BLOCK_N, BLOCK_K] partial sums in
+    registers, reduced over K once at the end."""
+    pid_n = tl.program_id(0)
+    rows = tl.arange(0, 1)
+    cols = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    row_ok, col_ok = rows < M, cols < N
+    w_rows = cols.to(tl.int64) * K
+    acc2 = tl.zeros((BLOCK_N, BLOCK_K), tl.float32)
+    acc2_u = tl.zeros((BLOCK_N, BLOCK_K), tl.float32)
+    ss2 = tl.zeros((BLOCK_K,), tl.float32)
+    for kt in range(0, tl.cdiv(K, BLOCK_K)):
+        k = kt * BLOCK_K + tl.arange(0, BLOCK_K)
+        k_ok = k < K
+        x = tl.load(X + k, mask=k_ok, other=0.0).to(tl.float32)
+        if HAS_NORM:
+            ss2 += x * x
+            nw = tl.load(NW + k, mask=k_ok, other=0.0).to(tl.float32)
+            if UNIT:
+                nw = nw + 1.0
+            x = x * nw
+        x = x.to(W.dtype.element_ty).to(tl.float32)
+        wm = col_ok[:, None] & k_ok[None, :]
+        w = tl.load(W + w_rows[:, None] + k[None, :], mask=wm, other=0.0)
+        acc2 += w.to(tl.float32) * x[None, :]
         if SWIGLU:
-            acc_u += tl.load(B + N + cols, mask=col_ok, other=0.0).to(tl.float32)[None, :]
-    out_ty = Y.dtype.element_ty
-    if SWIGLU:
-        g = acc.to(out_ty).to(tl.float32)
-        acc = g / (1.0 + tl.exp(-g)) * acc_u.to(out_ty).to(tl.float32)
-    om = row_ok[:, None] & col_ok[None, :]
-    if HAS_RES:
-        acc = acc.to(out_ty).to(tl.float32) + tl.load(R + rows[:, None] * stride_rm + cols[None, :], mask=om, other=0.0).to(tl.float32)
-    tl.store(Y + rows[:, None] * stride_ym + cols[None, :], acc.to(out_ty), mask=om)
+            wu = tl.load(W + (w_rows + N * K)[:, None] + k[None, :], mask=wm, other=0.0)
+            acc2_u += wu.to(tl.float32) * x[None, :]
+    acc = tl.sum(acc2, axis=1)[None, :]
+    acc_u = tl.sum(acc2_u, axis=1)[None, :]
+    ss = tl.sum(ss2, axis=0) + tl.zeros((1,), tl.float32)
+    _epilogue(acc, acc_u, ss, rows, cols, row_ok, col_ok, B, R, Y, N, stride_rm, stride_ym, eps,
+              K, HAS_NORM, HAS_BIAS, HAS_RES, SWIGLU)
 
 
 @dataclass(frozen=True)
 class LinearConfig:
-    block_m: int
-    block_n: int
-    block_k: int
+    block_m: int  # rows per program (tl.dot: >= 16)
+    block_n: int  # output columns per program
+    block_k: int  # K per loop step
     num_warps: int
     num_stages: int
+    fma: bool = False  # one row: _gemv_kernel (CUDA-core multiply-adds) instead of tl.dot
 
 
 def linear_config(m: int, n: int, k: int, swiglu: bool = False) -> LinearConfig:
@@ -179,6 +230,16 @@ def linear_fused(
     dtype = out_dtype or x.dtype
     y = torch.empty(m, n, dtype=dtype, device=x.device)
     cfg = config or linear_config(m, n, k, swiglu)
+    if cfg.fma and m == 1:
+        _gemv_kernel[(triton.cdiv(n, cfg.block_n),)](
+            x, weight, norm_weight if norm_weight is not None else weight, bias if bias is not None else weight,
+            residual if residual is not None else y, y, m, n, x.stride(0),
+            residual.stride(0) if residual is not None else 0, y.stride(0), eps,
+            K=k, HAS_NORM=norm_weight is not None, UNIT=unit_offset, HAS_BIAS=bias is not None,
+            HAS_RES=residual is not None, SWIGLU=swiglu, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k,
+            num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+        )
+        return y
     grid = (triton.cdiv(n, cfg.block_n), triton.cdiv(m, cfg.block_m))
     _linear_kernel[grid](
         x, weight, norm_weight if norm_weight is not None else weight, bias if bias is not None else weight,

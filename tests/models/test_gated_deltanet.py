@@ -7,16 +7,10 @@ import random
 import pytest
 import torch
 
+from treeflash.kernels.gdn_tree import recurrent_path_ref, tree_conv_ref, tree_recurrent_ref
 from treeflash.kv.recurrent_cache import RecurrentCache
 from treeflash.models.config import ModelConfig
-from treeflash.models.gated_deltanet import (
-    causal_conv,
-    delta_rule_chunked,
-    delta_rule_step,
-    delta_rule_tree,
-    l2norm,
-    tree_causal_conv,
-)
+from treeflash.models.gated_deltanet import causal_conv, delta_rule_chunked, l2norm
 from treeflash.models.step import StepInput
 from treeflash.models.transformer import CausalLM
 
@@ -75,25 +69,34 @@ def random_delta_inputs(num_tokens: int, heads: int = 3, dk: int = 8, dv: int = 
 def test_chunked_equals_stepwise(num_tokens, chunk):
     q, k, v, g, beta, state = random_delta_inputs(num_tokens)
     out, final = delta_rule_chunked(q, k, v, g, beta, state, chunk_size=chunk)
-    s = state[None]
-    for t in range(num_tokens):
-        o, s = delta_rule_step(q[t : t + 1], k[t : t + 1], v[t : t + 1], g[t : t + 1], beta[t : t + 1], s)
-        assert (out[t] - o[0]).abs().max().item() < TOL
-    assert (final - s[0]).abs().max().item() < TOL
+    s = state.clone()
+    for t in range(num_tokens):  # the recurrence as the module docstring writes it
+        s = s * g[t].exp()[:, None, None]
+        s = s + k[t][:, :, None] * (beta[t][:, None] * (v[t] - torch.einsum("hkv,hk->hv", s, k[t])))[:, None, :]
+        assert (out[t] - torch.einsum("hkv,hk->hv", s, q[t])).abs().max().item() < TOL
+    assert (final - s).abs().max().item() < TOL
 
 
-def test_tree_math_on_a_chain_equals_sequence():
-    n, channels, kernel = 6, 7, 4
+def test_tree_references_on_a_chain_equal_prefill_math():
+    """The verify / commit references (kernels' gdn_tree) on a chain equal the prefill path."""
+    n, hk, hv, dk, dv, kernel = 6, 2, 4, 8, 5, 4
+    channels = 2 * hk * dk + hv * dv
     parents = torch.arange(-1, n - 1)
-    depths = torch.arange(n)
     x, window, weight = torch.randn(n, channels), torch.randn(channels, kernel - 1), torch.randn(channels, kernel)
     y_seq, _ = causal_conv(x, window, weight)
-    assert (tree_causal_conv(x, window, weight, parents, depths) - y_seq).abs().max().item() < TOL
-    q, k, v, g, beta, state = random_delta_inputs(n)
-    out, final = delta_rule_chunked(q, k, v, g, beta, state)
-    out_tree, states = delta_rule_tree(q, k, v, g, beta, state, parents, depths)
-    assert (out_tree - out).abs().max().item() < TOL
-    assert (states[-1] - final).abs().max().item() < TOL
+    y = tree_conv_ref(x, window, weight, parents)
+    assert (y - y_seq).abs().max().item() < TOL
+    a, b, a_log, dt_bias, state = torch.randn(n, hv), torch.randn(n, hv), torch.randn(hv) * 0.3, torch.randn(hv), torch.randn(hv, dk, dv)
+    q, k, v = y.split([hk * dk, hk * dk, hv * dv], dim=-1)
+    q = (l2norm(q.reshape(n, hk, dk)) * dk**-0.5).repeat_interleave(hv // hk, 1)
+    k = l2norm(k.reshape(n, hk, dk)).repeat_interleave(hv // hk, 1)
+    g = -a_log.exp() * torch.nn.functional.softplus(a + dt_bias)
+    out, final = delta_rule_chunked(q, k, v.reshape(n, hv, dv), g, torch.sigmoid(b), state)
+    assert (tree_recurrent_ref(y, a, b, a_log, dt_bias, state, parents, hk, dk, dv) - out).abs().max().item() < TOL
+    committed = state.clone()  # commit of the first 4 nodes of a padded path
+    recurrent_path_ref(y, a, b, a_log, dt_bias, committed, torch.tensor([0, 1, 2, 3, 3, 3]), torch.tensor([4]), hk, dk, dv)
+    _, final4 = delta_rule_chunked(q[:4], k[:4], v[:4].reshape(4, hv, dv), g[:4], torch.sigmoid(b[:4]), state)
+    assert (committed - final4).abs().max().item() < TOL
 
 
 def path_to(parents: list[int], node: int) -> list[int]:
@@ -137,7 +140,7 @@ def check_verify_then_commit(model, prefix_len: int, parents: list[int], commit_
     for ours, ref in zip(recurrent_layers(cache), recurrent_layers(ref_cache)):
         assert (ours.conv - ref.conv).abs().max().item() < TOL
         assert (ours.state - ref.state).abs().max().item() < TOL
-        assert ours.node_inputs is None and ours.node_states is None
+        assert ours.pending is None
     following = torch.randint(0, VOCAB, (3,), generator=gen)
     start = cache.seq_len
     out = model(StepInput.plain(following, start), cache).logits
@@ -193,14 +196,3 @@ def test_two_verify_rounds(model):
     nxt = torch.tensor([3])
     diff = model(StepInput.plain(nxt, 11), cache).logits - model(StepInput.plain(nxt, 11), ref).logits
     assert diff.abs().max().item() < TOL
-
-
-def test_solve_unit_lower_product_form_matches_solver():
-    """The CUDA path's nilpotent-product inverse equals the triangular solver (checked on the CPU)."""
-    from treeflash.models.gated_deltanet import nilpotent_solve
-
-    for t in (1, 2, 5, 16, 33, 128):
-        system = torch.randn(3, t, t).tril(-1) * 0.3 + torch.eye(t)
-        rhs = torch.randn(3, t, 4)
-        ref = torch.linalg.solve_triangular(system, rhs, upper=False, unitriangular=True)
-        assert torch.allclose(nilpotent_solve(system, rhs), ref, atol=1e-4, rtol=1e-4), t

@@ -4,6 +4,9 @@ conv_step:      window <- [window[:, 1:], x];  y = silu(sum_k w[:, k] * [window,
 recurrent_step: per v head h (k head h // group): q, k = l2norm, q /= sqrt(Dk);
                 g = -exp(A_log) softplus(a + dt_bias); beta = sigmoid(b);
                 S = e^g S;  S += k (beta (v - S^T k))^T;  o = S^T q                              (in place)
+
+`_delta_step` is that step on one state tile; the tree verify and its commit (gdn_tree.py) reuse
+it, so a committed path's state is computed by the same per-token code as plain decoding.
 """
 
 from __future__ import annotations
@@ -14,6 +17,8 @@ import triton
 import triton.language as tl
 
 from treeflash.kernels.norm import _interpreting
+
+STEP_BLOCK_V = 32  # v columns per program of a step (decode, and commit: same tiles, same rounding)
 
 
 def conv_step_ref(x, window, weight):
@@ -59,28 +64,39 @@ def _conv_step_kernel(X, WIN, W, Y, C, K: tl.constexpr, BLOCK: tl.constexpr):
 
 
 @triton.jit
+def _delta_step(s, row, a, b, neg_a, dtb, h, ik, iv, GROUP: tl.constexpr, HK: tl.constexpr, DK: tl.constexpr,
+                DV: tl.constexpr):
+    """One token on the state tile s [DK, BV] of v head h (columns iv): row points at the token's conv
+    output (q | k | v), a and b are its gate inputs for head h, neg_a = -exp(A_log[h]).
+    Returns (new tile, output [BV]). Decode, tree verify and commit all step through this."""
+    kh = h // GROUP
+    q = tl.load(row + kh * DK + ik)
+    k = tl.load(row + HK * DK + kh * DK + ik)
+    v = tl.load(row + 2 * HK * DK + h * DV + iv)
+    q = q * tl.rsqrt(tl.sum(q * q, axis=0) + 1e-6) * (1.0 / tl.sqrt(DK * 1.0))
+    k = k * tl.rsqrt(tl.sum(k * k, axis=0) + 1e-6)
+    x = a + dtb
+    g = neg_a * tl.where(x > 20.0, x, tl.log(1.0 + tl.exp(x)))
+    beta = 1.0 / (1.0 + tl.exp(-b))
+    s = s * tl.exp(g)
+    pred = tl.sum(s * k[:, None], axis=0)
+    s = s + k[:, None] * (beta * (v - pred))[None, :]
+    return s, tl.sum(s * q[:, None], axis=0)
+
+
+@triton.jit
 def _recurrent_step_kernel(Y, A, B, ALOG, DTB, S, O, GROUP: tl.constexpr, HK: tl.constexpr,
                            DK: tl.constexpr, DV: tl.constexpr, BV: tl.constexpr):
     h = tl.program_id(0)
-    vb = tl.program_id(1)
-    kh = h // GROUP
     ik = tl.arange(0, DK)
-    iv = vb * BV + tl.arange(0, BV)
-    q = tl.load(Y + kh * DK + ik)
-    k = tl.load(Y + HK * DK + kh * DK + ik)
-    v = tl.load(Y + 2 * HK * DK + h * DV + iv)
-    q = q * tl.rsqrt(tl.sum(q * q, axis=0) + 1e-6) * (1.0 / tl.sqrt(DK * 1.0))
-    k = k * tl.rsqrt(tl.sum(k * k, axis=0) + 1e-6)
-    x = tl.load(A + h).to(tl.float32) + tl.load(DTB + h).to(tl.float32)
-    softplus = tl.where(x > 20.0, x, tl.log(1.0 + tl.exp(x)))
-    g = -tl.exp(tl.load(ALOG + h).to(tl.float32)) * softplus
-    beta = 1.0 / (1.0 + tl.exp(-tl.load(B + h).to(tl.float32)))
+    iv = tl.program_id(1) * BV + tl.arange(0, BV)
     ptr = S + h * DK * DV + ik[:, None] * DV + iv[None, :]
-    s = tl.load(ptr) * tl.exp(g)
-    pred = tl.sum(s * k[:, None], axis=0)
-    s = s + k[:, None] * (beta * (v - pred))[None, :]
+    neg_a = -tl.exp(tl.load(ALOG + h).to(tl.float32))
+    a = tl.load(A + h).to(tl.float32)
+    b = tl.load(B + h).to(tl.float32)
+    s, o = _delta_step(tl.load(ptr), Y, a, b, neg_a, tl.load(DTB + h).to(tl.float32), h, ik, iv, GROUP, HK, DK, DV)
     tl.store(ptr, s)
-    tl.store(O + h * DV + iv, tl.sum(s * q[:, None], axis=0))
+    tl.store(O + h * DV + iv, o)
 
 
 def conv_step(x, window, weight):
@@ -104,7 +120,7 @@ def recurrent_step(y, a, b, a_log, dt_bias, state, num_k_heads: int, k_dim: int,
     if state.shape != (hv, k_dim, v_dim) or y.shape[0] != 2 * num_k_heads * k_dim + hv * v_dim:
         raise ValueError(f"recurrent_step: shapes y{tuple(y.shape)} state{tuple(state.shape)} do not match")
     o = torch.empty(hv, v_dim, dtype=torch.float32, device=y.device)
-    bv = min(32, v_dim)
+    bv = min(STEP_BLOCK_V, v_dim)
     _recurrent_step_kernel[(hv, v_dim // bv)](y, a.contiguous(), b.contiguous(), a_log, dt_bias, state, o,
                                               GROUP=hv // num_k_heads, HK=num_k_heads, DK=k_dim, DV=v_dim, BV=bv)
     return o

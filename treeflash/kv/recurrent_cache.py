@@ -1,8 +1,10 @@
 """Recurrent state of one Gated DeltaNet layer: the short-conv window and the delta-rule state.
 
-Plain steps update both in place. A verify step stores, per node, the conv input and the state
-after that node (each node's state is computed from its parent's); `commit(path)` keeps the
-last path node's state and the conv window made of the path's inputs.
+Plain steps update both in place. A verify step leaves both untouched and keeps, per node, only the
+inputs of one decode step (`PendingNodes`: conv input, conv output, gates), never a node's state.
+`commit(path)` then runs the decode step along the kept path from the committed state, so the
+state equals what plain decoding of the path's tokens produces, and the conv window becomes the
+path's last inputs.
 """
 
 from __future__ import annotations
@@ -10,6 +12,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
+
+from treeflash.kernels.gdn_tree import recurrent_path
 
 
 @dataclass(frozen=True)
@@ -21,6 +25,19 @@ class RecurrentShape:
     v_head_dim: int
 
 
+@dataclass(frozen=True)
+class PendingNodes:
+    """What a verify step of T nodes leaves for commit: per node, one decode step's inputs."""
+
+    inputs: torch.Tensor  # [T, conv_dim] pre-conv inputs (the kept ones become the conv window)
+    conv_out: torch.Tensor  # [T, conv_dim] fp32 post-conv q | k | v rows
+    a: torch.Tensor  # [T, Hv] decay gate inputs, contiguous
+    b: torch.Tensor  # [T, Hv] write-strength gate inputs, contiguous
+    a_log: torch.Tensor  # [Hv] the layer's parameters the step reads
+    dt_bias: torch.Tensor  # [Hv]
+    num_k_heads: int
+
+
 class RecurrentCache:
     def __init__(self, shape: RecurrentShape, dtype: torch.dtype, device: torch.device):
         self.shape = shape
@@ -29,46 +46,31 @@ class RecurrentCache:
         # conv window: [conv_dim, K - 1], oldest first; state: [Hv, Dk, Dv] fp32
         self.conv = torch.zeros(shape.conv_dim, shape.conv_kernel - 1, dtype=dtype, device=device)
         self.state = torch.zeros(shape.num_v_heads, shape.k_head_dim, shape.v_head_dim, dtype=torch.float32, device=device)
-        self.node_inputs: torch.Tensor | None = None  # [T, conv_dim] pre-conv inputs of verify nodes
-        self.node_states: torch.Tensor | None = None  # [T, Hv, Dk, Dv] state after each verify node
+        self.pending: PendingNodes | None = None
 
-        # or, instead of node_states, low-rank factors (decay [H,T,T], k [H,T,Dk], u [H,T,Dv], c [H,T]):
-        # state after node i = e^{c_i} S0 + sum_j decay[i, j] k_j u_j^T (see delta_rule_tree_lowrank)
-        self.factors: tuple[torch.Tensor, ...] | None = None
-        self.scratch: torch.Tensor | None = None  # [max_nodes, Hv, Dk, Dv] fp32 node states, shared by CUDA graphs
+    def set_pending(self, pending: PendingNodes) -> None:
+        self.pending = pending
 
-    def set_pending(
-        self,
-        node_inputs: torch.Tensor,
-        node_states: torch.Tensor | None = None,
-        factors: tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor] | None = None,
-    ) -> None:
-        assert (node_states is None) != (factors is None), "give node states or their factors"
-        self.node_inputs = node_inputs
-        self.node_states = node_states
-        self.factors = factors
-
-    def state_after(self, last: int | torch.Tensor) -> torch.Tensor:
-        """[Hv, Dk, Dv]: the recurrent state after pending node `last` (an int or a 0-d device tensor)."""
-        if self.node_states is not None:  # index_select keeps a device index on the device (graph-safe)
-            return self.node_states.index_select(0, torch.as_tensor(last, device=self.node_states.device).reshape(1))[0]
-        decay, k, u, c = self.factors
-        w = decay.index_select(1, torch.as_tensor(last, device=decay.device).reshape(1))  # [H, 1, T]
-        c_last = c.index_select(1, torch.as_tensor(last, device=c.device).reshape(1))  # [H, 1]
-        return c_last.exp()[..., None] * self.state + (k * w.transpose(1, 2)).transpose(1, 2) @ u
+    def commit_path(self, path: torch.Tensor, path_len: torch.Tensor, conv_rows: torch.Tensor) -> None:
+        """Graph-safe commit: path [P] long (node ids, root first; entries past path_len ignored),
+        path_len [1] long, conv_rows [K-1] long: rows of cat(window^T, inputs) that form the new window."""
+        p = self.pending
+        assert p is not None, "no pending verify step"
+        rows = torch.cat((self.conv.transpose(0, 1), p.inputs.to(self.dtype)), dim=0)  # [K-1+T, conv_dim]
+        self.conv.copy_(rows.index_select(0, conv_rows).transpose(0, 1))
+        s = self.shape
+        recurrent_path(p.conv_out, p.a, p.b, p.a_log, p.dt_bias, self.state, path, path_len, p.num_k_heads,
+                       s.k_head_dim, s.v_head_dim)
 
     def commit(self, start: int, path: list[int]) -> None:
-        assert self.node_inputs is not None, "no pending verify step"
-        idx = torch.tensor(path, device=self.device)
-        window = torch.cat((self.conv.transpose(0, 1), self.node_inputs.index_select(0, idx).to(self.dtype)), dim=0)
-        self.conv.copy_(window[-(self.shape.conv_kernel - 1) :].transpose(0, 1))
-        self.state.copy_(self.state_after(path[-1]))
+        k1 = self.shape.conv_kernel - 1
+        rows = (list(range(k1)) + [k1 + i for i in path])[-k1:]
+        as_long = lambda x: torch.tensor(x, dtype=torch.long, device=self.device)  # noqa: E731
+        self.commit_path(as_long(path), as_long([len(path)]), as_long(rows))
         self.drop_pending()
 
     def drop_pending(self) -> None:
-        self.node_inputs = None
-        self.node_states = None
-        self.factors = None
+        self.pending = None
 
     def reset(self) -> None:
         self.conv.zero_()

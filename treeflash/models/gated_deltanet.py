@@ -10,14 +10,14 @@ Per token t, after a short causal conv (kernel K, SiLU) over the projected q, k,
     o_t = S_t^T q_t
     out_t = out_proj(rmsnorm(o_t) * w * silu(z_t))
 
-The math lives in pure functions (tensors in, tensors out), each the plain-torch reference for
-a later kernel: `causal_conv` (a sequence), `tree_causal_conv` (verify nodes), `delta_rule_chunked`
-(prefill), `delta_rule_step` (decode, or one depth level of a verify tree) and `delta_rule_tree`.
+Prefill runs `causal_conv` and `delta_rule_chunked` (the WY form) in PyTorch. Decode and verify
+run the kernels of treeflash.kernels.gdn_decode / gdn_tree (their plain-torch references off CUDA).
 
 A verify step leaves the committed conv window and state untouched: node i's conv window holds
 its ancestors' inputs (beyond the root, the committed window) and its state continues its
-parent's (the root's, the committed state). The per-node inputs and states go to
-`cache.set_pending`; `RecurrentCache.commit(path)` keeps one root-to-node path.
+parent's (the root's, the committed state). Only the outputs leave the kernel; each node's decode
+inputs go to `cache.set_pending`, and `RecurrentCache.commit(path)` replays the decode step along
+the kept path.
 """
 
 from __future__ import annotations
@@ -32,7 +32,7 @@ from treeflash.kernels.gdn_decode import conv_step, recurrent_step
 from treeflash.kernels.gdn_tree import tree_conv, tree_recurrent
 from treeflash.kernels.linear import linear_fused
 from treeflash.kernels.norm import rmsnorm_gated
-from treeflash.kv.recurrent_cache import RecurrentCache
+from treeflash.kv.recurrent_cache import PendingNodes, RecurrentCache
 from treeflash.models.config import ModelConfig
 from treeflash.models.step import StepInput
 
@@ -52,51 +52,6 @@ def causal_conv(
     y = F.conv1d(full[None], weight.float()[:, None, :], groups=full.shape[0])[0]  # [C, T]
     new_window = full[:, full.shape[1] - (kernel - 1) :].to(window.dtype)
     return F.silu(y).transpose(0, 1), new_window
-
-
-def tree_conv_index(
-    parents: torch.Tensor,  # [T] long, -1 for a node whose parent is the committed prefix
-    depths: torch.Tensor,  # [T] long
-    kernel: int,
-) -> torch.Tensor:  # [T, K] long: rows of cat(window^T, x) that node i's conv reads, oldest first
-    """Row r < K-1 is committed window column r (K-2 the most recent); row K-1+j is node j."""
-    anc = torch.arange(parents.shape[0], device=parents.device)  # the j-th ancestor, j = 0: the node
-    cols = []
-    for j in range(kernel):
-        from_nodes = kernel - 1 + anc
-        from_window = kernel - 1 - (j - depths)  # past the root: the (j - depth)-th latest committed input
-        cols.append(torch.where(j <= depths, from_nodes, from_window))
-        anc = parents[anc.clamp(min=0)]
-    return torch.stack(cols[::-1], dim=1)
-
-
-def tree_causal_conv(
-    x: torch.Tensor,  # [T, C] inputs of the verify nodes
-    window: torch.Tensor,  # [C, K-1] committed window, oldest first
-    weight: torch.Tensor,  # [C, K]
-    parents: torch.Tensor,  # [T] long
-    depths: torch.Tensor,  # [T] long
-) -> torch.Tensor:  # [T, C] fp32 (after SiLU)
-    rows = torch.cat((window.transpose(0, 1).to(x.dtype), x), dim=0)  # [K-1+T, C]
-    idx = tree_conv_index(parents, depths, weight.shape[1])  # [T, K]
-    y = torch.einsum("tkc,ck->tc", rows[idx].float(), weight.float())
-    return F.silu(y)
-
-
-def delta_rule_step(
-    q: torch.Tensor,  # [N, H, Dk] fp32, normalized and scaled
-    k: torch.Tensor,  # [N, H, Dk] fp32, normalized
-    v: torch.Tensor,  # [N, H, Dv] fp32
-    g: torch.Tensor,  # [N, H] fp32 log decay
-    beta: torch.Tensor,  # [N, H] fp32
-    state: torch.Tensor,  # [N, H, Dk, Dv] fp32, the state before each row's token
-) -> tuple[torch.Tensor, torch.Tensor]:  # o: [N, H, Dv], state after: [N, H, Dk, Dv]
-    """One token per row, each row from its own state."""
-    s = state * g.exp()[..., None, None]
-    predicted = torch.einsum("nhkv,nhk->nhv", s, k)
-    update = beta[..., None] * (v - predicted)
-    s = s + k[..., :, None] * update[..., None, :]
-    return torch.einsum("nhkv,nhk->nhv", s, q), s
 
 
 def delta_rule_chunked(
@@ -145,83 +100,6 @@ def delta_rule_chunked(
         s = s * chunk_decay[:, n] + k_write[:, n].transpose(-1, -2) @ u
     out = out.reshape(out.shape[0], -1, out.shape[-1])[:, :num_tokens].transpose(0, 1)
     return out, s
-
-
-def delta_rule_tree(
-    q: torch.Tensor,  # [T, H, Dk] fp32, normalized and scaled
-    k: torch.Tensor,  # [T, H, Dk] fp32, normalized
-    v: torch.Tensor,  # [T, H, Dv] fp32
-    g: torch.Tensor,  # [T, H] fp32
-    beta: torch.Tensor,  # [T, H] fp32
-    state: torch.Tensor,  # [H, Dk, Dv] fp32 committed state
-    parents: torch.Tensor,  # [T] long, -1 = the committed prefix
-    depths: torch.Tensor,  # [T] long
-) -> tuple[torch.Tensor, torch.Tensor]:  # o: [T, H, Dv], node states: [T, H, Dk, Dv]
-    """Every node continues its parent's state; one batched step per depth level."""
-    states = state.new_empty((q.shape[0] + 1, *state.shape))  # row 0: committed state, row i + 1: node i
-    states[0] = state
-    out = torch.empty_like(v)
-    order = torch.argsort(depths, stable=True)
-    for level in order.split(torch.bincount(depths).tolist()):  # parents sit on earlier levels
-        o, s = delta_rule_step(q[level], k[level], v[level], g[level], beta[level], states[parents[level] + 1])
-        out[level] = o
-        states[level + 1] = s
-    return out, states[1:]
-
-
-def delta_rule_tree_lowrank(
-    q: torch.Tensor,  # [T, H, Dk] fp32, normalized and scaled
-    k: torch.Tensor,  # [T, H, Dk] fp32, normalized
-    v: torch.Tensor,  # [T, H, Dv] fp32
-    g: torch.Tensor,  # [T, H] fp32
-    beta: torch.Tensor,  # [T, H] fp32
-    state: torch.Tensor,  # [H, Dk, Dv] fp32 committed state
-    tree_mask: torch.Tensor,  # [T, T] bool, [i, j] = j is i or an ancestor of i
-) -> tuple[torch.Tensor, tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]]:
-    """The whole tree as one chunk of the WY form, with the causal mask replaced by the ancestor mask.
-
-    Node i only involves its ancestors, and parents precede children, so the system stays unit
-    lower triangular and each node's u_i equals the recurrence along its own path. No host sync,
-    fixed shapes (CUDA-graph friendly). Instead of every node's state [T, H, Dk, Dv], it returns
-    the factors (decay [H, T, T], k [H, T, Dk], u [H, T, Dv], c [H, T]) from which the state after
-    any node `last` is  e^{c_last} S0 + sum_j decay[last, j] k_j u_j^T  (decay rows vanish off
-    the path), computed once at commit.
-    """
-    anc = tree_mask.to(q.dtype)
-    c = (anc @ g).transpose(0, 1)  # [H, T]: sum of log decays over each node's path
-    qh, kh, vh, bh = q.transpose(0, 1), k.transpose(0, 1), v.transpose(0, 1), beta.transpose(0, 1)
-    decay = (c[:, :, None] - c[:, None, :]).masked_fill(~tree_mask, float("-inf")).exp()  # [H, T, T]
-    k_beta = kh * bh[..., None]
-    eye = torch.eye(q.shape[0], device=q.device, dtype=q.dtype)
-    system = (k_beta @ kh.transpose(-1, -2) * decay) * (1.0 - eye) + eye  # strictly-ancestor part + I
-    u = solve_unit_lower(system, vh * bh[..., None] - (k_beta * c.exp()[..., None]) @ state)  # [H, T, Dv]
-    out = (qh * c.exp()[..., None]) @ state + (qh @ kh.transpose(-1, -2) * decay) @ u
-    return out.transpose(0, 1), (decay, kh, u, c)
-
-
-def solve_unit_lower(system: torch.Tensor, rhs: torch.Tensor) -> torch.Tensor:
-    """X with system @ X = rhs, system = I + N unit lower triangular ([..., T, T]).
-
-    On CUDA by the nilpotent product (I + N)^-1 = (I - N)(I + N^2)(I + N^4)... (N^T = 0): a few
-    batched matmuls, no library solver inside the CUDA graph. Elsewhere the triangular solver.
-    """
-    if system.device.type != "cuda":
-        return torch.linalg.solve_triangular(system, rhs, upper=False, unitriangular=True)
-    return nilpotent_solve(system, rhs)
-
-
-def nilpotent_solve(system: torch.Tensor, rhs: torch.Tensor) -> torch.Tensor:
-    t = system.shape[-1]
-    eye = torch.eye(t, device=system.device, dtype=system.dtype)
-    n = system - eye
-    x = rhs - n @ rhs  # (I - N) rhs
-    p = n @ n
-    span = 2
-    while span < t:
-        x = x + p @ x  # (I + N^span) x
-        p = p @ p
-        span *= 2
-    return x
 
 
 def l2norm(x: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
@@ -303,33 +181,24 @@ class GatedDeltaNet(nn.Module):
         return self.out_proj(out)
 
     def _mix(self, mixed, a, b, step: StepInput, cache: RecurrentCache) -> torch.Tensor:
-        """Short conv + gated delta rule: fused kernels on CUDA, the plain-torch references elsewhere."""
+        """Short conv + gated delta rule: fused kernels on CUDA, their plain-torch references elsewhere."""
         weight = self.conv1d.weight[:, 0]  # [conv_dim, K]
         dims = (self.num_k_heads, self.k_head_dim, self.v_head_dim)
-        if mixed.is_cuda and step.is_verify:  # tree: two kernels, every node's state kept for commit
-            y = tree_conv(mixed.contiguous(), cache.conv, weight, step.parents)
-            o, states = tree_recurrent(y, a.contiguous(), b.contiguous(), self.A_log, self.dt_bias, cache.state,
-                                       step.parents, *dims, out_states=cache.scratch)
-            cache.set_pending(mixed, node_states=states)
+        if step.is_verify:  # every node's output, no node's state: commit replays the kept path
+            y = tree_conv(mixed.contiguous(), cache.conv, weight, step.parents)  # [T, conv_dim] fp32
+            a, b = a.contiguous(), b.contiguous()
+            o = tree_recurrent(y, a, b, self.A_log, self.dt_bias, cache.state, step.parents, step.tree_mask, *dims)
+            cache.set_pending(PendingNodes(mixed, y, a, b, self.A_log, self.dt_bias, self.num_k_heads))
             return o
-        if mixed.is_cuda and mixed.shape[0] == 1:  # decode: two kernels, state updated in place
+        if mixed.shape[0] == 1:  # decode: the state updated in place
             y = conv_step(mixed[0].contiguous(), cache.conv, weight)
             return recurrent_step(y, a[0], b[0], self.A_log, self.dt_bias, cache.state, *dims)[None]
         beta = torch.sigmoid(b.float())  # [T, Hv]
         g = -self.A_log.float().exp() * F.softplus(a.float() + self.dt_bias.float())  # [T, Hv]
-        if step.is_verify:
-            q, k, v = self._heads(tree_causal_conv(mixed, cache.conv, weight, step.parents, step.depths))
-            o, factors = delta_rule_tree_lowrank(q, k, v, g, beta, cache.state, step.tree_mask)
-            cache.set_pending(mixed, factors=factors)
-            return o
         conv_out, window = causal_conv(mixed, cache.conv, weight)
         cache.conv.copy_(window)
         q, k, v = self._heads(conv_out)
-        if mixed.shape[0] == 1:
-            o, state = delta_rule_step(q, k, v, g, beta, cache.state[None])
-            state = state[0]
-        else:
-            o, state = delta_rule_chunked(q, k, v, g, beta, cache.state)
+        o, state = delta_rule_chunked(q, k, v, g, beta, cache.state)
         cache.state.copy_(state)
         return o
 

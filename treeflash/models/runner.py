@@ -56,7 +56,7 @@ class _Graph:
     replay: object  # () -> None: a CUDA graph's replay, or (static mode without graphs) the eager call
     logits: torch.Tensor | None  # [T, vocab] fp32 (static output)
     captured: torch.Tensor | None  # [T, C]
-    pending: list  # per recurrent layer: (node_inputs, factors) refs written by the graph
+    pending: list  # per recurrent layer: the PendingNodes whose tensors the graph writes
     commit: object = None  # () -> None
 
 
@@ -66,7 +66,7 @@ class CudaGraphRunner(EagerRunner):
     Static inputs are filled with one host-to-device copy per step; a verify of n nodes replays the
     smallest bucket >= n (padding nodes are children of the root that nothing sees and nobody
     commits). Commit is a graph too: attention KV of the kept path is copied into contiguous slots
-    and each recurrent layer takes the state after the last kept node. Prefill runs eagerly.
+    and each recurrent layer replays the decode step along the kept path. Prefill runs eagerly.
     """
 
     def __init__(self, model: CausalLM, cache: ModelCache, capture_layers: tuple[int, ...] = (), buckets=DEFAULT_BUCKETS,
@@ -79,7 +79,7 @@ class CudaGraphRunner(EagerRunner):
         self.buckets = tuple(sorted(buckets))
         tmax = self.buckets[-1]
         self.max_len = cache.max_len
-        # static inputs: [ids | depths | parents | start | commit_src | commit_dest | last | conv_idx]
+        # static inputs: [ids | depths | parents | start | commit_src | commit_dest | path_len | conv_idx]
         self.k1 = (cache.layout.recurrent.conv_kernel - 1) if cache.layout.recurrent else 0
         self.n_int = 3 * tmax + 1 + 2 * tmax + 1 + max(self.k1, 1)
         pin = dev.type == "cuda"
@@ -90,11 +90,6 @@ class CudaGraphRunner(EagerRunner):
         self.key_pos = torch.arange(self.max_len, device=dev)
         self.node_pos = torch.arange(tmax, device=dev)
         self.pool = torch.cuda.graph_pool_handle() if self.use_graphs else None
-        rec = cache.layout.recurrent
-        if rec is not None and dev.type == "cuda":  # one node-state buffer per layer for every bucket's graph
-            for layer in cache.layers:
-                if isinstance(layer, RecurrentCache):
-                    layer.scratch = torch.empty(tmax, rec.num_v_heads, rec.k_head_dim, rec.v_head_dim, dtype=torch.float32, device=dev)
         self.graphs: dict[int, _Graph] = {}
         self.decode: _Graph | None = None
         self._last_bucket: int | None = None
@@ -108,9 +103,9 @@ class CudaGraphRunner(EagerRunner):
         start = ints[3 * tm : 3 * tm + 1]
         o = 3 * tm + 1
         src, dest = ints[o : o + t], ints[o + tm : o + tm + t]
-        last = ints[o + 2 * tm : o + 2 * tm + 1]
+        path_len = ints[o + 2 * tm : o + 2 * tm + 1]
         conv_idx = ints[o + 2 * tm + 1 : o + 2 * tm + 1 + self.k1]
-        return ids, depths, parents, start, src, dest, last, conv_idx
+        return ids, depths, parents, start, src, dest, path_len, conv_idx
 
     def _static_step(self, t: int, verify: bool) -> StepInput:
         ids, depths, parents, start, *_ = self._views(t)
@@ -134,7 +129,7 @@ class CudaGraphRunner(EagerRunner):
             def replay():
                 out = self._run_static(t, verify)
                 g.logits, g.captured = out.logits, out.captured
-                g.pending = [(l.node_inputs, l.factors, l.node_states) for l in self.cache.layers if isinstance(l, RecurrentCache)]
+                g.pending = [l.pending for l in self.cache.layers if isinstance(l, RecurrentCache)]
 
             g.replay = replay
             g.commit = lambda: self._commit_static(t)
@@ -143,7 +138,7 @@ class CudaGraphRunner(EagerRunner):
         pending = []
         for layer in self.cache.layers:
             if isinstance(layer, RecurrentCache):
-                pending.append((layer.node_inputs, layer.factors, layer.node_states))
+                pending.append(layer.pending)
                 layer.drop_pending()
         g = _Graph(graph.replay, out.logits, out.captured, pending)
         if verify:
@@ -151,13 +146,11 @@ class CudaGraphRunner(EagerRunner):
         return g
 
     def _commit_static(self, t: int) -> None:
-        *_, src, dest, last, conv_idx = self._views(t)
+        _, _, _, start, src, dest, path_len, conv_idx = self._views(t)
+        path = src - start  # [t] node ids, padded past path_len
         for layer in self.cache.layers:
             if isinstance(layer, RecurrentCache):
-                rows = torch.cat((layer.conv.transpose(0, 1), layer.node_inputs.to(layer.conv.dtype)), dim=0)
-                new_state = layer.state_after(last[0])
-                layer.conv.copy_(rows.index_select(0, conv_idx).transpose(0, 1))
-                layer.state.copy_(new_state)
+                layer.commit_path(path, path_len, conv_idx)
             else:
                 layer.commit_static(dest, src)
 
@@ -169,8 +162,8 @@ class CudaGraphRunner(EagerRunner):
 
     def _install(self, g: _Graph) -> None:
         layers = [layer for layer in self.cache.layers if isinstance(layer, RecurrentCache)]
-        for layer, (inputs, factors, states) in zip(layers, g.pending):
-            layer.node_inputs, layer.factors, layer.node_states = inputs, factors, states
+        for layer, pending in zip(layers, g.pending):
+            layer.pending = pending
 
     @torch.inference_mode()
     def _capture_all(self, decode_graph: bool) -> None:
@@ -244,7 +237,7 @@ class CudaGraphRunner(EagerRunner):
         padded = path + [path[-1]] * (t - len(path))
         h[o : o + t] = torch.tensor(padded) + start
         h[o + tm : o + tm + t] = torch.arange(t) + start
-        h[o + 2 * tm] = path[-1]
+        h[o + 2 * tm] = len(path)
         if self.k1:
             rows = list(range(self.k1)) + [self.k1 + p for p in path]
             h[o + 2 * tm + 1 : o + 2 * tm + 1 + self.k1] = torch.tensor(rows[-self.k1 :])

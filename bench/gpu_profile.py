@@ -1,0 +1,72 @@
+"""Where a decode step's GPU time goes: the CUDA-graph replay of one decode step of a random-weight
+model at a real shape, profiled kernel by kernel (torch.profiler / CUPTI sees the kernels inside
+a graph replay). Prints the table and writes it as JSON.
+
+    python bench/gpu_profile.py --shape qwen3-8b --out bench/results/gpu_profile_8b.json
+    python bench/gpu_profile.py --shape qwen3.5-27b --fused-rows 0     # the unfused layers
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import torch  # noqa: E402
+from torch.profiler import ProfilerActivity, profile  # noqa: E402
+
+from bench.gpu_speed import build_model  # noqa: E402
+from treeflash.models.runner import CudaGraphRunner  # noqa: E402
+from treeflash.models.step import StepInput  # noqa: E402
+
+
+@torch.inference_mode()
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--shape", default="qwen3-8b")
+    p.add_argument("--fused-rows", type=int, default=None, help="0: the unfused layers; default: the model's")
+    p.add_argument("--context", type=int, default=512)
+    p.add_argument("--replays", type=int, default=10)
+    p.add_argument("--bucket", type=int, default=1, help="profile the verify graph of this many nodes (1: decode)")
+    p.add_argument("--out", default=None)
+    args = p.parse_args()
+    model = build_model(args.shape).fuse_projections(fused_rows=args.fused_rows)
+    cache = model.new_cache(args.context + 256)
+    buckets = tuple(sorted({1, args.bucket}))
+    runner = CudaGraphRunner(model, cache, buckets=buckets)
+    runner.forward(StepInput.plain(torch.randint(0, 1000, (args.context,), device="cuda"), 0), compute_logits=False)
+    if args.bucket == 1:
+        runner.forward(StepInput.plain(torch.zeros(1, dtype=torch.long, device="cuda"), cache.seq_len))
+        graph = runner.decode
+    else:
+        runner.forward(StepInput.chain(torch.zeros(args.bucket, dtype=torch.long), cache.seq_len))
+        graph = runner.graphs[args.bucket]
+    for _ in range(3):
+        graph.replay()
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(args.replays):
+            graph.replay()
+        torch.cuda.synchronize()
+    rows = []
+    for e in prof.key_averages():
+        t = getattr(e, "device_time_total", None) or getattr(e, "cuda_time_total", 0)
+        if t <= 0:
+            continue
+        rows.append({"name": e.key[:90], "calls_per_step": e.count / args.replays, "us_per_step": t / args.replays})
+    rows.sort(key=lambda r: -r["us_per_step"])
+    total = sum(r["us_per_step"] for r in rows)
+    calls = sum(r["calls_per_step"] for r in rows)
+    print(f"{args.shape} fused_rows={model.fused_rows} bucket {args.bucket}: {total:.0f} us of kernels per step, {calls:.0f} kernels")
+    for r in rows[:30]:
+        print(f"  {r['us_per_step']:8.1f} us  {r['calls_per_step']:6.0f}x  {r['name']}")
+    if args.out:
+        Path(args.out).write_text(json.dumps({"shape": args.shape, "fused_rows": model.fused_rows, "bucket": args.bucket,
+                                              "kernel_us_per_step": total, "kernels_per_step": calls, "rows": rows}, indent=2))
+
+
+if __name__ == "__main__":
+    main()

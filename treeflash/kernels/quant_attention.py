@@ -19,6 +19,7 @@ un-rotated once at the end.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 from dataclasses import dataclass
 
@@ -37,10 +38,19 @@ COMBINE_CHUNK = 64
 PROGRAMS_PER_SM = 2
 
 
+# Dequantization schemes (constexpr DEQ; LaunchConfig.dequant names them):
+DEQ_BLOCKS = tl.constexpr(0)  # whole blocks ([N, D/32, bytes]) unpacked with join/reshape; I2F, a select chain
+DEQ_BLOCKS_FAST = tl.constexpr(1)  # the same loads; ints -> float by the 2^23 trick, tq3_0 centroids by a cubic
+DEQ_FLAT = tl.constexpr(2)  # 2-D [N, D] loads (column d reads the byte that holds value d), no reshape of codes
+DEQ_IDS = {"blocks": 0, "blocks_fast": 1, "flat": 2}
+
+
 @triton.jit
-def _load_raw(scale_ptr, code_ptr, keys, kvh, num_kv_heads, ok, FMT: tl.constexpr, D: tl.constexpr):
+def _load_raw(scale_ptr, code_ptr, keys, kvh, num_kv_heads, ok, FMT: tl.constexpr, D: tl.constexpr, DEQ: tl.constexpr):
     """The stored bytes of rows `keys` [N] (int64) of KV head kvh: (codes, more codes, scales).
-    Blocks are loaded whole ([N, D/32, bytes] codes, [N, D/32] scales): no per-value gathers."""
+    DEQ_FLAT: [N, D] codes, column d holding the byte that value d needs (one byte serves 2 to
+    8 columns: repeated addresses hit L1), and [N, D/32] scales. Else blocks are loaded whole
+    ([N, D/32, bytes] codes, [N, D/32] scales): no per-value gathers."""
     NB: tl.constexpr = D // 32
     row = keys * num_kv_heads + kvh
     if FMT == 0:
@@ -49,52 +59,101 @@ def _load_raw(scale_ptr, code_ptr, keys, kvh, num_kv_heads, ok, FMT: tl.constexp
         b = ok
         s = ok
     else:
-        blk = tl.arange(0, NB)
-        r3, m3, b3 = row[:, None, None], ok[:, None, None], blk[None, :, None]
-        s = tl.load(scale_ptr + row[:, None] * NB + blk[None, :], mask=ok[:, None], other=0.0)
-        if FMT == 1:
-            a = tl.load(code_ptr + r3 * D + b3 * 32 + tl.arange(0, 32)[None, None, :], mask=m3, other=0)
-            b = ok
-        elif FMT == 2:
-            a = tl.load(code_ptr + r3 * (D // 2) + b3 * 16 + tl.arange(0, 16)[None, None, :], mask=m3, other=0)
-            b = ok
+        s = tl.load(scale_ptr + row[:, None] * NB + tl.arange(0, NB)[None, :], mask=ok[:, None], other=0.0)
+        b = ok
+        if DEQ == DEQ_FLAT:
+            d = tl.arange(0, D)
+            blk, w, m2 = (d // 32)[None, :], (d % 32)[None, :], ok[:, None]
+            if FMT == 1:
+                a = tl.load(code_ptr + row[:, None] * D + d[None, :], mask=m2, other=0)
+            elif FMT == 2:  # value j + 16h of a block: byte j, nibble h
+                a = tl.load(code_ptr + row[:, None] * (D // 2) + blk * 16 + w % 16, mask=m2, other=0)
+            else:  # magnitude: byte w // 4, bits 2 * (w % 4); sign: byte 8 + w // 8, bit w % 8
+                base = code_ptr + row[:, None] * (NB * 12) + blk * 12
+                a = tl.load(base + w // 4, mask=m2, other=0)
+                b = tl.load(base + 8 + w // 8, mask=m2, other=0)
         else:
-            base = code_ptr + r3 * (NB * 12) + b3 * 12
-            a = tl.load(base + tl.arange(0, 8)[None, None, :], mask=m3, other=0)
-            b = tl.load(base + 8 + tl.arange(0, 4)[None, None, :], mask=m3, other=0)
+            r3, m3, b3 = row[:, None, None], ok[:, None, None], tl.arange(0, NB)[None, :, None]
+            if FMT == 1:
+                a = tl.load(code_ptr + r3 * D + b3 * 32 + tl.arange(0, 32)[None, None, :], mask=m3, other=0)
+            elif FMT == 2:
+                a = tl.load(code_ptr + r3 * (D // 2) + b3 * 16 + tl.arange(0, 16)[None, None, :], mask=m3, other=0)
+            else:
+                base = code_ptr + r3 * (NB * 12) + b3 * 12
+                a = tl.load(base + tl.arange(0, 8)[None, None, :], mask=m3, other=0)
+                b = tl.load(base + 8 + tl.arange(0, 4)[None, None, :], mask=m3, other=0)
     return a, b, s
+
+
+@triton.jit
+def _int_to_float(x, BIAS: tl.constexpr):
+    """Exact int32 -> fp32 minus BIAS for 0 <= x < 2^22 (x | 2^23's exponent, then subtract):
+    two full-rate ops instead of a quarter-rate I2F."""
+    return (x | 0x4B000000).to(tl.float32, bitcast=True) - (8388608.0 + BIAS)
+
+
+@triton.jit
+def _tq3_value(mag, neg, C0: tl.constexpr, C1: tl.constexpr, C2: tl.constexpr, C3: tl.constexpr):
+    """+-C[mag] (neg = 1: negative) by arithmetic: the cubic through (m, C_m), m = 0..3, and the
+    sign bit xor-ed in."""
+    P1: tl.constexpr = (-11 * C0 + 18 * C1 - 9 * C2 + 2 * C3) / 6
+    P2: tl.constexpr = (2 * C0 - 5 * C1 + 4 * C2 - C3) / 2
+    P3: tl.constexpr = (-C0 + 3 * C1 - 3 * C2 + C3) / 6
+    m = _int_to_float(mag, 0.0)
+    c = ((P3 * m + P2) * m + P1) * m + C0
+    return (c.to(tl.int32, bitcast=True) ^ (neg << 31)).to(tl.float32, bitcast=True)
 
 
 @triton.jit
 def _dequant(
     a, b, s, FMT: tl.constexpr, N: tl.constexpr, D: tl.constexpr,
-    C0: tl.constexpr, C1: tl.constexpr, C2: tl.constexpr, C3: tl.constexpr,
+    C0: tl.constexpr, C1: tl.constexpr, C2: tl.constexpr, C3: tl.constexpr, DEQ: tl.constexpr,
 ):
     """_load_raw's bytes -> [N, D] fp32 (tq3_0: rotated domain), in the format's unpack order (`_columns`)."""
     NB: tl.constexpr = D // 32
     if FMT == 0:
         x = a.to(tl.float32)
+    elif DEQ == DEQ_FLAT:
+        w = (tl.arange(0, D) % 32)[None, :]
+        if FMT == 1:
+            q = _int_to_float(a.to(tl.int32) + 128, 128.0)
+        elif FMT == 2:
+            q = _int_to_float((a.to(tl.int32) >> (4 * (w // 16))) & 15, 8.0)
+        else:
+            q = _tq3_value((a.to(tl.int32) >> (2 * (w % 4))) & 3, (b.to(tl.int32) >> (w % 8)) & 1, C0, C1, C2, C3)
+        s2 = tl.broadcast_to(s.to(tl.float32)[:, :, None], (N, NB, 32))
+        x = q * tl.reshape(s2, (N, D))
     else:
         if FMT == 1:
-            q = a.to(tl.float32)
+            if DEQ == DEQ_BLOCKS_FAST:
+                q = _int_to_float(a.to(tl.int32) + 128, 128.0)
+            else:
+                q = a.to(tl.float32)
         elif FMT == 2:  # byte j: value j (low nibble), value j + 16 (high); unpacked as (j, nibble)
             a = a.to(tl.int32)
-            q = tl.reshape(tl.join(a & 15, a >> 4), (N, NB, 32)).to(tl.float32) - 8.0
+            q = tl.reshape(tl.join(a & 15, a >> 4), (N, NB, 32))
+            if DEQ == DEQ_BLOCKS_FAST:
+                q = _int_to_float(q, 8.0)
+            else:
+                q = q.to(tl.float32) - 8.0
         else:  # byte i < 8: magnitudes of values 4i..4i+3; byte 8 + i: signs of values 8i..8i+7
             bm, bs = a.to(tl.int32), b.to(tl.int32)
             mag = tl.reshape((bm[:, :, :, None] >> (2 * tl.arange(0, 4))[None, None, None, :]) & 3, (N, NB, 32))
             neg = tl.reshape((bs[:, :, :, None] >> tl.arange(0, 8)[None, None, None, :]) & 1, (N, NB, 32))
-            c = tl.where(mag == 0, C0, tl.where(mag == 1, C1, tl.where(mag == 2, C2, C3)))
-            q = tl.where(neg == 1, -c, c)
+            if DEQ == DEQ_BLOCKS_FAST:
+                q = _tq3_value(mag, neg, C0, C1, C2, C3)
+            else:
+                c = tl.where(mag == 0, C0, tl.where(mag == 1, C1, tl.where(mag == 2, C2, C3)))
+                q = tl.where(neg == 1, -c, c)
         x = tl.reshape(q * s.to(tl.float32)[:, :, None], (N, D))
     return x
 
 
 @triton.jit
-def _columns(FMT: tl.constexpr, D: tl.constexpr):
+def _columns(FMT: tl.constexpr, D: tl.constexpr, DEQ: tl.constexpr):
     """Original column of each unpacked column: q4_0 unpacks value j + 16h of a block at 2j + h."""
     n = tl.arange(0, D)
-    if FMT == 2:
+    if FMT == 2 and DEQ != DEQ_FLAT:
         n = (n // 32) * 32 + (n % 32) // 2 + 16 * (n % 2)
     return n
 
@@ -114,7 +173,7 @@ def _partial_kernel(
     start, num_tokens, kv_len, num_kv_heads, scale_log2, stride_qt, stride_qh,
     KEY_MASK: tl.constexpr, GROUP: tl.constexpr, D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     BLOCKS_PER_SPLIT: tl.constexpr, FMT_K: tl.constexpr, FMT_V: tl.constexpr, DOT: tl.constexpr,
-    PREFETCH: tl.constexpr, C0: tl.constexpr, C1: tl.constexpr, C2: tl.constexpr, C3: tl.constexpr,
+    PREFETCH: tl.constexpr, DEQ: tl.constexpr, C0: tl.constexpr, C1: tl.constexpr, C2: tl.constexpr, C3: tl.constexpr,
 ):
     pid_m, kvh, split = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     num_heads = num_kv_heads * GROUP
@@ -124,7 +183,7 @@ def _partial_kernel(
     h = kvh * GROUP + rows % GROUP
     # q.k and p.v only need K's (V's) columns in one consistent order: load q in K's unpack
     # order, and store the output from V's unpack order
-    q_cols = _columns(FMT_K, D)
+    q_cols = _columns(FMT_K, D, DEQ)
     q = tl.load(q_ptr + t[:, None] * stride_qt + h[:, None] * stride_qh + q_cols[None, :], mask=row_ok[:, None], other=0.0)
     q = q.to(DOT)
     m_i = tl.full((BLOCK_M,), -1.0e30, tl.float32)  # finite: a fully masked block leaves no NaN
@@ -133,18 +192,18 @@ def _partial_kernel(
     first = split.to(tl.int64) * (BLOCKS_PER_SPLIT * BLOCK_N)
     keys = first + tl.arange(0, BLOCK_N)
     # PREFETCH: the next block's bytes are loaded (into registers) before this block's math
-    ka, kb, ks = _load_raw(ks_ptr, kc_ptr, keys, kvh, num_kv_heads, keys < kv_len, FMT_K, D)
-    va, vb, vs = _load_raw(vs_ptr, vc_ptr, keys, kvh, num_kv_heads, keys < kv_len, FMT_V, D)
+    ka, kb, ks = _load_raw(ks_ptr, kc_ptr, keys, kvh, num_kv_heads, keys < kv_len, FMT_K, D, DEQ)
+    va, vb, vs = _load_raw(vs_ptr, vc_ptr, keys, kvh, num_kv_heads, keys < kv_len, FMT_V, D, DEQ)
     for b in range(BLOCKS_PER_SPLIT):
         keys = first + b * BLOCK_N + tl.arange(0, BLOCK_N)
         key_ok = keys < kv_len
         nxt = keys + BLOCK_N
         nxt_ok = (nxt < kv_len) & (b + 1 < BLOCKS_PER_SPLIT)
         if PREFETCH:
-            ka2, kb2, ks2 = _load_raw(ks_ptr, kc_ptr, nxt, kvh, num_kv_heads, nxt_ok, FMT_K, D)
+            ka2, kb2, ks2 = _load_raw(ks_ptr, kc_ptr, nxt, kvh, num_kv_heads, nxt_ok, FMT_K, D, DEQ)
         else:
-            ka, kb, ks = _load_raw(ks_ptr, kc_ptr, keys, kvh, num_kv_heads, key_ok, FMT_K, D)
-        k = _dequant(ka, kb, ks, FMT_K, BLOCK_N, D, C0, C1, C2, C3)
+            ka, kb, ks = _load_raw(ks_ptr, kc_ptr, keys, kvh, num_kv_heads, key_ok, FMT_K, D, DEQ)
+        k = _dequant(ka, kb, ks, FMT_K, BLOCK_N, D, C0, C1, C2, C3, DEQ)
         s = _dot(q, tl.trans(k), DOT) * scale_log2  # [BLOCK_M, BLOCK_N]
         if KEY_MASK:  # mask [T, kv_len] over every slot (static mode)
             m2 = row_ok[:, None] & key_ok[None, :]
@@ -164,10 +223,10 @@ def _partial_kernel(
         p = tl.exp2(s - m_new[:, None])
         l_i = l_i * alpha + tl.sum(p, axis=1)
         if PREFETCH:
-            va2, vb2, vs2 = _load_raw(vs_ptr, vc_ptr, nxt, kvh, num_kv_heads, nxt_ok, FMT_V, D)
+            va2, vb2, vs2 = _load_raw(vs_ptr, vc_ptr, nxt, kvh, num_kv_heads, nxt_ok, FMT_V, D, DEQ)
         else:
-            va, vb, vs = _load_raw(vs_ptr, vc_ptr, keys, kvh, num_kv_heads, key_ok, FMT_V, D)
-        v = _dequant(va, vb, vs, FMT_V, BLOCK_N, D, C0, C1, C2, C3)
+            va, vb, vs = _load_raw(vs_ptr, vc_ptr, keys, kvh, num_kv_heads, key_ok, FMT_V, D, DEQ)
+        v = _dequant(va, vb, vs, FMT_V, BLOCK_N, D, C0, C1, C2, C3, DEQ)
         acc = acc * alpha[:, None] + _dot(p, v, DOT)
         m_i = m_new
         if PREFETCH:
@@ -175,7 +234,7 @@ def _partial_kernel(
     out_row = split.to(tl.int64) * (num_tokens * num_heads) + t * num_heads + h
     tl.store(m_ptr + out_row, m_i, mask=row_ok)
     tl.store(l_ptr + out_row, l_i, mask=row_ok)
-    tl.store(acc_ptr + out_row[:, None] * D + _columns(FMT_V, D)[None, :], acc, mask=row_ok[:, None])
+    tl.store(acc_ptr + out_row[:, None] * D + _columns(FMT_V, D, DEQ)[None, :], acc, mask=row_ok[:, None])
 
 
 @triton.jit
@@ -211,21 +270,53 @@ class LaunchConfig:
     num_stages: int
     programs_per_sm: int  # split-K target: splits ~ programs_per_sm * SMs / (m_tiles * kv_heads)
     prefetch: bool = True  # load block i + 1's bytes before block i's math (hides memory latency)
+    dequant: str = "blocks"  # a key of DEQ_IDS: how compressed blocks become [BLOCK_N, D] floats
+
+    def __post_init__(self):
+        if self.dequant not in DEQ_IDS:
+            raise ValueError(f"LaunchConfig: dequant must be one of {sorted(DEQ_IDS)}, got {self.dequant!r}")
+        for name in ("block_m", "block_n"):
+            n = getattr(self, name)
+            if n < 16 or n & (n - 1):
+                raise ValueError(f"LaunchConfig: {name} must be a power of two >= 16 (tl.dot), got {n}")
+
+
+# Launch variants that bench/kv_attention_gpu.py --sweep times against each other on the GPU
+# (compressed K or V; the dense path keeps launch_config's own choice). Names are stable.
+VARIANTS: dict[str, dict] = {
+    "blocks_n32_w4_pf": dict(dequant="blocks", block_n=32, num_warps=4, prefetch=True),  # measured baseline
+    "fast_n32_w4_pf": dict(dequant="blocks_fast", block_n=32, num_warps=4, prefetch=True),
+    "fast_n64_w8": dict(dequant="blocks_fast", block_n=64, num_warps=8, prefetch=False),
+    "fast_n64_w4": dict(dequant="blocks_fast", block_n=64, num_warps=4, prefetch=False),
+    "flat_n64_w8": dict(dequant="flat", block_n=64, num_warps=8, prefetch=False),
+    "flat_n32_w4": dict(dequant="flat", block_n=32, num_warps=4, prefetch=False),
+}
+
+
+def variant_config(name: str, head_dim: int, rows: int) -> LaunchConfig:
+    """launch_config for a compressed cache with VARIANTS[name]'s fields replaced."""
+    if name not in VARIANTS:
+        raise ValueError(f"unknown launch variant {name!r}; known: {', '.join(VARIANTS)}")
+    return dataclasses.replace(launch_config(head_dim, rows), **VARIANTS[name])
 
 
 def launch_config(head_dim: int, rows: int, dense_kv: bool = False) -> LaunchConfig:
     """The fixed launch configuration for a head_dim and T * G query rows (no autotuning).
 
-    Measured on an H200 (decode at 32K context, 24 query / 4 KV heads, head_dim 256): with
-    compressed K/V, 4 warps, 32 keys a step and the register prefetch took q8_0/q8_0 from 114 us
-    (8 warps, no prefetch) to 69 us and tq3_0/tq3_0 from 220 to 138 us; with dense K and V
-    (`dense_kv`), Triton's own pipelining of loads that feed tl.dot does better without it
-    (46 us against 67 us). head_dim <= 128 uses 64 keys a step (not measured separately)."""
+    Measured on an H200 (decode at 32K context, 24 query / 4 KV heads, head_dim 256), with the
+    "blocks" dequantization: with compressed K/V, 4 warps, 32 keys a step and the register
+    prefetch took q8_0/q8_0 from 114 us (8 warps, no prefetch) to 69 us and tq3_0/tq3_0 from 220
+    to 138 us; with dense K and V (`dense_kv`), Triton's own pipelining of loads that feed tl.dot
+    does better without it (46 us against 67 us). head_dim <= 128 uses 64 keys a step (not
+    measured separately). "blocks_fast" is the default on a static count, not yet a measurement:
+    sm_90 SASS of the tq3_0/tq3_0 loop has 22% fewer instructions (no select chain), q8_0 trades
+    its quarter-rate I2F conversions for full-rate integer ops, q4_0 compiles the same; VARIANTS
+    and `bench/kv_attention_gpu.py --sweep` are how to choose on the GPU."""
     block_m = 16 if rows <= 16 else 32
     block_n = 64 if head_dim <= 128 else 32
     if dense_kv:
         return LaunchConfig(block_m, block_n, 4 if head_dim <= 128 else 8, 3, PROGRAMS_PER_SM, prefetch=False)
-    return LaunchConfig(block_m, block_n, 4, 3, PROGRAMS_PER_SM, prefetch=True)
+    return LaunchConfig(block_m, block_n, 4, 3, PROGRAMS_PER_SM, prefetch=True, dequant="blocks_fast")
 
 
 @functools.lru_cache(maxsize=None)
@@ -340,7 +431,7 @@ def _launch(q, k, v, vis, start, kv_len, key_mask, scale, num_splits, config):
         q, k.scales if fmt_k else k.codes, k.codes, v.scales if fmt_v else v.codes, v.codes, vis, m, l, acc,
         start, n, kv_len, num_kv_heads, scale * LOG2E, q.stride(0), q.stride(1),
         KEY_MASK=key_mask, GROUP=group, D=head_dim, BLOCK_M=block_m, BLOCK_N=block_n, BLOCKS_PER_SPLIT=per_split,
-        FMT_K=fmt_k, FMT_V=fmt_v, DOT=dot, PREFETCH=cfg.prefetch, C0=c0, C1=c1, C2=c2, C3=c3,
+        FMT_K=fmt_k, FMT_V=fmt_v, DOT=dot, PREFETCH=cfg.prefetch, DEQ=DEQ_IDS[cfg.dequant], C0=c0, C1=c1, C2=c2, C3=c3,
         num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )
     rotated_out = v.name == "tq3_0"

@@ -9,6 +9,14 @@ is not counted; the eager time with launches is reported beside it). The rooflin
 bandwidth measured in the same run (a device-to-device copy, bytes read + written), and
 fraction = (K + V bytes read) / time / copy bandwidth. About 2 minutes on an H200 (most of it
 Triton compiling a kernel per K/V pair); --contexts 32768 halves that.
+
+    python bench/kv_attention_gpu.py --sweep --out out/kv_attention_sweep.json
+
+--sweep instead times every launch variant (quant_attention.VARIANTS, plus launch_config's
+default) for each K/V pair in --sweep-pairs, decode at every context and the 16-node tree verify
+at the first: each variant is first checked against the reference (decode and verify); one that
+fails to compile or to match is recorded with its error and skipped. Prints a table of the
+fraction of the roofline per variant and writes them all to the JSON.
 """
 
 from __future__ import annotations
@@ -143,9 +151,112 @@ def split_sweep(k: Planes, v: Planes, context: int, args, dtype) -> list[dict]:
     return rows
 
 
+SWEEP_PAIRS = ("q8_0/q8_0", "q4_0/q4_0", "tq3_0/tq3_0")  # mixed pairs: --sweep-pairs bf16/tq3_0 ...
+
+
+def sweep_variant(k: Planes, v: Planes, context: int, name: str, args, dtype, verify: bool) -> dict:
+    """One launch variant on one K/V pair and context: correctness, then CUDA-graph times."""
+    heads, head_dim, scale = args.heads, args.head_dim, args.head_dim**-0.5
+    group = heads // args.kv_heads
+    row = {"k_type": k.name, "v_type": v.name, "context": context, "variant": name}
+    try:
+        cfg1 = qa.launch_config(head_dim, group) if name == "default" else qa.variant_config(name, head_dim, group)
+        cfgv = qa.launch_config(head_dim, VERIFY_NODES * group)
+        if name != "default":
+            cfgv = qa.variant_config(name, head_dim, VERIFY_NODES * group)
+        row["config"] = {"decode": vars_of(cfg1), "verify16": vars_of(cfgv)}
+        q1 = torch.randn(1, heads, head_dim, device="cuda", dtype=dtype)
+        qv = torch.randn(VERIFY_NODES, heads, head_dim, device="cuda", dtype=dtype)
+        mask = chain_mask(VERIFY_NODES)
+        key_mask = torch.ones(1, context, dtype=torch.bool, device="cuda")
+
+        def decode():
+            return qa.quant_attention(q1, k, v, context - 1, None, scale, config=cfg1)
+
+        def decode_static():
+            return qa.quant_attention_masked(q1, k, v, key_mask, scale, config=cfg1)
+
+        def tree():
+            return qa.quant_attention(qv, k, v, context - VERIFY_NODES, mask, scale, config=cfgv)
+
+        row["max_rel_err_decode"] = rel_err(decode(), qa.quant_attention_reference(q1.float(), k, v, context - 1, None, scale))
+        errs = [row["max_rel_err_decode"]]
+        if verify:  # the first context only: each check compiles one more kernel
+            ref = qa.quant_attention_masked_reference(q1.float(), k, v, key_mask, scale)
+            row["max_rel_err_static"] = rel_err(decode_static(), ref)
+            errs.append(row["max_rel_err_static"])
+            ref = qa.quant_attention_reference(qv.float(), k, v, context - VERIFY_NODES, mask, scale)
+            row["max_rel_err_verify16"] = rel_err(tree(), ref)
+            errs.append(row["max_rel_err_verify16"])
+        row["correct"] = all(e < args.tol for e in errs)
+        if not row["correct"]:
+            return row
+        fk, fv = get_format(k.name), get_format(v.name)
+        kv_bytes = context * args.kv_heads * (fk.row_bytes(head_dim) + fv.row_bytes(head_dim))
+        t = do_bench_cudagraph(decode, rep=args.rep_ms, return_mode="median")
+        row |= {"kv_bytes": kv_bytes, "decode_us": t * 1e3, "fraction_of_copy_bw": kv_bytes / (t * 1e-3) / args.copy_bw}
+        if verify:
+            t = do_bench_cudagraph(tree, rep=args.rep_ms, return_mode="median")
+            row |= {"verify16_us": t * 1e3, "verify16_fraction_of_copy_bw": kv_bytes / (t * 1e-3) / args.copy_bw}
+    except Exception as e:  # a variant that does not compile (or runs out of resources) must not end the run
+        row |= {"correct": False, "error": f"{type(e).__name__}: {str(e)[:500]}"}
+    return row
+
+
+def vars_of(cfg) -> dict:
+    import dataclasses
+
+    return dataclasses.asdict(cfg)
+
+
+def run_sweep(args, dtype) -> list[dict]:
+    pairs = [tuple(p.split("/")) for p in args.sweep_pairs]
+    names = ["default", *qa.VARIANTS]
+    rows = []
+    for context in args.contexts:
+        types = sorted({t for p in pairs for t in p})
+        k_planes = {t: make_planes(t, context, args.kv_heads, args.head_dim) for t in types}
+        v_planes = {t: make_planes(t, context, args.kv_heads, args.head_dim) for t in types}
+        for kt, vt in pairs:
+            for name in names:
+                verify = context == args.contexts[0]
+                if time.time() - args.t0 > args.sweep_budget_s:
+                    rows.append({"k_type": kt, "v_type": vt, "context": context, "variant": name, "correct": None,
+                                 "error": f"skipped: past --sweep-budget-s {args.sweep_budget_s}"})
+                    continue
+                r = sweep_variant(k_planes[kt], v_planes[vt], context, name, args, dtype, verify)
+                rows.append(r)
+                if "decode_us" in r:
+                    tail = f"verify16 {r['verify16_us']:7.1f} us ({r['verify16_fraction_of_copy_bw']:.2f})" if verify else ""
+                    print(f"{context:>7} {kt:>6}/{vt:<6} {name:<18} decode {r['decode_us']:7.1f} us "
+                          f"({r['fraction_of_copy_bw']:.2f} of copy bw)  {tail}", flush=True)
+                else:
+                    print(f"{context:>7} {kt:>6}/{vt:<6} {name:<18} FAILED {r.get('error', r)}", flush=True)
+            print(f"  [{time.time() - args.t0:.0f} s]", flush=True)
+        del k_planes, v_planes
+        torch.cuda.empty_cache()
+    print("\nfraction of the roofline, decode (best per pair and context marked *):")
+    keys = sorted({(r["context"], r["k_type"], r["v_type"]) for r in rows})
+    print(f"{'context':>7} {'K/V':<13} " + " ".join(f"{n[:18]:>18}" for n in names))
+    for key in keys:
+        got = {r["variant"]: r.get("fraction_of_copy_bw") for r in rows if (r["context"], r["k_type"], r["v_type"]) == key}
+        best = max((f for f in got.values() if f is not None), default=None)
+        cells = [("-" if got.get(n) is None else f"{got[n]:.2f}" + ("*" if got[n] == best else " ")) for n in names]
+        print(f"{key[0]:>7} {key[1] + '/' + key[2]:<13} " + " ".join(f"{c:>18}" for c in cells))
+    return rows
+
+
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap = argparse.ArgumentParser(
+        description=__doc__.split("\n\n")[0],
+        epilog="examples:\n  python bench/kv_attention_gpu.py --out out/kv_attention_gpu.json\n"
+        "  python bench/kv_attention_gpu.py --sweep --out out/kv_attention_sweep.json",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     ap.add_argument("--out", required=True, help="path of the JSON artifact")
+    ap.add_argument("--sweep", action="store_true", help="time every launch variant (quant_attention.VARIANTS)")
+    ap.add_argument("--sweep-pairs", nargs="+", default=list(SWEEP_PAIRS), help="K/V pairs for --sweep, e.g. q8_0/q8_0")
+    ap.add_argument("--sweep-budget-s", type=float, default=270.0, help="--sweep skips what is left after this long")
     ap.add_argument("--contexts", type=int, nargs="+", default=[32768, 131072])
     ap.add_argument("--types", nargs="+", default=list(TYPES), help="K and V types to pair (all pairs)")
     ap.add_argument("--heads", type=int, default=24, help="query heads (default: Qwen3.5-27B full attention)")
@@ -155,13 +266,35 @@ def main() -> None:
     ap.add_argument("--rep-ms", type=int, default=25, help="timing budget per measurement")
     ap.add_argument("--tol", type=float, default=2e-2, help="max relative error against the reference")
     args = ap.parse_args()
+    for pair in args.sweep_pairs:
+        if len(pair.split("/")) != 2 or not all(t in TYPES for t in pair.split("/")):
+            ap.error(f"--sweep-pairs: {pair!r} is not K/V with types from {', '.join(TYPES)}")
     if not torch.cuda.is_available():
         sys.exit("kv_attention_gpu: needs a CUDA GPU")
     dtype = torch.bfloat16 if args.dtype == "bf16" else torch.float16
-    t0 = time.time()
+    t0 = args.t0 = time.time()
     torch.manual_seed(0)
     args.copy_bw = copy_bandwidth(2 << 30)
     print(f"copy bandwidth {args.copy_bw / 1e9:.0f} GB/s", flush=True)
+    if args.sweep:
+        rows = run_sweep(args, dtype)
+        report = {
+            "bench": "kv_attention_gpu --sweep",
+            "device": torch.cuda.get_device_name(),
+            "torch": torch.__version__,
+            "triton": triton.__version__,
+            "shape": {"heads": args.heads, "kv_heads": args.kv_heads, "head_dim": args.head_dim, "dtype": args.dtype},
+            "copy_bandwidth_GBps": args.copy_bw / 1e9,
+            "timing": "median, CUDA-graph replay; verify16 at the first context only",
+            "variants": {"default": "launch_config's choice", **qa.VARIANTS},
+            "all_correct": all(r["correct"] is not False for r in rows),
+            "results": rows,
+            "wall_s": time.time() - t0,
+        }
+        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.out).write_text(json.dumps(report, indent=2))
+        print(f"wrote {args.out} in {report['wall_s']:.0f} s; all correct: {report['all_correct']}")
+        return
     results, baselines, sweep = [], [], []
     for context in args.contexts:
         k_planes = {t: make_planes(t, context, args.kv_heads, args.head_dim) for t in args.types}

@@ -18,7 +18,7 @@ from treeflash.models.config import FULL_ATTENTION, ModelConfig
 from treeflash.models.layers import MLP, RMSNorm, Rotary
 from treeflash.models.step import StepInput
 
-FUSED_ROWS = 128  # the largest verify bucket: every decode and verify step of the CUDA graphs
+FUSED_ROWS = 0  # off: measured slower than cuBLAS + the small kernels on the H200 (docs/performance.md)
 
 
 @dataclass

@@ -33,6 +33,34 @@ def check_rotary() -> dict:
         cos, sin = torch.randn(3, rd), torch.randn(3, rd)
         w = torch.randn(d) if norm else None
         out[f"rotary_{d}_{rd}_{norm}"] = (norm_rotary(x, cos, sin, w, 1e-6, unit) - norm_rotary_ref(x, cos, sin, w, 1e-6, unit)).abs().max().item()
+    out.update(check_rotary_into_cache())
+    return out
+
+
+def check_rotary_into_cache() -> dict:
+    """norm_rotary_into_cache: the turned queries, and the cache rows it writes (keys turned,
+    values as they are) against the reference, for strided q/k/v views of one qkv row; the other
+    cache rows stay untouched."""
+    from treeflash.kernels.rotary import norm_rotary_into_cache, norm_rotary_into_cache_ref
+
+    out = {}
+    for d, rd, hq, hkv, norm, unit in ((64, 64, 4, 2, True, False), (64, 16, 6, 2, True, True), (32, 32, 2, 2, False, False)):
+        t, slots_n = 3, 10
+        qkv = torch.randn(t, (2 * hq + 2 * hkv) * d)  # a gated q: [q | gate] per head, then k, then v
+        q = qkv[:, : 2 * hq * d].view(t, hq, 2 * d)[..., :d]
+        k = qkv[:, 2 * hq * d : (2 * hq + hkv) * d].view(t, hkv, d)
+        v = qkv[:, (2 * hq + hkv) * d :].view(t, hkv, d)
+        cos, sin = torch.randn(t, rd), torch.randn(t, rd)
+        qw, kw = (torch.randn(d), torch.randn(d)) if norm else (None, None)
+        slots = torch.tensor([7, 2, 5])
+        before = (torch.randn(slots_n, hkv, d), torch.randn(slots_n, hkv, d))
+        caches = [(before[0].clone(), before[1].clone()) for _ in range(2)]
+        ref_k, ref_v = caches[1]
+        got_q = norm_rotary_into_cache(q, k, v, cos, sin, qw, kw, 1e-6, unit, *caches[0], slots)
+        ref_q = norm_rotary_into_cache_ref(q, k, v, cos, sin, qw, kw, 1e-6, unit, ref_k, ref_v, slots)
+        err = max((got_q - ref_q).abs().max().item(), (caches[0][0] - ref_k).abs().max().item(),
+                  (caches[0][1] - ref_v).abs().max().item())
+        out[f"rotary_into_cache_{d}_{rd}_{hq}_{norm}"] = err
     return out
 
 

@@ -401,7 +401,8 @@ def quant_attention_masked(
     _check_query(q, k, v, kv_len)
     if key_mask.shape != (n, kv_len) or key_mask.dtype != torch.bool or key_mask.device != q.device:
         raise ValueError(f"quant_attention_masked: key_mask must be bool [{n}, S] on {q.device}")
-    return _launch(q, k, v, key_mask.to(torch.int8).contiguous(), 0, kv_len, True, scale, num_splits, config)
+    vis = key_mask.view(torch.int8) if key_mask.is_contiguous() else key_mask.to(torch.int8).contiguous()  # no copy kernel per layer
+    return _launch(q, k, v, vis, 0, kv_len, True, scale, num_splits, config)
 
 
 def _launch(q, k, v, vis, start, kv_len, key_mask, scale, num_splits, config):

@@ -26,12 +26,9 @@ def norm_rotary_ref(x, cos, sin, weight, eps: float, unit_offset: bool):
 
 
 @triton.jit
-def _norm_rotary_kernel(X, C, S, W, Y, sxt, sxh, H, eps, HAS_NORM: tl.constexpr, UNIT: tl.constexpr,
-                        D: tl.constexpr, HALF: tl.constexpr, REST: tl.constexpr, REST_BLOCK: tl.constexpr):
-    pid = tl.program_id(0)
-    t = pid // H
-    h = pid % H
-    base = X + t * sxt + h * sxh
+def _norm_rotary_head(base, C, S, W, out, t, eps, HAS_NORM: tl.constexpr, UNIT: tl.constexpr,
+                      D: tl.constexpr, HALF: tl.constexpr, REST: tl.constexpr, REST_BLOCK: tl.constexpr):
+    """One head of token t: load D values at `base`, RMSNorm (optional), rotate the first 2*HALF, store at `out`."""
     i = tl.arange(0, HALF)
     x1 = tl.load(base + i).to(tl.float32)
     x2 = tl.load(base + HALF + i).to(tl.float32)
@@ -51,10 +48,38 @@ def _norm_rotary_kernel(X, C, S, W, Y, sxt, sxh, H, eps, HAS_NORM: tl.constexpr,
     c2 = tl.load(C + t * 2 * HALF + HALF + i).to(tl.float32)
     s1 = tl.load(S + t * 2 * HALF + i).to(tl.float32)
     s2 = tl.load(S + t * 2 * HALF + HALF + i).to(tl.float32)
-    out = Y + (t * H + h) * D
-    tl.store(out + i, (x1 * c1 - x2 * s1).to(Y.dtype.element_ty))
-    tl.store(out + HALF + i, (x2 * c2 + x1 * s2).to(Y.dtype.element_ty))
-    tl.store(out + 2 * HALF + j, x3.to(Y.dtype.element_ty), mask=mr)
+    tl.store(out + i, (x1 * c1 - x2 * s1).to(out.dtype.element_ty))
+    tl.store(out + HALF + i, (x2 * c2 + x1 * s2).to(out.dtype.element_ty))
+    tl.store(out + 2 * HALF + j, x3.to(out.dtype.element_ty), mask=mr)
+
+
+@triton.jit
+def _norm_rotary_kernel(X, C, S, W, Y, sxt, sxh, H, eps, HAS_NORM: tl.constexpr, UNIT: tl.constexpr,
+                        D: tl.constexpr, HALF: tl.constexpr, REST: tl.constexpr, REST_BLOCK: tl.constexpr):
+    pid = tl.program_id(0)
+    t = pid // H
+    h = pid % H
+    _norm_rotary_head(X + t * sxt + h * sxh, C, S, W, Y + (t * H + h) * D, t, eps, HAS_NORM, UNIT, D, HALF, REST, REST_BLOCK)
+
+
+@triton.jit
+def _rotary_cache_kernel(Q, K, V, C, S, QW, KW, QO, KC, VC, SLOT, sqt, sqh, skt, skh, svt, svh, HQ, HKV, eps,
+                         HAS_NORM: tl.constexpr, UNIT: tl.constexpr, D: tl.constexpr, HALF: tl.constexpr,
+                         REST: tl.constexpr, REST_BLOCK: tl.constexpr, D_BLOCK: tl.constexpr):
+    # program (token t, head h): h < HQ a query head -> QO [T, HQ, D]; else KV head j = h - HQ:
+    # its key (normed, rotated) and value go straight to the cache rows KC/VC [S, HKV, D] at SLOT[t]
+    pid = tl.program_id(0)
+    t = pid // (HQ + HKV)
+    h = pid % (HQ + HKV)
+    if h < HQ:
+        _norm_rotary_head(Q + t * sqt + h * sqh, C, S, QW, QO + (t * HQ + h) * D, t, eps, HAS_NORM, UNIT, D, HALF, REST, REST_BLOCK)
+    else:
+        j = h - HQ
+        row = (tl.load(SLOT + t).to(tl.int64) * HKV + j) * D
+        _norm_rotary_head(K + t * skt + j * skh, C, S, KW, KC + row, t, eps, HAS_NORM, UNIT, D, HALF, REST, REST_BLOCK)
+        d = tl.arange(0, D_BLOCK)
+        v = tl.load(V + t * svt + j * svh + d, mask=d < D)
+        tl.store(VC + row + d, v.to(VC.dtype.element_ty), mask=d < D)
 
 
 def norm_rotary(x, cos, sin, weight, eps: float, unit_offset: bool):
@@ -74,4 +99,39 @@ def norm_rotary(x, cos, sin, weight, eps: float, unit_offset: bool):
     _norm_rotary_kernel[(t * h,)](x, cos.contiguous(), sin.contiguous(), w, y, x.stride(0), x.stride(1), h, eps,
                                   HAS_NORM=weight is not None, UNIT=unit_offset, D=d, HALF=half, REST=rest,
                                   REST_BLOCK=max(triton.next_power_of_2(max(rest, 1)), 16))
+    return y
+
+
+def norm_rotary_into_cache_ref(q, k, v, cos, sin, q_weight, k_weight, eps: float, unit_offset: bool,
+                               k_cache, v_cache, slots):
+    """q: [T, H, D], k, v: [T, Hkv, D] (any strides); k_cache, v_cache: [S, Hkv, D]; slots: [T] long.
+    Writes norm_rotary(k) and v to the cache rows at `slots`; returns norm_rotary(q) [T, H, D]."""
+    k_cache.index_copy_(0, slots, norm_rotary_ref(k, cos, sin, k_weight, eps, unit_offset).to(k_cache.dtype))
+    v_cache.index_copy_(0, slots, v.to(v_cache.dtype))
+    return norm_rotary_ref(q, cos, sin, q_weight, eps, unit_offset)
+
+
+def norm_rotary_into_cache(q, k, v, cos, sin, q_weight, k_weight, eps: float, unit_offset: bool,
+                           k_cache, v_cache, slots):
+    """One kernel for the query heads' norm + rotary and the new keys' and values' trip into a dense
+    cache (replaces two norm_rotary launches and two index_copy_). Triton on CUDA (or under
+    TRITON_INTERPRET), the reference elsewhere."""
+    if not (q.is_cuda or _interpreting()):
+        return norm_rotary_into_cache_ref(q, k, v, cos, sin, q_weight, k_weight, eps, unit_offset, k_cache, v_cache, slots)
+    t, hq, d = q.shape
+    hkv = k.shape[1]
+    rd = cos.shape[-1]
+    half = rd // 2
+    if (q.stride(2) != 1 or k.stride(2) != 1 or v.stride(2) != 1 or rd % 2 or rd > d or half & (half - 1)
+            or not (k_cache.is_contiguous() and v_cache.is_contiguous()) or k_cache.shape[1:] != (hkv, d)):
+        raise ValueError(f"norm_rotary_into_cache: bad layout q{tuple(q.shape)} k{tuple(k.shape)} cache{tuple(k_cache.shape)} rotary_dim {rd}")
+    y = torch.empty((t, hq, d), dtype=q.dtype, device=q.device)
+    rest = d - rd
+    _rotary_cache_kernel[(t * (hq + hkv),)](
+        q, k, v, cos.contiguous(), sin.contiguous(), q_weight if q_weight is not None else cos,
+        k_weight if k_weight is not None else cos, y, k_cache, v_cache, slots,
+        q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1), hq, hkv, eps,
+        HAS_NORM=q_weight is not None, UNIT=unit_offset, D=d, HALF=half, REST=rest,
+        REST_BLOCK=max(triton.next_power_of_2(max(rest, 1)), 16), D_BLOCK=triton.next_power_of_2(d),
+    )
     return y

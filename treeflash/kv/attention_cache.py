@@ -16,6 +16,9 @@ if TYPE_CHECKING:
 
 DENSE_TYPES = {"auto": None, "f32": torch.float32, "f16": torch.float16, "bf16": torch.bfloat16}
 
+# what turns q and k: cos, sin [T, rotary_dim]; q_norm and k_norm weights [D] (or None); eps; unit_offset
+RotaryArgs = tuple
+
 
 class AttentionCache(Protocol):
     def attend(
@@ -117,6 +120,24 @@ class DenseAttentionCache:
     def attend_static(self, q, k, v, slots, key_mask, scale):
         self.k.index_copy_(0, slots, k.to(self.k.dtype))
         self.v.index_copy_(0, slots, v.to(self.v.dtype))
+        return self._attend_written(q, key_mask, scale)
+
+    def attend_static_rotary(self, q, k, v, rotary: RotaryArgs, slots, key_mask, scale):
+        """attend_static for q and k before their (norm +) rotary: on the GPU one kernel turns the
+        query heads and writes the turned keys and the values into the cache rows (no separate
+        norm_rotary launches, no index_copy_)."""
+        from treeflash.kernels.norm import _interpreting
+        from treeflash.kernels.rotary import norm_rotary, norm_rotary_into_cache
+
+        cos, sin, q_w, k_w, eps, unit = rotary
+        if (q.is_cuda or _interpreting()) and self.k.dtype == k.dtype and self.v.dtype == v.dtype:
+            q = norm_rotary_into_cache(q, k, v, cos, sin, q_w, k_w, eps, unit, self.k, self.v, slots)
+            return self._attend_written(q, key_mask, scale)
+        q = norm_rotary(q, cos, sin, q_w, eps, unit)
+        k = norm_rotary(k, cos, sin, k_w, eps, unit)
+        return self.attend_static(q, k, v, slots, key_mask, scale)
+
+    def _attend_written(self, q, key_mask, scale):
         name = {torch.bfloat16: "bf16", torch.float16: "f16"}.get(self.k.dtype)
         d = q.shape[-1]
         if q.is_cuda and name is not None and self.v.dtype == self.k.dtype and q.shape[0] <= 128 and d in (32, 64, 128, 256):

@@ -83,12 +83,16 @@ class Attention(nn.Module):
         cos, sin = rope
         q_w = self.q_norm.weight if self.q_norm is not None else None
         k_w = self.k_norm.weight if self.k_norm is not None else None
-        q = norm_rotary(q, cos, sin, q_w, self.eps, self.unit_offset)  # [T, H, D], qk-norm then rotary, fused
-        k = norm_rotary(k, cos, sin, k_w, self.eps, self.unit_offset)
-        if step.key_mask is not None:
-            out = cache.attend_static(q, k, v, step.slots, step.key_mask, self.scale).reshape(n, -1)
+        if step.key_mask is not None and hasattr(cache, "attend_static_rotary"):  # dense cache: one kernel turns and writes
+            rotary = (cos, sin, q_w, k_w, self.eps, self.unit_offset)
+            out = cache.attend_static_rotary(q, k, v, rotary, step.slots, step.key_mask, self.scale).reshape(n, -1)
         else:
-            out = cache.attend(q, k, v, step.start, step.tree_mask, self.scale).reshape(n, -1)
+            q = norm_rotary(q, cos, sin, q_w, self.eps, self.unit_offset)  # [T, H, D], qk-norm then rotary, fused
+            k = norm_rotary(k, cos, sin, k_w, self.eps, self.unit_offset)
+            if step.key_mask is not None:
+                out = cache.attend_static(q, k, v, step.slots, step.key_mask, self.scale).reshape(n, -1)
+            else:
+                out = cache.attend(q, k, v, step.start, step.tree_mask, self.scale).reshape(n, -1)
         if gate is not None:
             out = out * torch.sigmoid(gate)
         if residual is not None:

@@ -10,7 +10,7 @@ import torch
 from treeflash.kernels.gdn_tree import recurrent_path_ref, tree_conv_ref, tree_recurrent_ref
 from treeflash.kv.recurrent_cache import RecurrentCache
 from treeflash.models.config import ModelConfig
-from treeflash.models.gated_deltanet import causal_conv, delta_rule_chunked, l2norm
+from treeflash.models.gated_deltanet import causal_conv, delta_rule_chunked, delta_rule_tree, l2norm
 from treeflash.models.step import StepInput
 from treeflash.models.transformer import CausalLM
 
@@ -97,6 +97,25 @@ def test_tree_references_on_a_chain_equal_prefill_math():
     recurrent_path_ref(y, a, b, a_log, dt_bias, committed, torch.tensor([0, 1, 2, 3, 3, 3]), torch.tensor([4]), hk, dk, dv)
     _, final4 = delta_rule_chunked(q[:4], k[:4], v[:4].reshape(4, hv, dv), g[:4], torch.sigmoid(b[:4]), state)
     assert (committed - final4).abs().max().item() < TOL
+
+
+def test_tree_wy_form_equals_a_step_per_node():
+    """The CPU's verify outputs (delta_rule_tree) equal the kernel reference's, node by node, on a bushy tree."""
+    parents = [-1, 0, 0, 0, 1, 1, 2, 4, 4, 7, 3, 10]
+    n, hk, hv, dk, dv = len(parents), 2, 4, 8, 5
+    y = torch.randn(n, 2 * hk * dk + hv * dv)
+    a, b, a_log, dt_bias, state = torch.randn(n, hv), torch.randn(n, hv), torch.randn(hv) * 0.3, torch.randn(hv), torch.randn(hv, dk, dv)
+    ref = tree_recurrent_ref(y, a, b, a_log, dt_bias, state, torch.tensor(parents), hk, dk, dv)
+    mask = torch.zeros(n, n, dtype=torch.bool)
+    for i, p in enumerate(parents):
+        mask[i] = mask[p] if p >= 0 else mask[i]
+        mask[i, i] = True
+    q, k, v = y.split([hk * dk, hk * dk, hv * dv], dim=-1)
+    q = (l2norm(q.reshape(n, hk, dk)) * dk**-0.5).repeat_interleave(hv // hk, 1)
+    k = l2norm(k.reshape(n, hk, dk)).repeat_interleave(hv // hk, 1)
+    g = -a_log.exp() * torch.nn.functional.softplus(a + dt_bias)
+    out = delta_rule_tree(q, k, v.reshape(n, hv, dv), g, torch.sigmoid(b), state, mask)
+    assert (out - ref).abs().max().item() < TOL
 
 
 def path_to(parents: list[int], node: int) -> list[int]:

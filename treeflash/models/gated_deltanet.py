@@ -11,7 +11,8 @@ Per token t, after a short causal conv (kernel K, SiLU) over the projected q, k,
     out_t = out_proj(rmsnorm(o_t) * w * silu(z_t))
 
 Prefill runs `causal_conv` and `delta_rule_chunked` (the WY form) in PyTorch. Decode and verify
-run the kernels of treeflash.kernels.gdn_decode / gdn_tree (their plain-torch references off CUDA).
+run the kernels of treeflash.kernels.gdn_decode / gdn_tree (their plain-torch references off CUDA;
+a verify's outputs on the CPU come from `delta_rule_tree`, the WY form over the tree).
 
 A verify step leaves the committed conv window and state untouched: node i's conv window holds
 its ancestors' inputs (beyond the root, the committed window) and its state continues its
@@ -102,6 +103,30 @@ def delta_rule_chunked(
     return out, s
 
 
+def delta_rule_tree(
+    q: torch.Tensor,  # [T, H, Dk] fp32, normalized and scaled
+    k: torch.Tensor,  # [T, H, Dk] fp32, normalized
+    v: torch.Tensor,  # [T, H, Dv] fp32
+    g: torch.Tensor,  # [T, H] fp32
+    beta: torch.Tensor,  # [T, H] fp32
+    state: torch.Tensor,  # [H, Dk, Dv] fp32 committed state
+    tree_mask: torch.Tensor,  # [T, T] bool, [i, j] = j is i or an ancestor of i
+) -> torch.Tensor:  # o: [T, H, Dv]
+    """Every node's output, the whole tree as one chunk of the WY form with the causal mask replaced
+    by the ancestor mask (the CPU's verify: a few matmuls, where a step per node costs T passes
+    over the state). Node i only involves its ancestors, and parents precede children, so the
+    system stays unit lower triangular and each u_i equals the recurrence along i's own path."""
+    c = (tree_mask.to(q.dtype) @ g).transpose(0, 1)  # [H, T]: sum of log decays over each node's path
+    qh, kh, vh, bh = q.transpose(0, 1), k.transpose(0, 1), v.transpose(0, 1), beta.transpose(0, 1)
+    decay = (c[:, :, None] - c[:, None, :]).masked_fill(~tree_mask, float("-inf")).exp()  # [H, T, T]
+    k_beta = kh * bh[..., None]
+    system = (k_beta @ kh.transpose(-1, -2) * decay).tril(-1) + torch.eye(q.shape[0], dtype=q.dtype)
+    u = torch.linalg.solve_triangular(system, vh * bh[..., None] - (k_beta * c.exp()[..., None]) @ state,
+                                      upper=False, unitriangular=True)  # [H, T, Dv]
+    out = (qh * c.exp()[..., None]) @ state + (qh @ kh.transpose(-1, -2) * decay) @ u
+    return out.transpose(0, 1)
+
+
 def l2norm(x: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
     return x * torch.rsqrt((x * x).sum(-1, keepdim=True) + eps)
 
@@ -187,20 +212,23 @@ class GatedDeltaNet(nn.Module):
         if step.is_verify:  # every node's output, no node's state: commit replays the kept path
             y = tree_conv(mixed.contiguous(), cache.conv, weight, step.parents)  # [T, conv_dim] fp32
             a, b = a.contiguous(), b.contiguous()
-            o = tree_recurrent(y, a, b, self.A_log, self.dt_bias, cache.state, step.parents, step.tree_mask, *dims)
             cache.set_pending(PendingNodes(mixed, y, a, b, self.A_log, self.dt_bias, self.num_k_heads))
-            return o
+            if mixed.is_cuda:
+                return tree_recurrent(y, a, b, self.A_log, self.dt_bias, cache.state, step.parents, step.tree_mask, *dims)
+            return delta_rule_tree(*self._heads(y), *self._gates(a, b), cache.state, step.tree_mask)
         if mixed.shape[0] == 1:  # decode: the state updated in place
             y = conv_step(mixed[0].contiguous(), cache.conv, weight)
             return recurrent_step(y, a[0], b[0], self.A_log, self.dt_bias, cache.state, *dims)[None]
-        beta = torch.sigmoid(b.float())  # [T, Hv]
-        g = -self.A_log.float().exp() * F.softplus(a.float() + self.dt_bias.float())  # [T, Hv]
         conv_out, window = causal_conv(mixed, cache.conv, weight)
         cache.conv.copy_(window)
-        q, k, v = self._heads(conv_out)
-        o, state = delta_rule_chunked(q, k, v, g, beta, cache.state)
+        o, state = delta_rule_chunked(*self._heads(conv_out), *self._gates(a, b), cache.state)
         cache.state.copy_(state)
         return o
+
+    def _gates(self, a: torch.Tensor, b: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """[T, Hv] gate inputs -> g (log decay), beta: [T, Hv] fp32."""
+        g = -self.A_log.float().exp() * F.softplus(a.float() + self.dt_bias.float())
+        return g, torch.sigmoid(b.float())
 
     def _heads(self, conv_out: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """[T, conv_dim] fp32 -> q, k: [T, Hv, Dk] (normalized, q scaled), v: [T, Hv, Dv]."""

@@ -33,7 +33,7 @@ from treeflash.kernels import kv_formats as formats
 
 FMT_IDS = {"q8_0": 1, "q4_0": 2, "tq3_0": 3}  # anything dense is 0
 LOG2E = 1.4426950408889634
-MAX_SPLITS = 128  # the combine kernel holds [splits, 64] partial outputs in registers
+MAX_SPLITS = 256  # the combine kernel holds [splits, 64] (over 128 splits: [splits, 32]) partial outputs in registers
 COMBINE_CHUNK = 64
 PROGRAMS_PER_SM = 2
 
@@ -42,7 +42,8 @@ PROGRAMS_PER_SM = 2
 DEQ_BLOCKS = tl.constexpr(0)  # whole blocks ([N, D/32, bytes]) unpacked with join/reshape; I2F, a select chain
 DEQ_BLOCKS_FAST = tl.constexpr(1)  # the same loads; ints -> float by the 2^23 trick, tq3_0 centroids by a cubic
 DEQ_FLAT = tl.constexpr(2)  # 2-D [N, D] loads (column d reads the byte that holds value d), no reshape of codes
-DEQ_IDS = {"blocks": 0, "blocks_fast": 1, "flat": 2}
+DEQ_SCALED = tl.constexpr(3)  # block loads; raw codes (exact in bf16) go to per-32-block batched dots, scales applied after
+DEQ_IDS = {"blocks": 0, "blocks_fast": 1, "flat": 2, "scaled": 3}
 
 
 @triton.jit
@@ -150,6 +151,25 @@ def _dequant(
 
 
 @triton.jit
+def _codes(a, b, FMT: tl.constexpr, N: tl.constexpr, D: tl.constexpr,
+           C0: tl.constexpr, C1: tl.constexpr, C2: tl.constexpr, C3: tl.constexpr):
+    """DEQ_SCALED: block-loaded bytes -> [N, D/32, 32] fp32 code values without the scale (q8_0 and
+    q4_0: small integers, exact in bf16/fp16; tq3_0: +-centroid), in the blocks unpack order."""
+    NB: tl.constexpr = D // 32
+    if FMT == 1:
+        q = _int_to_float(a.to(tl.int32) + 128, 128.0)
+    elif FMT == 2:
+        a = a.to(tl.int32)
+        q = _int_to_float(tl.reshape(tl.join(a & 15, a >> 4), (N, NB, 32)), 8.0)
+    else:
+        bm, bs = a.to(tl.int32), b.to(tl.int32)
+        mag = tl.reshape((bm[:, :, :, None] >> (2 * tl.arange(0, 4))[None, None, None, :]) & 3, (N, NB, 32))
+        neg = tl.reshape((bs[:, :, :, None] >> tl.arange(0, 8)[None, None, None, :]) & 1, (N, NB, 32))
+        q = _tq3_value(mag, neg, C0, C1, C2, C3)
+    return q
+
+
+@triton.jit
 def _columns(FMT: tl.constexpr, D: tl.constexpr, DEQ: tl.constexpr):
     """Original column of each unpacked column: q4_0 unpacks value j + 16h of a block at 2j + h."""
     n = tl.arange(0, D)
@@ -183,12 +203,26 @@ def _partial_kernel(
     h = kvh * GROUP + rows % GROUP
     # q.k and p.v only need K's (V's) columns in one consistent order: load q in K's unpack
     # order, and store the output from V's unpack order
+    # DEQ_SCALED (per compressed side): q [NB, BLOCK_M, 32] and acc [NB, BLOCK_M, 32], one slice per
+    # 32-value scale block; scores = sum_b scale_k[n, b] * (q_b . code_nb) by a batched dot over
+    # the blocks, and acc_b += (p * scale_v[:, b]) @ code_b: no per-value scale multiply
+    NB: tl.constexpr = D // 32
+    SCALED_K: tl.constexpr = (DEQ == DEQ_SCALED) and (FMT_K != 0)
+    SCALED_V: tl.constexpr = (DEQ == DEQ_SCALED) and (FMT_V != 0)
     q_cols = _columns(FMT_K, D, DEQ)
-    q = tl.load(q_ptr + t[:, None] * stride_qt + h[:, None] * stride_qh + q_cols[None, :], mask=row_ok[:, None], other=0.0)
+    q_rows = q_ptr + t * stride_qt + h * stride_qh
+    if SCALED_K:
+        q_cols3 = tl.reshape(q_cols, (NB, 32))
+        q = tl.load(q_rows[None, :, None] + q_cols3[:, None, :], mask=row_ok[None, :, None], other=0.0)
+    else:
+        q = tl.load(q_rows[:, None] + q_cols[None, :], mask=row_ok[:, None], other=0.0)
     q = q.to(DOT)
     m_i = tl.full((BLOCK_M,), -1.0e30, tl.float32)  # finite: a fully masked block leaves no NaN
     l_i = tl.zeros((BLOCK_M,), tl.float32)
-    acc = tl.zeros((BLOCK_M, D), tl.float32)
+    if SCALED_V:
+        acc = tl.zeros((NB, BLOCK_M, 32), tl.float32)
+    else:
+        acc = tl.zeros((BLOCK_M, D), tl.float32)
     first = split.to(tl.int64) * (BLOCKS_PER_SPLIT * BLOCK_N)
     keys = first + tl.arange(0, BLOCK_N)
     # PREFETCH: the next block's bytes are loaded (into registers) before this block's math
@@ -203,8 +237,13 @@ def _partial_kernel(
             ka2, kb2, ks2 = _load_raw(ks_ptr, kc_ptr, nxt, kvh, num_kv_heads, nxt_ok, FMT_K, D, DEQ)
         else:
             ka, kb, ks = _load_raw(ks_ptr, kc_ptr, keys, kvh, num_kv_heads, key_ok, FMT_K, D, DEQ)
-        k = _dequant(ka, kb, ks, FMT_K, BLOCK_N, D, C0, C1, C2, C3, DEQ)
-        s = _dot(q, tl.trans(k), DOT) * scale_log2  # [BLOCK_M, BLOCK_N]
+        if SCALED_K:
+            kq = tl.permute(_codes(ka, kb, FMT_K, BLOCK_N, D, C0, C1, C2, C3), (1, 2, 0))  # [NB, 32, BLOCK_N]
+            s3 = _dot(q, kq, DOT)  # [NB, BLOCK_M, BLOCK_N]
+            s = tl.sum(s3 * tl.trans(ks.to(tl.float32) * scale_log2)[:, None, :], axis=0)
+        else:
+            k = _dequant(ka, kb, ks, FMT_K, BLOCK_N, D, C0, C1, C2, C3, DEQ)
+            s = _dot(q, tl.trans(k), DOT) * scale_log2  # [BLOCK_M, BLOCK_N]
         if KEY_MASK:  # mask [T, kv_len] over every slot (static mode)
             m2 = row_ok[:, None] & key_ok[None, :]
             visible = tl.load(mask_ptr + t[:, None] * kv_len + keys[None, :], mask=m2, other=0) != 0
@@ -226,15 +265,24 @@ def _partial_kernel(
             va2, vb2, vs2 = _load_raw(vs_ptr, vc_ptr, nxt, kvh, num_kv_heads, nxt_ok, FMT_V, D, DEQ)
         else:
             va, vb, vs = _load_raw(vs_ptr, vc_ptr, keys, kvh, num_kv_heads, key_ok, FMT_V, D, DEQ)
-        v = _dequant(va, vb, vs, FMT_V, BLOCK_N, D, C0, C1, C2, C3, DEQ)
-        acc = acc * alpha[:, None] + _dot(p, v, DOT)
+        if SCALED_V:
+            vq = tl.permute(_codes(va, vb, FMT_V, BLOCK_N, D, C0, C1, C2, C3), (1, 0, 2))  # [NB, BLOCK_N, 32]
+            ps = p[None, :, :] * tl.trans(vs.to(tl.float32))[:, None, :]  # [NB, BLOCK_M, BLOCK_N]
+            acc = acc * alpha[None, :, None] + _dot(ps, vq, DOT)
+        else:
+            v = _dequant(va, vb, vs, FMT_V, BLOCK_N, D, C0, C1, C2, C3, DEQ)
+            acc = acc * alpha[:, None] + _dot(p, v, DOT)
         m_i = m_new
         if PREFETCH:
             ka, kb, ks, va, vb, vs = ka2, kb2, ks2, va2, vb2, vs2
     out_row = split.to(tl.int64) * (num_tokens * num_heads) + t * num_heads + h
     tl.store(m_ptr + out_row, m_i, mask=row_ok)
     tl.store(l_ptr + out_row, l_i, mask=row_ok)
-    tl.store(acc_ptr + out_row[:, None] * D + _columns(FMT_V, D, DEQ)[None, :], acc, mask=row_ok[:, None])
+    if SCALED_V:
+        v_cols3 = tl.reshape(_columns(FMT_V, D, DEQ), (NB, 32))
+        tl.store(acc_ptr + out_row[None, :, None] * D + v_cols3[:, None, :], acc, mask=row_ok[None, :, None])
+    else:
+        tl.store(acc_ptr + out_row[:, None] * D + _columns(FMT_V, D, DEQ)[None, :], acc, mask=row_ok[:, None])
 
 
 @triton.jit
@@ -290,6 +338,16 @@ VARIANTS: dict[str, dict] = {
     "fast_n64_w4": dict(dequant="blocks_fast", block_n=64, num_warps=4, prefetch=False),
     "flat_n64_w8": dict(dequant="flat", block_n=64, num_warps=8, prefetch=False),
     "flat_n32_w4": dict(dequant="flat", block_n=32, num_warps=4, prefetch=False),
+    # scales factored out of the dots (raw codes -> batched per-block tl.dot, scale on [NB, M, N])
+    "scaled_n32_w4": dict(dequant="scaled", block_n=32, num_warps=4, prefetch=False),
+    "scaled_n32_w4_pf": dict(dequant="scaled", block_n=32, num_warps=4, prefetch=True),
+    "scaled_n64_w4": dict(dequant="scaled", block_n=64, num_warps=4, prefetch=False),
+    # occupancy: 2 programs of 4 warps per SM is 2 warps per scheduler (latency-bound); 4 and 8
+    "flat_n32_w4_p4": dict(dequant="flat", block_n=32, num_warps=4, prefetch=False, programs_per_sm=4),
+    "flat_n32_w4_p8": dict(dequant="flat", block_n=32, num_warps=4, prefetch=False, programs_per_sm=8),
+    "fast_n32_w4_pf_p4": dict(dequant="blocks_fast", block_n=32, num_warps=4, prefetch=True, programs_per_sm=4),
+    "scaled_n32_w4_p4": dict(dequant="scaled", block_n=32, num_warps=4, prefetch=False, programs_per_sm=4),
+    "scaled_n32_w4_pf_p4": dict(dequant="scaled", block_n=32, num_warps=4, prefetch=True, programs_per_sm=4),
 }
 
 
@@ -437,7 +495,7 @@ def _launch(q, k, v, vis, start, kv_len, key_mask, scale, num_splits, config):
     )
     rotated_out = v.name == "tq3_0"
     out = torch.empty(n, num_heads, head_dim, dtype=torch.float32 if rotated_out else in_dtype, device=q.device)
-    chunk = min(COMBINE_CHUNK, head_dim)
+    chunk = min(COMBINE_CHUNK if splits <= 128 else COMBINE_CHUNK // 2, head_dim)
     _combine_kernel[(n * num_heads, head_dim // chunk)](
         m, l, acc, out, n * num_heads, splits, D=head_dim, D_CHUNK=chunk, SPLITS=_next_pow2(splits), num_warps=4
     )

@@ -9,6 +9,14 @@ import sys
 import torch
 
 
+def beyond_two_ulps(got: torch.Tensor, ref: torch.Tensor) -> float:
+    """Max |got - ref| beyond two units in the last place of ref's dtype: fp32 math inside the
+    kernel and in torch (exp, rsqrt) can round a bf16 intermediate and then the result either way.
+    0 when every element is within two units."""
+    ulp = 2 * (ref.float().abs() * torch.finfo(ref.dtype).eps + torch.finfo(ref.dtype).tiny)
+    return ((got.float() - ref.float()).abs() - ulp).clamp(min=0).max().item()
+
+
 def check_norms() -> dict:
     from treeflash.kernels.norm import rmsnorm, rmsnorm_gated, rmsnorm_gated_ref, rmsnorm_ref
 
@@ -20,6 +28,13 @@ def check_norms() -> dict:
         out[f"rmsnorm_{n}_{unit}_{res}"] = max((y - yr).abs().max().item(), (s - sr).abs().max().item())
     x, g, w = torch.randn(5, 32), torch.randn(5, 32), torch.randn(32)
     out["rmsnorm_gated"] = (rmsnorm_gated(x, g, w, 1e-6) - rmsnorm_gated_ref(x, g, w, 1e-6)).abs().max().item()
+    # an fp32 recurrence output normed into bf16 (rounded to bf16 first, as x.to(bf16) would)
+    gb, wb = g.bfloat16(), w.bfloat16()
+    got = rmsnorm_gated(x, gb, wb, 1e-6, out_dtype=torch.bfloat16)
+    assert got.dtype == torch.bfloat16
+    out["rmsnorm_gated_fp32_in"] = beyond_two_ulps(got, rmsnorm_gated_ref(x.bfloat16(), gb, wb, 1e-6))
+    x, w = torch.randn(2, 5000), torch.randn(5000)  # a wide row (16 warps on a GPU)
+    out["rmsnorm_wide"] = (rmsnorm(x, w, 1e-6)[0] - rmsnorm_ref(x, w, 1e-6)[0]).abs().max().item()
     return out
 
 
@@ -67,8 +82,15 @@ def check_rotary_into_cache() -> dict:
 def check_activation() -> dict:
     from treeflash.kernels.activation import silu_mul, silu_mul_ref
 
+    from treeflash.kernels.activation import sigmoid_gate, sigmoid_gate_ref
+
     x = torch.randn(3, 2 * 1500)
-    return {"silu_mul": (silu_mul(x) - silu_mul_ref(x)).abs().max().item()}
+    out = {"silu_mul": (silu_mul(x) - silu_mul_ref(x)).abs().max().item()}
+    for dtype in (torch.float32, torch.bfloat16):  # the gate: the second half of each head's [q | gate]
+        qg = torch.randn(2, 6, 2 * 256).to(dtype)
+        gate, y = qg[..., 256:], torch.randn(2, 6 * 256).to(dtype)
+        out[f"sigmoid_gate_{dtype}"] = beyond_two_ulps(sigmoid_gate(y, gate), sigmoid_gate_ref(y, gate))
+    return out
 
 
 def check_gdn() -> dict:

@@ -37,3 +37,36 @@ def silu_mul(gate_up):
     block = 1024
     _silu_mul_kernel[(t, triton.cdiv(i, block))](gate_up, y, i, BLOCK=block)
     return y
+
+
+def sigmoid_gate_ref(x, gate):
+    """x: [T, N], gate: [T, H, D] with H * D = N (any strides) -> x * sigmoid(gate) [T, N], each
+    product rounded as torch does it in x.dtype (sigmoid rounded, then the product)."""
+    s = torch.sigmoid(gate.float()).to(x.dtype).reshape(x.shape)
+    return (x.float() * s.float()).to(x.dtype)
+
+
+@triton.jit
+def _sigmoid_gate_kernel(X, G, Y, sgt, sgh, N, D: tl.constexpr, BLOCK: tl.constexpr):
+    row = tl.program_id(0)
+    cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
+    m = cols < N
+    x = tl.load(X + row * N + cols, mask=m, other=0.0).to(tl.float32)
+    g = tl.load(G + row * sgt + (cols // D) * sgh + cols % D, mask=m, other=0.0).to(tl.float32)
+    s = (1.0 / (1.0 + tl.exp(-g))).to(Y.dtype.element_ty).to(tl.float32)
+    tl.store(Y + row * N + cols, (x * s).to(Y.dtype.element_ty), mask=m)
+
+
+def sigmoid_gate(x, gate):
+    """The gated attention output (qwen3_5): one kernel for x * sigmoid(gate), reading the gate
+    where the q projection left it (a strided [T, H, D] view) instead of copy + sigmoid + mul."""
+    if not (x.is_cuda or _interpreting()):
+        return sigmoid_gate_ref(x, gate)
+    t, n = x.shape
+    if not x.is_contiguous() or gate.dim() != 3 or gate.shape[0] != t or gate.shape[1] * gate.shape[2] != n or gate.stride(2) != 1:
+        raise ValueError(f"sigmoid_gate: x [T, N] contiguous and gate [T, H, D] (H * D = N, last dim contiguous); "
+                         f"got {tuple(x.shape)} and {tuple(gate.shape)}/{gate.stride()}")
+    y = torch.empty_like(x)
+    block = 1024
+    _sigmoid_gate_kernel[(t, triton.cdiv(n, block))](x, gate, y, gate.stride(0), gate.stride(1), n, D=gate.shape[2], BLOCK=block)
+    return y

@@ -6,6 +6,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from treeflash.kernels.activation import sigmoid_gate
 from treeflash.kernels.linear import linear_fused
 from treeflash.kernels.rotary import norm_rotary
 from treeflash.kv.attention_cache import AttentionCache
@@ -73,9 +74,8 @@ class Attention(nn.Module):
         else:
             q, k, v = self.q_proj(x), self.k_proj(x), self.v_proj(x)
         gate = None
-        if self.gated:  # q_proj yields [q | gate] per head
+        if self.gated:  # q_proj yields [q | gate] per head; gate: [T, H, D], a strided view
             q, gate = q.view(n, self.num_heads, 2 * self.head_dim).chunk(2, dim=-1)
-            gate = gate.reshape(n, -1)
         else:
             q = q.view(n, self.num_heads, self.head_dim)
         k = k.view(n, self.num_kv_heads, self.head_dim)
@@ -94,7 +94,7 @@ class Attention(nn.Module):
             else:
                 out = cache.attend(q, k, v, step.start, step.tree_mask, self.scale).reshape(n, -1)
         if gate is not None:
-            out = out * torch.sigmoid(gate)
+            out = sigmoid_gate(out, gate)
         if residual is not None:
             return linear_fused(out, self.o_proj.weight, residual=residual)
         return self.o_proj(out)

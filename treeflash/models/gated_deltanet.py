@@ -139,11 +139,12 @@ class RMSNormGated(nn.Module):
         self.eps = eps
         self.weight = nn.Parameter(torch.ones(dim))
 
-    def forward(self, x: torch.Tensor, gate: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, gate: torch.Tensor, dtype: torch.dtype | None = None) -> torch.Tensor:
+        """x rounded to dtype (default x.dtype) first; the result in dtype."""
+        dtype = dtype or x.dtype
         if x.is_cuda:
-            return rmsnorm_gated(x.contiguous(), gate.contiguous(), self.weight, self.eps)
-        dtype = x.dtype
-        xf = x.float()
+            return rmsnorm_gated(x.contiguous(), gate.contiguous(), self.weight, self.eps, out_dtype=dtype)
+        xf = x.to(dtype).float()
         xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)
         y = self.weight * xf.to(dtype)
         return (y * F.silu(gate.float())).to(dtype)
@@ -200,7 +201,7 @@ class GatedDeltaNet(nn.Module):
         # mixed: [T, conv_dim], the conv inputs, kept per node for commit
         z = z.reshape(n, self.num_v_heads, self.v_head_dim)
         o = self._mix(mixed, a, b, step, cache)  # [T, Hv, Dv] fp32
-        out = self.norm(o.to(x.dtype), z).reshape(n, self.value_dim)
+        out = self.norm(o, z, x.dtype).reshape(n, self.value_dim)  # o: fp32, rounded to x.dtype inside
         if residual is not None:
             return linear_fused(out, self.out_proj.weight, residual=residual)
         return self.out_proj(out)

@@ -34,6 +34,9 @@ def _cases() -> dict[str, tuple]:
             cases[f"{name}_{mode}_{a}_{b}"] = (name, a, b, mode)
         cases[f"{name}_masked_decode_tq3_0_q4_0"] = (name, "tq3_0", "q4_0", "masked_decode")
         cases[f"{name}_masked_verify_q8_0_tq3_0"] = (name, "q8_0", "tq3_0", "masked_verify")
+    # more than 128 splits (the combine kernel's narrower chunks), 16 keys a step
+    cases["scaled_n32_w4_p4_splits_decode_q8_0_tq3_0"] = ("scaled_n32_w4_p4", "q8_0", "tq3_0", "splits_decode")
+    cases["fast_n32_w4_pf_p4_splits_decode_q4_0_bf16"] = ("fast_n32_w4_pf_p4", "q4_0", "bf16", "splits_decode")
     return cases
 
 
@@ -46,19 +49,26 @@ def check(variant: str, fmt_k: str, fmt_v: str, mode: str) -> None:
     heads, kv_heads, d = 6, 2, 64
     num_new = 1 if mode.endswith("decode") else len(TREE)
     start = 133  # with 64 keys a step: 2 full blocks and a masked tail; 3 splits, the last short
+    splits = 3
+    if mode.startswith("splits"):  # 200 blocks of 16 keys, one per split: 200 splits, the last short
+        start, splits = 16 * 199 + 6, 200
     length = start + num_new + 5  # rows past start + T exist but must not be read
     k = _planes(fmt_k, torch.randn(length, kv_heads, d))
     v = _planes(fmt_v, torch.randn(length, kv_heads, d))
     q = torch.randn(num_new, heads, d)
     config = qa.variant_config(variant, d, num_new * heads // kv_heads)
+    if mode.startswith("splits"):
+        import dataclasses
+
+        config = dataclasses.replace(config, block_n=16)
     if mode.startswith("masked"):
         key_mask = torch.rand(num_new, length) < 0.6
         key_mask[:, 0] = True
-        out = qa.quant_attention_masked(q, k, v, key_mask, d**-0.5, num_splits=3, config=config)
+        out = qa.quant_attention_masked(q, k, v, key_mask, d**-0.5, num_splits=splits, config=config)
         ref = qa.quant_attention_masked_reference(q, k, v, key_mask, d**-0.5)
     else:
         mask = None if num_new == 1 else _tree_mask(TREE)
-        out = qa.quant_attention(q, k, v, start, mask, d**-0.5, num_splits=3, config=config)
+        out = qa.quant_attention(q, k, v, start, mask, d**-0.5, num_splits=splits, config=config)
         ref = qa.quant_attention_reference(q, k, v, start, mask, d**-0.5)
     err = (out - ref).abs().max().item()
     assert err < 1e-5, f"max error {err:.3g}"

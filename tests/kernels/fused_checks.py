@@ -132,7 +132,11 @@ def check_gdn_tree() -> dict:
     c = 2 * hk * dk + hv * dv
     out = {}
     trees = (("chain", [-1, 0, 1, 2, 3], [0, 1, 2]), ("tree", [-1, 0, 0, 1, 2, 2, 5, 3, 0], [0, 2, 5, 6]),
-             ("root", [-1], [0]), ("padded", [-1, 0, 1, 0, 0, 0], [0, 1, 2]))  # padding nodes: children of the root
+             ("root", [-1], [0]), ("padded", [-1, 0, 1, 0, 0, 0], [0, 1, 2]),  # padding nodes: children of the root
+             ("padded_many", [-1, 0, 1, 2] + [0] * 20, [0, 1, 2, 3]),  # more leaf children than one block (16)
+             ("two_roots", [-1, -1, 0, 1, 1, 2], [1, 3]))  # leaf children of the committed prefix
+    variants = {"noprefetch": dict(prefetch=False), "kids_loop": dict(kids_dot=False), "bv8": dict(block_v=8),
+                "kb32_w2": dict(kids_block=32, num_warps=2), "legacy": dict(legacy=True)}
     for name, parents, path in trees:
         t = len(parents)
         par = torch.tensor(parents)
@@ -145,6 +149,16 @@ def check_gdn_tree() -> dict:
         orf = tree_recurrent_ref(yr, a, b, alog, dtb, s0, par, hk, dk, dv)
         out[f"conv_{name}"] = (y - yr).abs().max().item()
         out[f"recurrent_{name}"] = (o - orf).abs().max().item()
+        if name in ("tree", "padded_many"):
+            for vname, kw in variants.items():
+                ov = tree_recurrent(yr, a, b, alog, dtb, s0, par, tree_mask_of(parents, t), hk, dk, dv, **kw)
+                out[f"recurrent_{name}_{vname}"] = (ov - orf).abs().max().item()
+            # a group of 3 v heads per k head (the 27B shape's ratio: not a power of 2)
+            hv3, c3 = 6, 2 * hk * dk + 6 * dv
+            y3, a3, b3 = torch.randn(t, c3), torch.randn(t, hv3), torch.randn(t, hv3)
+            al3, dt3, s3_0 = torch.randn(hv3), torch.randn(hv3), torch.randn(hv3, dk, dv)
+            o3 = tree_recurrent(y3, a3, b3, al3, dt3, s3_0, par, tree_mask_of(parents, t), hk, dk, dv)
+            out[f"recurrent_{name}_group3"] = (o3 - tree_recurrent_ref(y3, a3, b3, al3, dt3, s3_0, par, hk, dk, dv)).abs().max().item()
 
         # commit: the path kernel (path padded past its length, as in the commit graph) against its
         # reference, and bit for bit against plain decode steps over the same rows

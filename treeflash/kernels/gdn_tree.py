@@ -25,6 +25,10 @@ from treeflash.kernels.gdn_decode import STEP_BLOCK_V, _delta_step, recurrent_st
 from treeflash.kernels.norm import _interpreting
 
 TREE_BLOCK_V = 16  # v columns per tree program: a chain runs on one leaf, so parallelism comes from heads x blocks
+TREE_WARPS = 4
+TREE_PREFETCH = True  # the walk loads the next path node's vectors before stepping the current one
+TREE_KIDS_DOT = True  # leaf children of a node: CB at a time as two [CB, DK] x [DK, BV] products
+TREE_KIDS_BLOCK = 16
 
 
 def tree_conv_ref(x, window, weight, parents):
@@ -85,8 +89,168 @@ def _tree_conv_kernel(X, WIN, W, PAR, Y, C, K: tl.constexpr, BLOCK: tl.constexpr
 
 
 @triton.jit
-def _tree_recurrent_kernel(Y, A, B, ALOG, DTB, S0, PAR, MASK, O, HV, C, stride_mask, T: tl.constexpr, TP: tl.constexpr,
+def _tree_prep_kernel(Y, A, B, ALOG, DTB, PAR, MASK, QK, GB, PATH, NPATH, KIDS, NKIDS, HV, C, stride_mask,
+                      T: tl.constexpr, TP: tl.constexpr, GROUP: tl.constexpr, GP: tl.constexpr, HK: tl.constexpr,
+                      DK: tl.constexpr):
+    """Program (j, kh), j in [0, T]: for node j < T and k head kh, the normalized q (scaled) and k, and
+    for its GROUP v heads the decay e^g and beta: everything of a step that does not touch the state.
+    Programs (j, 0) also lay out the tree for walk program j, which serves node p = j - 1 (-1: the
+    committed prefix): PATH[j] = p's root -> p path (NPATH[j] nodes), KIDS[j] = p's leaf children."""
+    j = tl.program_id(0)
+    kh = tl.program_id(1)
+    if j < T:
+        ik = tl.arange(0, DK)
+        row = Y + j * C
+        q = tl.load(row + kh * DK + ik)
+        k = tl.load(row + HK * DK + kh * DK + ik)
+        q = q * tl.rsqrt(tl.sum(q * q, axis=0) + 1e-6) * (1.0 / tl.sqrt(DK * 1.0))
+        k = k * tl.rsqrt(tl.sum(k * k, axis=0) + 1e-6)
+        tl.store(QK + (j * 2 * HK + kh) * DK + ik, q)
+        tl.store(QK + (j * 2 * HK + HK + kh) * DK + ik, k)
+        hs = kh * GROUP + tl.arange(0, GP)
+        hm = tl.arange(0, GP) < GROUP
+        neg_a = -tl.exp(tl.load(ALOG + hs, mask=hm, other=0.0).to(tl.float32))
+        x = tl.load(A + j * HV + hs, mask=hm, other=0.0).to(tl.float32) + tl.load(DTB + hs, mask=hm, other=0.0).to(tl.float32)
+        g = neg_a * tl.where(x > 20.0, x, tl.log(1.0 + tl.exp(x)))
+        b = tl.load(B + j * HV + hs, mask=hm, other=0.0).to(tl.float32)
+        tl.store(GB + (j * HV + hs) * 2, tl.exp(g), mask=hm)
+        tl.store(GB + (j * HV + hs) * 2 + 1, 1.0 / (1.0 + tl.exp(-b)), mask=hm)
+    if kh == 0:
+        p = j - 1
+        c = tl.arange(0, TP)
+        valid = c < T
+        par = tl.load(PAR + c, mask=valid, other=-2).to(tl.int32)
+        nkids = tl.sum((par[:, None] == c[None, :]).to(tl.int32), axis=0)  # [TP]: children of each node
+        leafkid = valid & (nkids == 0) & (par == p)
+        tl.store(KIDS + j * TP + tl.cumsum(leafkid.to(tl.int32), axis=0) - 1, c, mask=leafkid)
+        tl.store(NKIDS + j, tl.sum(leafkid.to(tl.int32), axis=0))
+        onpath = valid & (p >= 0) & (tl.load(MASK + tl.maximum(p, 0) * stride_mask + c, mask=valid, other=0) != 0)
+        tl.store(PATH + j * TP + tl.cumsum(onpath.to(tl.int32), axis=0) - 1, c, mask=onpath)
+        tl.store(NPATH + j, tl.sum(onpath.to(tl.int32), axis=0))
+
+
+@triton.jit
+def _walk_load(QO, KO, VO, GB, i, h, HV, C, ik, iv, HK: tl.constexpr, DK: tl.constexpr):
+    q = tl.load(QO + i * 2 * HK * DK + ik)
+    k = tl.load(KO + i * 2 * HK * DK + ik)
+    v = tl.load(VO + i * C + iv)
+    return q, k, v, tl.load(GB + (i * HV + h) * 2), tl.load(GB + (i * HV + h) * 2 + 1)
+
+
+@triton.jit
+def _walk_step(s, q, k, v, dec, beta, optr):
+    """The delta step of `_delta_step`, from prepared q, k, e^g, beta; stores the output at optr."""
+    s = s * dec
+    pred = tl.sum(s * k[:, None], axis=0)
+    s = s + k[:, None] * (beta * (v - pred))[None, :]
+    tl.store(optr, tl.sum(s * q[:, None], axis=0))
+    return s
+
+
+@triton.jit
+def _walk_prefetch_node(s, d, n, i, q, k, v, dec, beta, PATH, QO, KO, VO, GB, O, h, HV, C, ik, iv, HK: tl.constexpr,
+                        DK: tl.constexpr, DV: tl.constexpr):
+    """Step path node d (already loaded) after issuing the loads of node d + 1."""
+    i_n = tl.load(PATH + d + 1, mask=d + 1 < n, other=0)
+    q_n, k_n, v_n, d_n, b_n = _walk_load(QO, KO, VO, GB, i_n, h, HV, C, ik, iv, HK, DK)
+    s = _walk_step(s, q, k, v, dec, beta, O + (i * HV + h) * DV + iv)
+    return s, i_n, q_n, k_n, v_n, d_n, b_n
+
+
+@triton.jit
+def _walk_kids_dot(s, e0, nk, KIDS, QO, KO, VO, GB, O, h, HV, C, ik, iv, HK: tl.constexpr, DK: tl.constexpr,
+                   DV: tl.constexpr, CB: tl.constexpr):
+    """Leaf children e0 .. e0 + CB of the walk's node, whose state is s: only their outputs,
+    o_c = e^g_c S^T q_c + (q_c . k_c) beta_c (v_c - e^g_c S^T k_c), as two [CB, DK] x [DK, BV] products."""
+    e = e0 + tl.arange(0, CB)
+    em = e < nk
+    ci = tl.load(KIDS + e, mask=em, other=0)
+    qc = tl.load(QO + ci[:, None] * 2 * HK * DK + ik[None, :])  # [CB, DK]
+    kc = tl.load(KO + ci[:, None] * 2 * HK * DK + ik[None, :])
+    vc = tl.load(VO + ci[:, None] * C + iv[None, :])  # [CB, BV]
+    dec = tl.load(GB + (ci * HV + h) * 2)
+    beta = tl.load(GB + (ci * HV + h) * 2 + 1)
+    sq = tl.dot(qc, s, input_precision="ieee")  # [CB, BV]
+    sk = tl.dot(kc, s, input_precision="ieee")
+    u = beta[:, None] * (vc - dec[:, None] * sk)
+    o = dec[:, None] * sq + tl.sum(qc * kc, axis=1)[:, None] * u
+    tl.store(O + (ci[:, None] * HV + h) * DV + iv[None, :], o, mask=em[:, None])
+
+
+@triton.jit
+def _tree_walk_kernel(QK, GB, Y, S0, PATH, NPATH, KIDS, NKIDS, O, HV, C, TP: tl.constexpr, GROUP: tl.constexpr,
+                      HK: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr, BV: tl.constexpr, CB: tl.constexpr,
+                      PREFETCH: tl.constexpr, KIDS_DOT: tl.constexpr, BOUNDED: tl.constexpr):
+    """Program (h, v block, j): if node p = j - 1 has leaf children, walk root -> p with the state tile
+    in registers (one delta step per node from the prepared q, k, e^g, beta; outputs written), then
+    the leaf children's outputs from p's state, CB at a time (a leaf's state is never needed). Padding
+    nodes (leaf children of the root) thus cost a share of one [CB, DK] x [DK, BV] product each.
+    BOUNDED (the interpreter, which cannot loop to a loaded bound): loops run to TP, guarded."""
+    h = tl.program_id(0)
+    j = tl.program_id(2)
+    nk = tl.load(NKIDS + j)
+    if nk > 0:
+        kh = h // GROUP
+        ik = tl.arange(0, DK)
+        iv = tl.program_id(1) * BV + tl.arange(0, BV)
+        QO = QK + kh * DK
+        KO = QK + (HK + kh) * DK
+        VO = Y + 2 * HK * DK + h * DV
+        P = PATH + j * TP
+        s = tl.load(S0 + h * DK * DV + ik[:, None] * DV + iv[None, :])
+        n = tl.load(NPATH + j)
+        if PREFETCH:  # the next node's vectors load while this node's step runs
+            i = tl.load(P, mask=n > 0, other=0)
+            q, k, v, dec, beta = _walk_load(QO, KO, VO, GB, i, h, HV, C, ik, iv, HK, DK)
+            if BOUNDED:
+                for d in range(0, TP):
+                    if d < n:
+                        s, i, q, k, v, dec, beta = _walk_prefetch_node(s, d, n, i, q, k, v, dec, beta, P, QO, KO, VO, GB, O,
+                                                                       h, HV, C, ik, iv, HK, DK, DV)
+            else:
+                for d in range(0, n):
+                    s, i, q, k, v, dec, beta = _walk_prefetch_node(s, d, n, i, q, k, v, dec, beta, P, QO, KO, VO, GB, O,
+                                                                   h, HV, C, ik, iv, HK, DK, DV)
+        else:
+            if BOUNDED:
+                for d in range(0, TP):
+                    if d < n:
+                        i = tl.load(P + d)
+                        q, k, v, dec, beta = _walk_load(QO, KO, VO, GB, i, h, HV, C, ik, iv, HK, DK)
+                        s = _walk_step(s, q, k, v, dec, beta, O + (i * HV + h) * DV + iv)
+            else:
+                for d in range(0, n):
+                    i = tl.load(P + d)
+                    q, k, v, dec, beta = _walk_load(QO, KO, VO, GB, i, h, HV, C, ik, iv, HK, DK)
+                    s = _walk_step(s, q, k, v, dec, beta, O + (i * HV + h) * DV + iv)
+        KD = KIDS + j * TP
+        if KIDS_DOT:
+            if BOUNDED:
+                for e0 in range(0, TP, CB):
+                    if e0 < nk:
+                        _walk_kids_dot(s, e0, nk, KD, QO, KO, VO, GB, O, h, HV, C, ik, iv, HK, DK, DV, CB)
+            else:
+                for e0 in range(0, nk, CB):
+                    _walk_kids_dot(s, e0, nk, KD, QO, KO, VO, GB, O, h, HV, C, ik, iv, HK, DK, DV, CB)
+        else:  # one child at a time, the path's step code on a copy of p's state
+            if BOUNDED:
+                for e in range(0, TP):
+                    if e < nk:
+                        i = tl.load(KD + e)
+                        q, k, v, dec, beta = _walk_load(QO, KO, VO, GB, i, h, HV, C, ik, iv, HK, DK)
+                        _walk_step(s, q, k, v, dec, beta, O + (i * HV + h) * DV + iv)
+            else:
+                for e in range(0, nk):
+                    i = tl.load(KD + e)
+                    q, k, v, dec, beta = _walk_load(QO, KO, VO, GB, i, h, HV, C, ik, iv, HK, DK)
+                    _walk_step(s, q, k, v, dec, beta, O + (i * HV + h) * DV + iv)
+
+
+@triton.jit
+def _tree_recurrent_kernel_v1(Y, A, B, ALOG, DTB, S0, PAR, MASK, O, HV, C, stride_mask, T: tl.constexpr, TP: tl.constexpr,
                            GROUP: tl.constexpr, HK: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr, BV: tl.constexpr):
+    """The previous kernel (benchmark baseline): one program per (v head, v block, leaf), each step
+    normalizing q, k and computing the gates itself."""
     h = tl.program_id(0)
     leaf = tl.program_id(2)
     nodes = tl.arange(0, TP)
@@ -148,9 +312,13 @@ def _check_step_inputs(name, y, a, b, state, num_k_heads, k_dim, v_dim) -> None:
         raise ValueError(f"{name}: contiguous gates a, b [{y.shape[0]}, {hv}] expected")
 
 
-def tree_recurrent(y, a, b, a_log, dt_bias, state, parents, tree_mask, num_k_heads: int, k_dim: int, v_dim: int):
+def tree_recurrent(y, a, b, a_log, dt_bias, state, parents, tree_mask, num_k_heads: int, k_dim: int, v_dim: int, *,
+                   block_v: int | None = None, num_warps: int | None = None, prefetch: bool | None = None,
+                   kids_dot: bool | None = None, kids_block: int | None = None, legacy: bool = False):
     """y: [T, conv_dim] fp32, a, b: [T, Hv], state: [Hv, Dk, Dv] fp32 (unchanged), parents: [T] long,
-    tree_mask: [T, T] bool ([i, j] = j is i or an ancestor of i; rows may be strided) -> o [T, Hv, Dv] fp32."""
+    tree_mask: [T, T] bool ([i, j] = j is i or an ancestor of i; rows may be strided) -> o [T, Hv, Dv] fp32.
+    Two launches: a parallel prep (normalized q, k, gates, each walk's path and leaf children), then the
+    walks. The keyword arguments pick a variant (benchmarks); None = the module defaults."""
     if not (y.is_cuda or _interpreting()):
         return tree_recurrent_ref(y, a, b, a_log, dt_bias, state, parents, num_k_heads, k_dim, v_dim)
     _check_step_inputs("tree_recurrent", y, a, b, state, num_k_heads, k_dim, v_dim)
@@ -158,11 +326,30 @@ def tree_recurrent(y, a, b, a_log, dt_bias, state, parents, tree_mask, num_k_hea
     if tree_mask.shape != (t, t) or tree_mask.stride(1) != 1 or parents.shape != (t,):
         raise ValueError("tree_recurrent: parents [T] and a tree mask [T, T] with unit column stride expected")
     hv = state.shape[0]
+    group = hv // num_k_heads
+    tp = triton.next_power_of_2(t)
     o = torch.empty(t, hv, v_dim, dtype=torch.float32, device=y.device)
-    bv = min(TREE_BLOCK_V, v_dim)
-    _tree_recurrent_kernel[(hv, v_dim // bv, t)](y, a, b, a_log, dt_bias, state, parents, tree_mask, o, hv, c, tree_mask.stride(0),
-                                                 T=t, TP=triton.next_power_of_2(t), GROUP=hv // num_k_heads, HK=num_k_heads,
-                                                 DK=k_dim, DV=v_dim, BV=bv)
+    bv = min(block_v or TREE_BLOCK_V, v_dim)
+    warps = num_warps or TREE_WARPS
+    if legacy:
+        _tree_recurrent_kernel_v1[(hv, v_dim // bv, t)](y, a, b, a_log, dt_bias, state, parents, tree_mask, o, hv, c,
+                                                        tree_mask.stride(0), T=t, TP=tp, GROUP=group, HK=num_k_heads,
+                                                        DK=k_dim, DV=v_dim, BV=bv, num_warps=warps)
+        return o
+    dev = y.device
+    qk = torch.empty(t, 2, num_k_heads, k_dim, dtype=torch.float32, device=dev)
+    gb = torch.empty(t, hv, 2, dtype=torch.float32, device=dev)
+    ints = torch.empty(2 * (t + 1) * tp + 2 * (t + 1), dtype=torch.int32, device=dev)
+    path, kids = ints[: (t + 1) * tp], ints[(t + 1) * tp : 2 * (t + 1) * tp]
+    npath, nkids = ints[2 * (t + 1) * tp : 2 * (t + 1) * tp + t + 1], ints[2 * (t + 1) * tp + t + 1 :]
+    _tree_prep_kernel[(t + 1, num_k_heads)](y, a, b, a_log, dt_bias, parents, tree_mask, qk, gb, path, npath, kids, nkids,
+                                            hv, c, tree_mask.stride(0), T=t, TP=tp, GROUP=group,
+                                            GP=triton.next_power_of_2(group), HK=num_k_heads, DK=k_dim)
+    dot = (TREE_KIDS_DOT if kids_dot is None else kids_dot) and bv >= 16 and k_dim >= 16
+    _tree_walk_kernel[(hv, v_dim // bv, t + 1)](qk, gb, y, state, path, npath, kids, nkids, o, hv, c, TP=tp, GROUP=group,
+                                                HK=num_k_heads, DK=k_dim, DV=v_dim, BV=bv, CB=kids_block or TREE_KIDS_BLOCK,
+                                                PREFETCH=TREE_PREFETCH if prefetch is None else prefetch, KIDS_DOT=dot,
+                                                BOUNDED=_interpreting(), num_warps=warps)
     return o
 
 

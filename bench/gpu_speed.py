@@ -51,6 +51,37 @@ SHAPES = {
 }
 
 
+def ddtree_parents(n: int) -> list[int]:
+    """A DDTree-shaped verify tree of n nodes: depth round(2 log2 n) (16 -> 8, 32 -> 10, 64 -> 12,
+    128 -> 14), wider near the root (widths falling linearly with depth), every depth's nodes
+    children of the previous depth's first node (the main path), like the best-first tree of a
+    drafter that is often right."""
+    import math
+
+    depth = max(1, min(n - 1, round(2 * math.log2(n))))
+    weights = [depth - d for d in range(depth)]
+    widths = [max(1, (n - 1) * w // sum(weights)) for w in weights]
+    d = 0
+    while sum(widths) < n - 1:  # the remainder near the root
+        widths[d % depth] += 1
+        d += 1
+    while sum(widths) > n - 1:
+        widths[max(range(depth), key=lambda i: widths[i])] -= 1
+    parents, main = [-1], 0
+    for w in widths:
+        first = len(parents)
+        parents.extend([main] * w)
+        main = first
+    return parents
+
+
+def max_depth(parents: list[int]) -> int:
+    depth = [0] * len(parents)
+    for i, p in enumerate(parents[1:], 1):
+        depth[i] = depth[p] + 1
+    return max(depth)
+
+
 def cuda_time(fn, iters: int = 20, warmup: int = 3) -> float:
     """Median seconds of fn() by CUDA events (device time, launches included)."""
     if not torch.cuda.is_available():
@@ -156,12 +187,13 @@ def bench_shape(shape: str, args, bandwidth: float) -> dict:
     runner.forward(StepInput.plain(prompt, 0), compute_logits=False)
     sync()
 
-    # plain decode: graph replay + argmax read back, as the decoder does it
-    tok = torch.zeros(1, dtype=torch.long, device=dev)
+    # plain decode: graph replay + the greedy token read back, as the decoder does it (the token goes
+    # in from the host with the step's other ints; the graph computes the argmax)
+    tok = torch.zeros(1, dtype=torch.long)
 
     def decode_one():
         out = runner.forward(StepInput.plain(tok, cache.seq_len))
-        return int(out.logits[0].argmax())
+        return int(out.argmax[0])
 
     base = cache.seq_len
     t_decode = wall_time(decode_one, iters=args.decode_tokens)
@@ -179,21 +211,31 @@ def bench_shape(shape: str, args, bandwidth: float) -> dict:
     }
     cache.seq_len = base  # the replays above appended tokens; rewind (attention-only positions; states are junk anyway)
 
-    # verify: a chain of n nodes (width does not change the cost: the batch is n tokens either way)
-    verify = {}
+    # verify of n nodes: a chain (the deepest tree: the Gated DeltaNet tree recurrence is sequential
+    # along a path), and for 16+ nodes also a DDTree-shaped tree (ddtree_parents); then the greedy
+    # tokens read back and a commit of 4 nodes (a typical accepted path), as the decoder does it
+    verify, verify_tree = {}, {}
     for n in args.buckets:
         ids = torch.randint(0, c.vocab_size, (n,))
+        shapes = [("chain", list(range(-1, n - 1)), verify)] + ([("tree", ddtree_parents(n), verify_tree)] if n >= 16 else [])
+        for kind, parents, into in shapes:
+            keep = [0]
+            for i in range(1, n):  # the first child at each depth: a root-to-node path of up to 4 nodes
+                if parents[i] == keep[-1] and len(keep) < 4:
+                    keep.append(i)
 
-        def one():
-            step = StepInput.chain(ids, cache.seq_len)
-            out = runner.forward(step)
-            out.logits.argmax(-1).tolist()
-            runner.commit([0])
+            def one():
+                out = runner.forward(StepInput.tree(ids, parents, cache.seq_len))
+                out.argmax.tolist()
+                runner.commit(keep)
+                cache.seq_len -= len(keep)  # rewind: the cache is sized for one step's growth
 
-        t = wall_time(one, iters=10)
-        g = cuda_time(lambda: runner.graphs[n].replay(), iters=10)
-        verify[n] = {"step_ms": t * 1e3, "graph_ms": g * 1e3, "ratio_to_decode_step": t / t_decode, "graph_ratio": g / g_decode}
+            t = wall_time(one, iters=10)
+            g = cuda_time(lambda: runner.graphs[n].replay(), iters=10)
+            into[n] = {"step_ms": t * 1e3, "graph_ms": g * 1e3, "ratio_to_decode_step": t / t_decode, "graph_ratio": g / g_decode,
+                       "depth": max_depth(parents), "committed": len(keep)}
     res["verify"] = verify
+    res["verify_tree"] = verify_tree
 
     # prefill (eager, chunked)
     prefill = {}
@@ -351,8 +393,10 @@ def main() -> None:
         d = r["decode"]
         print(f"{shape}: decode {d['tokens_per_s']:.1f} tok/s ({d['fraction_of_roofline']:.0%} of roofline; graph alone "
               f"{d['graph_fraction_of_roofline']:.0%}), capture {r['capture_s']:.1f}s", flush=True)
-        for n, v in r["verify"].items():
-            print(f"  verify {n:4d} nodes: {v['step_ms']:.2f} ms ({v['ratio_to_decode_step']:.2f}x decode; graph {v['graph_ms']:.2f} ms)", flush=True)
+        for kind in ("verify", "verify_tree"):
+            for n, v in r[kind].items():
+                print(f"  {kind:11s} {n:4d} nodes (depth {v['depth']:2d}): {v['step_ms']:.2f} ms ({v['ratio_to_decode_step']:.2f}x decode; "
+                      f"graph {v['graph_ms']:.2f} ms)", flush=True)
         for n, v in r["prefill"].items():
             print(f"  prefill {n}: {v}", flush=True)
         for n, v in (r.get("drafter") or {}).get("passes", {}).items():

@@ -58,6 +58,7 @@ class _Graph:
     captured: torch.Tensor | None  # [T, C]
     pending: list  # per recurrent layer: the PendingNodes whose tensors the graph writes
     commit: object = None  # () -> None
+    argmax: torch.Tensor | None = None  # [T] long (static output)
 
 
 class CudaGraphRunner(EagerRunner):
@@ -120,6 +121,7 @@ class CudaGraphRunner(EagerRunner):
 
     def _run_static(self, t: int, verify: bool):
         out = self.model.forward_layers(self._static_step(t, verify), self.cache, self.capture_layers)
+        out.argmax = out.logits.argmax(-1)  # in the graph: a greedy step reads back tokens, not a launch more
         return out
 
     def _capture(self, t: int, verify: bool) -> _Graph:
@@ -128,7 +130,7 @@ class CudaGraphRunner(EagerRunner):
 
             def replay():
                 out = self._run_static(t, verify)
-                g.logits, g.captured = out.logits, out.captured
+                g.logits, g.captured, g.argmax = out.logits, out.captured, out.argmax
                 g.pending = [l.pending for l in self.cache.layers if isinstance(l, RecurrentCache)]
 
             g.replay = replay
@@ -140,7 +142,7 @@ class CudaGraphRunner(EagerRunner):
             if isinstance(layer, RecurrentCache):
                 pending.append(layer.pending)
                 layer.drop_pending()
-        g = _Graph(graph.replay, out.logits, out.captured, pending)
+        g = _Graph(graph.replay, out.logits, out.captured, pending, argmax=out.argmax)
         if verify:
             g.commit = self._capture_commit(t, g)
         return g
@@ -180,7 +182,8 @@ class CudaGraphRunner(EagerRunner):
 
     def _upload(self, step: StepInput) -> None:
         self.ints.copy_(self.host_ints, non_blocking=True)
-        self.tree_mask.copy_(self.host_mask, non_blocking=True)
+        if step.is_verify:  # a decode step reads no tree mask
+            self.tree_mask.copy_(self.host_mask, non_blocking=True)
 
     def forward(self, step: StepInput, capture_layers: tuple[int, ...] = (), logits_at=None, compute_logits: bool = True) -> ForwardOutput:
         n = step.num_tokens
@@ -219,7 +222,7 @@ class CudaGraphRunner(EagerRunner):
             cache.end_plain(1)
         logits = g.logits[:n]
         captured = g.captured[:n] if g.captured is not None else None
-        return ForwardOutput(logits=logits, hidden=logits.new_empty(0), captured=captured)
+        return ForwardOutput(logits=logits, hidden=logits.new_empty(0), captured=captured, argmax=g.argmax[:n])
 
     def abandon(self) -> None:
         self._last_bucket = None

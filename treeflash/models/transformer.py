@@ -26,6 +26,7 @@ class ForwardOutput:
     logits: torch.Tensor | None  # [T', vocab] fp32 (T' = len(logits_at) or T)
     hidden: torch.Tensor  # [T, hidden] final hidden state, after the final norm
     captured: torch.Tensor | None  # [T, len(capture_layers) * hidden]: outputs of the chosen layers
+    argmax: torch.Tensor | None = None  # [T'] long: logits.argmax(-1), when a CUDA graph computed it in the step
 
 
 class DecoderLayer(nn.Module):

@@ -87,7 +87,7 @@ class Decoder:
             return self._plain_step(draft_s=t1 - t0)
         batch = StepInput.tree(tree.token_ids, tree.parents, self.cache.seq_len)  # build the verify batch
         out = self.runner.forward(batch, capture_layers=self.capture)  # run the target once
-        result = verify(tree, out.logits, self.params, self.generator)  # accept
+        result = verify(tree, out.logits, self.params, self.generator, argmax=out.argmax)  # accept
         self.runner.commit(result.path)  # commit KV and recurrent state
         t2 = time.perf_counter()
         committed = [self.root, *result.tokens[:-1]]
@@ -111,18 +111,24 @@ class Decoder:
         commit and exact: that verify would sample the same distribution at the same node. A drafter
         still gets the root's hidden states."""
         t0 = time.perf_counter()
-        ids = torch.tensor([self.root], dtype=torch.long, device=self.target.device)
+        ids = torch.tensor([self.root], dtype=torch.long)  # on the host: a graph runner copies it in with the step's other ints
         out = self.runner.forward(StepInput.plain(ids, self.cache.seq_len), capture_layers=self.capture)
         self.tokens.append(self.root)
         if self.drafter is not None:
             # a copy: on a GPU `captured` is the decode graph's output buffer, which the next replay overwrites
             self.drafter.observe([self.root], None if out.captured is None else out.captured.clone())
-        self.root = int(pick(out.logits, self.params, self.generator)[0])
+        self.root = int(self._pick(out)[0])
         self._logprobs(out.logits, [self.root])
         self.stats.draft_s += draft_s
         self.stats.verify_s += time.perf_counter() - t0
         self.stats.record(0, 0, 0)
         return [self.root]
+
+    def _pick(self, out) -> torch.Tensor:
+        """The next token(s) from a step's logits; greedy takes the argmax the CUDA graph computed."""
+        if self.params.greedy and out.argmax is not None:
+            return out.argmax
+        return pick(out.logits, self.params, self.generator)
 
     def _logprobs(self, logits: torch.Tensor, tokens: list[int]) -> None:
         """logits [n, vocab] at the nodes that produced `tokens` -> (token, logprob, top-k) per token."""

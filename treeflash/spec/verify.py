@@ -35,9 +35,10 @@ def verify(
     logits: torch.Tensor,  # [N, vocab]: the target's logits at every node
     params: SamplingParams,
     generator: torch.Generator | None,
+    argmax: torch.Tensor | None = None,  # [N]: logits.argmax(-1) when the step computed it (a CUDA graph)
 ) -> VerifyResult:
     if params.greedy:
-        return _walk(tree, logits.argmax(-1).tolist())
+        return _walk(tree, (logits.argmax(-1) if argmax is None else argmax).tolist())
     probs = target_probs(logits, params)  # [N, vocab] fp32
     if tree.child_probs is not None and tree.is_chain() and tree.num_nodes > 1:
         return _rejection_chain(tree, probs, generator)

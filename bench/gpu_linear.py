@@ -5,7 +5,8 @@ and a few verify batch sizes, for a sweep of launch configurations.
     python bench/gpu_linear.py --out bench/results/gpu_linear.json
 
 Each projection is timed three ways (CUDA-graph replay, triton.testing.do_bench_cudagraph, so
-launch overhead is not counted but the gap between kernels is):
+launch overhead is not counted but the gap between kernels is), each call on one of several
+copies of the weight in turn (>= 256 MB per round, 5x the L2) so every byte comes from memory:
 - `cublas`: F.linear alone (what the GEMV itself costs in cuBLAS);
 - `unfused`: what the layer ran before the fusion: RMSNorm + F.linear, F.linear + SiLU-mul, or
   F.linear + the residual add (Triton/PyTorch kernels, as in models/layers.py);
@@ -77,24 +78,34 @@ def bench(fn) -> float:
 def run_projection(name: str, rows: int, configs: list[tuple], bw: float) -> dict:
     n_w, k, kind = PROJECTIONS[name]
     dev, dt = "cuda", torch.bfloat16
-    w = torch.randn(n_w, k, device=dev, dtype=dt) * k**-0.5
+    # enough copies of the weight that one timed call streams >= 256 MB (5x the L2): each copy is
+    # read from memory, as a model's layers are, not from the L2 left warm by the previous call
+    nbytes = n_w * k * 2
+    copies = max(2, min(16, -(-256_000_000 // nbytes)))
+    ws = [torch.randn(n_w, k, device=dev, dtype=dt) * k**-0.5 for _ in range(copies)]
+    w = ws[0]
     x = torch.randn(rows, k, device=dev, dtype=dt)
     nw = torch.rand(k, device=dev, dtype=dt) + 0.5
     n_out = n_w // 2 if kind == "swiglu" else n_w
     res = torch.randn(rows, n_out, device=dev, dtype=dt)
     kw = dict(norm_weight=nw if kind == "norm" else None, residual=res if kind == "res" else None, swiglu=kind == "swiglu")
-    nbytes = w.numel() * w.element_size()
-    out: dict = {"rows": rows, "N": n_w, "K": k, "kind": kind, "weight_mb": nbytes / 1e6}
+    out: dict = {"rows": rows, "N": n_w, "K": k, "kind": kind, "weight_mb": nbytes / 1e6, "weight_copies": copies}
 
-    def unfused():
+    def unfused(w):
         if kind == "norm":
             return F.linear(rmsnorm(x, nw, 1e-6)[0], w)
         if kind == "swiglu":
             return silu_mul(F.linear(x, w))
         return F.linear(x, w) + res
 
-    for label, fn in (("cublas", lambda: F.linear(x, w)), ("unfused", unfused)):
-        t = bench(fn)
+    def over_copies(fn):
+        def run():
+            for wi in ws:
+                fn(wi)
+        return run
+
+    for label, fn in (("cublas", lambda wi: F.linear(x, wi)), ("unfused", unfused)):
+        t = bench(over_copies(fn)) / copies
         out[label] = {"us": t * 1e6, "fraction": nbytes / t / bw}
     ref = linear_fused_ref(x, w, **kw).float()
     scale = ref.abs().max().item()
@@ -104,11 +115,11 @@ def run_projection(name: str, rows: int, configs: list[tuple], bw: float) -> dic
         try:
             y = linear_fused(x, w, **kw, config=cfg)
             err = (y.float() - ref).abs().max().item() / scale
-            t = bench(lambda: linear_fused(x, w, **kw, config=cfg))
+            t = bench(over_copies(lambda wi: linear_fused(x, wi, **kw, config=cfg))) / copies
             out[key] = {"us": t * 1e6, "fraction": nbytes / t / bw, "rel_err": err}
         except Exception as e:  # record and go on: one config must not end the sweep
             out[key] = {"error": f"{type(e).__name__}: {str(e)[:200]}"}
-    del w, x
+    del ws, w, x
     return out
 
 

@@ -136,7 +136,8 @@ def check_gdn_tree() -> dict:
              ("padded_many", [-1, 0, 1, 2] + [0] * 20, [0, 1, 2, 3]),  # more leaf children than one block (16)
              ("two_roots", [-1, -1, 0, 1, 1, 2], [1, 3]))  # leaf children of the committed prefix
     variants = {"noprefetch": dict(prefetch=False), "kids_loop": dict(kids_dot=False), "bv8": dict(block_v=8),
-                "kb32_w2": dict(kids_block=32, num_warps=2), "legacy": dict(legacy=True)}
+                "kb32_w2": dict(kids_block=32, num_warps=2), "legacy": dict(legacy=True),
+                "kids_dot": dict(kids_dot=True), "ksplit1": dict(kids_split=1), "ksplit3": dict(kids_split=3)}
     for name, parents, path in trees:
         t = len(parents)
         par = torch.tensor(parents)

@@ -24,11 +24,12 @@ import triton.language as tl
 from treeflash.kernels.gdn_decode import STEP_BLOCK_V, _delta_step, recurrent_step_ref
 from treeflash.kernels.norm import _interpreting
 
-TREE_BLOCK_V = 16  # v columns per tree program: a chain runs on one leaf, so parallelism comes from heads x blocks
-TREE_WARPS = 4
+TREE_BLOCK_V = 32  # v columns per tree program: a chain runs on one walk, so parallelism comes from heads x blocks
+TREE_WARPS = 2  # H200 sweep: 32 x 2 warps fastest (chain-32 35 us, 32-node trees 28-32 us; 16 x 4 warps with the dot: 177 us)
 TREE_PREFETCH = True  # the walk loads the next path node's vectors before stepping the current one
-TREE_KIDS_DOT = True  # leaf children of a node: CB at a time as two [CB, DK] x [DK, BV] products
-TREE_KIDS_BLOCK = 16
+TREE_KIDS_DOT = False  # leaf children CB at a time as [CB, DK] x [DK, BV] products: slower on the H200 (the dot's
+TREE_KIDS_BLOCK = 16   # operand layout makes the whole walk slow), kept as a variant
+TREE_KIDS_SPLIT = 4  # programs sharing one node's leaf children (the runner's padding: up to ~100 children of the root)
 
 
 def tree_conv_ref(x, window, weight, parents):
@@ -158,6 +159,17 @@ def _walk_prefetch_node(s, d, n, i, q, k, v, dec, beta, PATH, QO, KO, VO, GB, O,
 
 
 @triton.jit
+def _walk_kid(s, i, QO, KO, VO, GB, O, h, HV, C, ik, iv, HK: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr):
+    """Leaf child i of the walk's node (state s): its output only, the step without the state update,
+    o = (e^g S)^T q + (q . k) beta (v - (e^g S)^T k)."""
+    q, k, v, dec, beta = _walk_load(QO, KO, VO, GB, i, h, HV, C, ik, iv, HK, DK)
+    sd = s * dec
+    pred = tl.sum(sd * k[:, None], axis=0)
+    sq = tl.sum(sd * q[:, None], axis=0)
+    tl.store(O + (i * HV + h) * DV + iv, sq + tl.sum(q * k, axis=0) * (beta * (v - pred)))
+
+
+@triton.jit
 def _walk_kids_dot(s, e0, nk, KIDS, QO, KO, VO, GB, O, h, HV, C, ik, iv, HK: tl.constexpr, DK: tl.constexpr,
                    DV: tl.constexpr, CB: tl.constexpr):
     """Leaf children e0 .. e0 + CB of the walk's node, whose state is s: only their outputs,
@@ -180,16 +192,18 @@ def _walk_kids_dot(s, e0, nk, KIDS, QO, KO, VO, GB, O, h, HV, C, ik, iv, HK: tl.
 @triton.jit
 def _tree_walk_kernel(QK, GB, Y, S0, PATH, NPATH, KIDS, NKIDS, O, HV, C, TP: tl.constexpr, GROUP: tl.constexpr,
                       HK: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr, BV: tl.constexpr, CB: tl.constexpr,
-                      PREFETCH: tl.constexpr, KIDS_DOT: tl.constexpr, BOUNDED: tl.constexpr):
+                      PREFETCH: tl.constexpr, KIDS_DOT: tl.constexpr, KSPLIT: tl.constexpr, BOUNDED: tl.constexpr):
     """Program (h, v block, j): if node p = j - 1 has leaf children, walk root -> p with the state tile
     in registers (one delta step per node from the prepared q, k, e^g, beta; outputs written), then
     the leaf children's outputs from p's state, CB at a time (a leaf's state is never needed). Padding
     nodes (leaf children of the root) thus cost a share of one [CB, DK] x [DK, BV] product each.
+    Without KIDS_DOT, KSPLIT programs (r = 0 .. KSPLIT-1) share p's leaf children (each walks the path).
     BOUNDED (the interpreter, which cannot loop to a loaded bound): loops run to TP, guarded."""
     h = tl.program_id(0)
-    j = tl.program_id(2)
+    j = tl.program_id(2) // KSPLIT
+    r = tl.program_id(2) % KSPLIT
     nk = tl.load(NKIDS + j)
-    if nk > 0:
+    if nk > r:
         kh = h // GROUP
         ik = tl.arange(0, DK)
         iv = tl.program_id(1) * BV + tl.arange(0, BV)
@@ -232,18 +246,14 @@ def _tree_walk_kernel(QK, GB, Y, S0, PATH, NPATH, KIDS, NKIDS, O, HV, C, TP: tl.
             else:
                 for e0 in range(0, nk, CB):
                     _walk_kids_dot(s, e0, nk, KD, QO, KO, VO, GB, O, h, HV, C, ik, iv, HK, DK, DV, CB)
-        else:  # one child at a time, the path's step code on a copy of p's state
+        else:  # one child at a time (every KSPLIT-th, from r): o_c from p's state, two independent reductions
             if BOUNDED:
                 for e in range(0, TP):
-                    if e < nk:
-                        i = tl.load(KD + e)
-                        q, k, v, dec, beta = _walk_load(QO, KO, VO, GB, i, h, HV, C, ik, iv, HK, DK)
-                        _walk_step(s, q, k, v, dec, beta, O + (i * HV + h) * DV + iv)
+                    if (e < nk) & (e % KSPLIT == r):
+                        _walk_kid(s, tl.load(KD + e), QO, KO, VO, GB, O, h, HV, C, ik, iv, HK, DK, DV)
             else:
-                for e in range(0, nk):
-                    i = tl.load(KD + e)
-                    q, k, v, dec, beta = _walk_load(QO, KO, VO, GB, i, h, HV, C, ik, iv, HK, DK)
-                    _walk_step(s, q, k, v, dec, beta, O + (i * HV + h) * DV + iv)
+                for e in range(r, nk, KSPLIT):
+                    _walk_kid(s, tl.load(KD + e), QO, KO, VO, GB, O, h, HV, C, ik, iv, HK, DK, DV)
 
 
 @triton.jit
@@ -314,7 +324,8 @@ def _check_step_inputs(name, y, a, b, state, num_k_heads, k_dim, v_dim) -> None:
 
 def tree_recurrent(y, a, b, a_log, dt_bias, state, parents, tree_mask, num_k_heads: int, k_dim: int, v_dim: int, *,
                    block_v: int | None = None, num_warps: int | None = None, prefetch: bool | None = None,
-                   kids_dot: bool | None = None, kids_block: int | None = None, legacy: bool = False):
+                   kids_dot: bool | None = None, kids_block: int | None = None, kids_split: int | None = None,
+                   legacy: bool = False):
     """y: [T, conv_dim] fp32, a, b: [T, Hv], state: [Hv, Dk, Dv] fp32 (unchanged), parents: [T] long,
     tree_mask: [T, T] bool ([i, j] = j is i or an ancestor of i; rows may be strided) -> o [T, Hv, Dv] fp32.
     Two launches: a parallel prep (normalized q, k, gates, each walk's path and leaf children), then the
@@ -346,10 +357,11 @@ def tree_recurrent(y, a, b, a_log, dt_bias, state, parents, tree_mask, num_k_hea
                                             hv, c, tree_mask.stride(0), T=t, TP=tp, GROUP=group,
                                             GP=triton.next_power_of_2(group), HK=num_k_heads, DK=k_dim)
     dot = (TREE_KIDS_DOT if kids_dot is None else kids_dot) and bv >= 16 and k_dim >= 16
-    _tree_walk_kernel[(hv, v_dim // bv, t + 1)](qk, gb, y, state, path, npath, kids, nkids, o, hv, c, TP=tp, GROUP=group,
+    ksplit = 1 if dot else (kids_split or TREE_KIDS_SPLIT)
+    _tree_walk_kernel[(hv, v_dim // bv, (t + 1) * ksplit)](qk, gb, y, state, path, npath, kids, nkids, o, hv, c, TP=tp, GROUP=group,
                                                 HK=num_k_heads, DK=k_dim, DV=v_dim, BV=bv, CB=kids_block or TREE_KIDS_BLOCK,
                                                 PREFETCH=TREE_PREFETCH if prefetch is None else prefetch, KIDS_DOT=dot,
-                                                BOUNDED=_interpreting(), num_warps=warps)
+                                                KSPLIT=ksplit, BOUNDED=_interpreting(), num_warps=warps)
     return o
 
 

@@ -5,9 +5,13 @@ tree_conv:      node i's conv window is its K-1 nearest ancestors' inputs (beyon
 tree_recurrent: node i's state continues its parent's (the root's: the committed state):
                 S_i = e^{g_i} S_p;  S_i += k_i (beta_i (v_i - S_i^T k_i))^T;  o_i = S_i^T q_i.
                 Only the outputs o_i are written, never a node's state (3 MiB per node and layer
-                at the 27B shape). One program per (v head, v block, leaf) walks root -> leaf with
-                the state in registers; nodes shared by several leaves are recomputed by each, with
-                the same code, so their outputs agree to the bit.
+                at the 27B shape). Two launches: a parallel prep (per node and head: normalized q, k,
+                e^g, beta; per node p: its root -> p path and its leaf children), then one walk per
+                node p that has leaf children (x v head x v block, x KSPLIT): root -> p with the
+                state in registers (next node's loads prefetched), then each leaf child's output
+                from p's state, without a state update. Nodes on several walks are recomputed by
+                each, with the same code, so their outputs agree to the bit; padding nodes (leaf
+                children of the root) cost one state-free step each.
 recurrent_path: the commit. The committed state takes the decode step (`_delta_step`, the same
                 per-token code as plain decoding) for each node of the kept path, in order, from
                 the node's conv output and gates kept by the verify step: read and written once.

@@ -358,7 +358,7 @@ def variant_config(name: str, head_dim: int, rows: int) -> LaunchConfig:
     return dataclasses.replace(launch_config(head_dim, rows), **VARIANTS[name])
 
 
-def launch_config(head_dim: int, rows: int, dense_kv: bool = False) -> LaunchConfig:
+def launch_config(head_dim: int, rows: int, dense_kv: bool = False, q8_kv: bool = False) -> LaunchConfig:
     """The fixed launch configuration for a head_dim and T * G query rows (no autotuning).
 
     Measured on an H200 (decode at 32K context, 24 query / 4 KV heads, head_dim 256), with the
@@ -369,11 +369,18 @@ def launch_config(head_dim: int, rows: int, dense_kv: bool = False) -> LaunchCon
     measured separately). "blocks_fast" is the default on a static count, not yet a measurement:
     sm_90 SASS of the tq3_0/tq3_0 loop has 22% fewer instructions (no select chain), q8_0 trades
     its quarter-rate I2F conversions for full-rate integer ops, q4_0 compiles the same; VARIANTS
-    and `bench/kv_attention_gpu.py --sweep` are how to choose on the GPU."""
+    and `bench/kv_attention_gpu.py --sweep` are how to choose on the GPU.
+
+    Measured since (two H200 sweeps, bench/results/kv_attention_sweep*.json): blocks_fast is a little
+    faster than blocks for tq3_0 (0.06-0.07 of the roofline against 0.05-0.06), the same for q4_0
+    and q8_0; `q8_kv` (q8_0 K and V) at head_dim 256 takes "flat" (2-D per-column loads, no
+    reshapes), 0.36 of the roofline at 32K and 0.44 at 128K against 0.23 / 0.26."""
     block_m = 16 if rows <= 16 else 32
     block_n = 64 if head_dim <= 128 else 32
     if dense_kv:
         return LaunchConfig(block_m, block_n, 4 if head_dim <= 128 else 8, 3, PROGRAMS_PER_SM, prefetch=False)
+    if q8_kv and head_dim == 256:  # the fastest q8_0/q8_0 variant in both H200 sweeps (flat_n32_w4)
+        return LaunchConfig(block_m, 32, 4, 3, PROGRAMS_PER_SM, prefetch=False, dequant="flat")
     return LaunchConfig(block_m, block_n, 4, 3, PROGRAMS_PER_SM, prefetch=True, dequant="blocks_fast")
 
 
@@ -468,7 +475,7 @@ def _launch(q, k, v, vis, start, kv_len, key_mask, scale, num_splits, config):
     num_kv_heads = k.codes.shape[1]
     group = num_heads // num_kv_heads
     fmt_k, fmt_v = FMT_IDS.get(k.name, 0), FMT_IDS.get(v.name, 0)
-    cfg = config or launch_config(head_dim, n * group, dense_kv=fmt_k == fmt_v == 0)
+    cfg = config or launch_config(head_dim, n * group, dense_kv=fmt_k == fmt_v == 0, q8_kv=fmt_k == fmt_v == FMT_IDS["q8_0"])
     block_m, block_n = cfg.block_m, cfg.block_n
     m_tiles = triton.cdiv(n * group, block_m)
     num_blocks = triton.cdiv(kv_len, block_n)

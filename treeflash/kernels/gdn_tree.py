@@ -33,7 +33,7 @@ TREE_WARPS = 2  # H200 sweep: 32 x 2 warps fastest (chain-32 35 us, 32-node tree
 TREE_PREFETCH = True  # the walk loads the next path node's vectors before stepping the current one
 TREE_KIDS_DOT = False  # leaf children CB at a time as [CB, DK] x [DK, BV] products: slower on the H200 (the dot's
 TREE_KIDS_BLOCK = 16   # operand layout makes the whole walk slow), kept as a variant
-TREE_KIDS_SPLIT = 4  # programs sharing one node's leaf children (the runner's padding: up to ~100 children of the root)
+TREE_KIDS_SPLIT = 1  # programs sharing one node's leaf children; H200 sweep (bench/results/gdn_kernels_gpu.json): 1 fastest on chains and trees (chain-32 35 us, DDTree-32 28 us vs 46 us with 4), 2 on a 128 bucket of padding (90 vs 101 us)
 
 
 def tree_conv_ref(x, window, weight, parents):

@@ -42,6 +42,17 @@ def decode(model, prompt, n, drafter=None, graphs=False, bind=False):
 
 
 @torch.inference_mode()
+def prefill_and_decode_errors(model, ids, ref) -> tuple[float, float]:
+    """Max |logits - ref| of a prefill of ids [T], and of a 13-token prefill then one token a step."""
+    err = (model(StepInput.plain(ids, 0), model.new_cache(64)).logits - ref).abs().max().item()
+    cache = model.new_cache(64)
+    parts = [model(StepInput.plain(ids[:13], 0), cache).logits]
+    for t in range(13, ids.shape[0]):
+        parts.append(model(StepInput.plain(ids[t : t + 1], t), cache).logits)
+    return err, (torch.cat(parts) - ref).abs().max().item()
+
+
+@torch.inference_mode()
 def teacher_forced_rel_err(model, prompt) -> float:
     """Same inputs through the eager path and the graph runner: a chain verify of 8 nodes after
     the prompt; max |logit difference| / max |logit| (bf16 rounding lands near 1e-2)."""
@@ -72,23 +83,11 @@ def main() -> None:
         ours.fuse_projections()
         ids = torch.randint(0, 97, (1, 40), device="cuda")
         ref = hf(ids).logits[0].float()
-        got = ours(StepInput.plain(ids[0], 0), ours.new_cache(64)).logits
-        err = (got - ref).abs().max().item()
-        # incremental decode (fused decode kernels for the linear layers) vs the full forward
-        cache = ours.new_cache(64)
-        parts = [ours(StepInput.plain(ids[0, :13], 0), cache).logits]
-        for t in range(13, 40):
-            parts.append(ours(StepInput.plain(ids[0, t : t + 1], t), cache).logits)
-        inc = (torch.cat(parts) - ref).abs().max().item()
+        err, inc = prefill_and_decode_errors(ours, ids[0], ref)
         # the fused layers (kernels/linear.py: norms and residual adds inside the GEMVs), fp32 on the
         # GPU: the prefill of 40 tokens and the incremental steps both take them
         ours.fuse_projections(fused_rows=128)
-        fused_err = (ours(StepInput.plain(ids[0], 0), ours.new_cache(64)).logits - ref).abs().max().item()
-        cache = ours.new_cache(64)
-        parts = [ours(StepInput.plain(ids[0, :13], 0), cache).logits]
-        for t in range(13, 40):
-            parts.append(ours(StepInput.plain(ids[0, t : t + 1], t), cache).logits)
-        fused_inc = (torch.cat(parts) - ref).abs().max().item()
+        fused_err, fused_inc = prefill_and_decode_errors(ours, ids[0], ref)
         ours.fuse_projections(fused_rows=0)
         prompt = ids[0, :10].tolist()
         plain = decode(ours, prompt, 60)

@@ -80,6 +80,15 @@ def _dot_t(a, b, DOT: tl.constexpr):
 
 
 @triton.jit
+def _norm_weight(NW, k, k_ok, UNIT: tl.constexpr):
+    """The RMSNorm weight over columns k (1 + w with unit_offset), fp32."""
+    nw = tl.load(NW + k, mask=k_ok, other=0.0).to(tl.float32)
+    if UNIT:
+        nw = nw + 1.0
+    return nw
+
+
+@triton.jit
 def _epilogue(acc, acc_u, ss, rows, cols, row_ok, col_ok, B, R, Y, N, stride_rm, stride_ym, eps,
               K: tl.constexpr, HAS_NORM: tl.constexpr, HAS_BIAS: tl.constexpr, HAS_RES: tl.constexpr, SWIGLU: tl.constexpr):
     """acc, acc_u: [BM, BN] fp32 dot products (acc_u: SwiGLU's up rows); ss: [BM] sums of x^2."""
@@ -123,10 +132,7 @@ def _linear_kernel(
         x = tl.load(X + rows[:, None] * stride_xm + k[None, :], mask=row_ok[:, None] & k_ok[None, :], other=0.0).to(tl.float32)
         if HAS_NORM:
             ss += tl.sum(x * x, axis=1)
-            nw = tl.load(NW + k, mask=k_ok, other=0.0).to(tl.float32)
-            if UNIT:
-                nw = nw + 1.0
-            x = x * nw[None, :]
+            x = x * _norm_weight(NW, k, k_ok, UNIT)[None, :]
         x = x.to(W.dtype.element_ty)  # the GEMV's input, rounded to the weight dtype
         wm = col_ok[:, None] & k_ok[None, :]
         w = tl.load(W + w_rows[:, None] + k[None, :], mask=wm, other=0.0)
@@ -161,10 +167,7 @@ def _gemv_kernel(
         x = tl.load(X + k, mask=k_ok, other=0.0).to(tl.float32)
         if HAS_NORM:
             ss2 += x * x
-            nw = tl.load(NW + k, mask=k_ok, other=0.0).to(tl.float32)
-            if UNIT:
-                nw = nw + 1.0
-            x = x * nw
+            x = x * _norm_weight(NW, k, k_ok, UNIT)
         x = x.to(W.dtype.element_ty).to(tl.float32)
         wm = col_ok[:, None] & k_ok[None, :]
         w = tl.load(W + w_rows[:, None] + k[None, :], mask=wm, other=0.0)
@@ -190,13 +193,17 @@ class LinearConfig:
 
 
 def linear_config(m: int, n: int, k: int, swiglu: bool = False) -> LinearConfig:
-    """The fixed launch configuration for an [m, k] x [n, k]^T product (no autotuning).
-
-    Narrow tiles of output columns so that a 4096-wide projection still spreads over every SM
-    (a GEMV is bound by how many bytes are in flight, not by the math)."""
+    """The fixed launch configuration for an [m, k] x [n, k]^T product (no autotuning): the best
+    of the H200 sweeps (bench/gpu_linear.py; bench/results/linear_probe/): one row on CUDA cores,
+    16 outputs x 512 K per step, 8 warps (the best for every narrow projection, each weight read
+    from memory); SwiGLU's paired gate/up rows through tl.dot 16 x 64 x 128; verify batches
+    through tl.dot with 32 outputs x 128 K. None of these beats cuBLAS by much: see
+    docs/performance.md before turning the fused layers on."""
+    if m == 1 and not swiglu:
+        return LinearConfig(1, 16, 512 if k >= 512 else max(16, triton.next_power_of_2(k)), 8, 3, fma=True)
     block_m = 16 if m <= 16 else (32 if m <= 32 else 64)
-    block_n = 16 if (swiglu or n <= 8192) else 32
-    return LinearConfig(block_m, block_n, 256 if k >= 256 else max(16, triton.next_power_of_2(k)), 4, 4)
+    block_n = 64 if swiglu and m == 1 else 32
+    return LinearConfig(block_m, block_n, 128 if k >= 128 else max(16, triton.next_power_of_2(k)), 4, 3)
 
 
 _DOT = {torch.float32: tl.float32, torch.float16: tl.float16, torch.bfloat16: tl.bfloat16}

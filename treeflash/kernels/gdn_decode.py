@@ -39,7 +39,11 @@ import triton.language as tl
 from treeflash.kernels.norm import _interpreting
 
 STEP_BLOCK_V = 32  # v columns per program of a step (decode, and commit: same tiles, same rounding)
-FUSED_DECODE = True  # GatedDeltaNet._mix decodes with decode_step (one launch) instead of the two kernels
+# GatedDeltaNet._mix decodes with decode_step (one launch) instead of the two kernels when True.
+# Off until it has run on a GPU: its q/k window shift relies on an atomic ticket and a barrier that
+# the interpreter (programs one after another) cannot exercise. `bench/gdn_kernels_gpu.py` checks it
+# bitwise against the two kernels over 16 steps at the 27B shape and times both.
+FUSED_DECODE = False
 _TICKET_SLOTS = 1024  # per-k-head counters of decode_step, one buffer per device
 _tickets: dict = {}
 

@@ -152,15 +152,10 @@ def split_sweep(k: Planes, v: Planes, context: int, args, dtype) -> list[dict]:
 
 
 SWEEP_PAIRS = ("q8_0/q8_0", "q4_0/q4_0", "tq3_0/tq3_0", "q8_0/tq3_0")  # more mixed pairs: --sweep-pairs bf16/tq3_0 ...
-# variants the sweep leaves out (measured on the H200, bench/results/kv_attention_sweep.json): flat
-# reads q4_0/tq3_0 at 0.01-0.03 of the roofline, 8 warps lost everywhere; --sweep-all times them too
+# variants the sweep leaves out: flat reads q4_0/tq3_0 at 0.01-0.03 of the roofline (measured on the
+# H200, bench/results/kv_attention_sweep.json); --sweep-all times them too
 SWEEP_SKIP = {
-    "flat_n64_w8": lambda kt, vt: True,
-    "fast_n64_w8": lambda kt, vt: True,
-    "blocks_n32_w4_pf": lambda kt, vt: True,  # fast_n32_w4_pf (the default) is the same loads, fewer instructions
-    "fast_n32_w4_pf": lambda kt, vt: True,  # launch_config's default: timed as "default"
-    "scaled_n32_w4_pf": lambda kt, vt: True,  # the register prefetch is timed at 4 programs per SM
-    "flat_n32_w4_p8": lambda kt, vt: True,  # 256 splits: --sweep-all
+    "fast_n32_w4_pf": lambda kt, vt: True,  # launch_config's default for most pairs: timed as "default"
 }
 
 

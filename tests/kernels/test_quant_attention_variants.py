@@ -35,7 +35,7 @@ def _cases() -> dict[str, tuple]:
         cases[f"{name}_masked_decode_tq3_0_q4_0"] = (name, "tq3_0", "q4_0", "masked_decode")
         cases[f"{name}_masked_verify_q8_0_tq3_0"] = (name, "q8_0", "tq3_0", "masked_verify")
     # more than 128 splits (the combine kernel's narrower chunks), 16 keys a step
-    cases["scaled_n32_w4_p4_splits_decode_q8_0_tq3_0"] = ("scaled_n32_w4_p4", "q8_0", "tq3_0", "splits_decode")
+    cases["flat_n32_w4_p4_splits_decode_q8_0_tq3_0"] = ("flat_n32_w4_p4", "q8_0", "tq3_0", "splits_decode")
     cases["fast_n32_w4_pf_p4_splits_decode_q4_0_bf16"] = ("fast_n32_w4_pf_p4", "q4_0", "bf16", "splits_decode")
     return cases
 

@@ -38,12 +38,12 @@ COMBINE_CHUNK = 64
 PROGRAMS_PER_SM = 2
 
 
-# Dequantization schemes (constexpr DEQ; LaunchConfig.dequant names them):
-DEQ_BLOCKS = tl.constexpr(0)  # whole blocks ([N, D/32, bytes]) unpacked with join/reshape; I2F, a select chain
-DEQ_BLOCKS_FAST = tl.constexpr(1)  # the same loads; ints -> float by the 2^23 trick, tq3_0 centroids by a cubic
+# Dequantization schemes (constexpr DEQ; LaunchConfig.dequant names them). Two more were measured
+# on the H200 and removed (docs/kv.md): "blocks" (I2F conversions, a select chain for tq3_0: no
+# faster) and "scaled" (raw codes into per-block batched dots, scales after: slower everywhere).
+DEQ_BLOCKS_FAST = tl.constexpr(1)  # whole blocks ([N, D/32, bytes]) unpacked with join/reshape; ints -> float by the 2^23 trick, tq3_0 centroids by a cubic
 DEQ_FLAT = tl.constexpr(2)  # 2-D [N, D] loads (column d reads the byte that holds value d), no reshape of codes
-DEQ_SCALED = tl.constexpr(3)  # block loads; raw codes (exact in bf16) go to per-32-block batched dots, scales applied after
-DEQ_IDS = {"blocks": 0, "blocks_fast": 1, "flat": 2, "scaled": 3}
+DEQ_IDS = {"blocks_fast": 1, "flat": 2}
 
 
 @triton.jit
@@ -124,49 +124,19 @@ def _dequant(
             q = _tq3_value((a.to(tl.int32) >> (2 * (w % 4))) & 3, (b.to(tl.int32) >> (w % 8)) & 1, C0, C1, C2, C3)
         s2 = tl.broadcast_to(s.to(tl.float32)[:, :, None], (N, NB, 32))
         x = q * tl.reshape(s2, (N, D))
-    else:
+    else:  # DEQ_BLOCKS_FAST
         if FMT == 1:
-            if DEQ == DEQ_BLOCKS_FAST:
-                q = _int_to_float(a.to(tl.int32) + 128, 128.0)
-            else:
-                q = a.to(tl.float32)
+            q = _int_to_float(a.to(tl.int32) + 128, 128.0)
         elif FMT == 2:  # byte j: value j (low nibble), value j + 16 (high); unpacked as (j, nibble)
             a = a.to(tl.int32)
-            q = tl.reshape(tl.join(a & 15, a >> 4), (N, NB, 32))
-            if DEQ == DEQ_BLOCKS_FAST:
-                q = _int_to_float(q, 8.0)
-            else:
-                q = q.to(tl.float32) - 8.0
+            q = _int_to_float(tl.reshape(tl.join(a & 15, a >> 4), (N, NB, 32)), 8.0)
         else:  # byte i < 8: magnitudes of values 4i..4i+3; byte 8 + i: signs of values 8i..8i+7
             bm, bs = a.to(tl.int32), b.to(tl.int32)
             mag = tl.reshape((bm[:, :, :, None] >> (2 * tl.arange(0, 4))[None, None, None, :]) & 3, (N, NB, 32))
             neg = tl.reshape((bs[:, :, :, None] >> tl.arange(0, 8)[None, None, None, :]) & 1, (N, NB, 32))
-            if DEQ == DEQ_BLOCKS_FAST:
-                q = _tq3_value(mag, neg, C0, C1, C2, C3)
-            else:
-                c = tl.where(mag == 0, C0, tl.where(mag == 1, C1, tl.where(mag == 2, C2, C3)))
-                q = tl.where(neg == 1, -c, c)
+            q = _tq3_value(mag, neg, C0, C1, C2, C3)
         x = tl.reshape(q * s.to(tl.float32)[:, :, None], (N, D))
     return x
-
-
-@triton.jit
-def _codes(a, b, FMT: tl.constexpr, N: tl.constexpr, D: tl.constexpr,
-           C0: tl.constexpr, C1: tl.constexpr, C2: tl.constexpr, C3: tl.constexpr):
-    """DEQ_SCALED: block-loaded bytes -> [N, D/32, 32] fp32 code values without the scale (q8_0 and
-    q4_0: small integers, exact in bf16/fp16; tq3_0: +-centroid), in the blocks unpack order."""
-    NB: tl.constexpr = D // 32
-    if FMT == 1:
-        q = _int_to_float(a.to(tl.int32) + 128, 128.0)
-    elif FMT == 2:
-        a = a.to(tl.int32)
-        q = _int_to_float(tl.reshape(tl.join(a & 15, a >> 4), (N, NB, 32)), 8.0)
-    else:
-        bm, bs = a.to(tl.int32), b.to(tl.int32)
-        mag = tl.reshape((bm[:, :, :, None] >> (2 * tl.arange(0, 4))[None, None, None, :]) & 3, (N, NB, 32))
-        neg = tl.reshape((bs[:, :, :, None] >> tl.arange(0, 8)[None, None, None, :]) & 1, (N, NB, 32))
-        q = _tq3_value(mag, neg, C0, C1, C2, C3)
-    return q
 
 
 @triton.jit
@@ -203,26 +173,13 @@ def _partial_kernel(
     h = kvh * GROUP + rows % GROUP
     # q.k and p.v only need K's (V's) columns in one consistent order: load q in K's unpack
     # order, and store the output from V's unpack order
-    # DEQ_SCALED (per compressed side): q [NB, BLOCK_M, 32] and acc [NB, BLOCK_M, 32], one slice per
-    # 32-value scale block; scores = sum_b scale_k[n, b] * (q_b . code_nb) by a batched dot over
-    # the blocks, and acc_b += (p * scale_v[:, b]) @ code_b: no per-value scale multiply
-    NB: tl.constexpr = D // 32
-    SCALED_K: tl.constexpr = (DEQ == DEQ_SCALED) and (FMT_K != 0)
-    SCALED_V: tl.constexpr = (DEQ == DEQ_SCALED) and (FMT_V != 0)
     q_cols = _columns(FMT_K, D, DEQ)
     q_rows = q_ptr + t * stride_qt + h * stride_qh
-    if SCALED_K:
-        q_cols3 = tl.reshape(q_cols, (NB, 32))
-        q = tl.load(q_rows[None, :, None] + q_cols3[:, None, :], mask=row_ok[None, :, None], other=0.0)
-    else:
-        q = tl.load(q_rows[:, None] + q_cols[None, :], mask=row_ok[:, None], other=0.0)
+    q = tl.load(q_rows[:, None] + q_cols[None, :], mask=row_ok[:, None], other=0.0)
     q = q.to(DOT)
     m_i = tl.full((BLOCK_M,), -1.0e30, tl.float32)  # finite: a fully masked block leaves no NaN
     l_i = tl.zeros((BLOCK_M,), tl.float32)
-    if SCALED_V:
-        acc = tl.zeros((NB, BLOCK_M, 32), tl.float32)
-    else:
-        acc = tl.zeros((BLOCK_M, D), tl.float32)
+    acc = tl.zeros((BLOCK_M, D), tl.float32)
     first = split.to(tl.int64) * (BLOCKS_PER_SPLIT * BLOCK_N)
     keys = first + tl.arange(0, BLOCK_N)
     # PREFETCH: the next block's bytes are loaded (into registers) before this block's math
@@ -237,13 +194,8 @@ def _partial_kernel(
             ka2, kb2, ks2 = _load_raw(ks_ptr, kc_ptr, nxt, kvh, num_kv_heads, nxt_ok, FMT_K, D, DEQ)
         else:
             ka, kb, ks = _load_raw(ks_ptr, kc_ptr, keys, kvh, num_kv_heads, key_ok, FMT_K, D, DEQ)
-        if SCALED_K:
-            kq = tl.permute(_codes(ka, kb, FMT_K, BLOCK_N, D, C0, C1, C2, C3), (1, 2, 0))  # [NB, 32, BLOCK_N]
-            s3 = _dot(q, kq, DOT)  # [NB, BLOCK_M, BLOCK_N]
-            s = tl.sum(s3 * tl.trans(ks.to(tl.float32) * scale_log2)[:, None, :], axis=0)
-        else:
-            k = _dequant(ka, kb, ks, FMT_K, BLOCK_N, D, C0, C1, C2, C3, DEQ)
-            s = _dot(q, tl.trans(k), DOT) * scale_log2  # [BLOCK_M, BLOCK_N]
+        k = _dequant(ka, kb, ks, FMT_K, BLOCK_N, D, C0, C1, C2, C3, DEQ)
+        s = _dot(q, tl.trans(k), DOT) * scale_log2  # [BLOCK_M, BLOCK_N]
         if KEY_MASK:  # mask [T, kv_len] over every slot (static mode)
             m2 = row_ok[:, None] & key_ok[None, :]
             visible = tl.load(mask_ptr + t[:, None] * kv_len + keys[None, :], mask=m2, other=0) != 0
@@ -265,24 +217,15 @@ def _partial_kernel(
             va2, vb2, vs2 = _load_raw(vs_ptr, vc_ptr, nxt, kvh, num_kv_heads, nxt_ok, FMT_V, D, DEQ)
         else:
             va, vb, vs = _load_raw(vs_ptr, vc_ptr, keys, kvh, num_kv_heads, key_ok, FMT_V, D, DEQ)
-        if SCALED_V:
-            vq = tl.permute(_codes(va, vb, FMT_V, BLOCK_N, D, C0, C1, C2, C3), (1, 0, 2))  # [NB, BLOCK_N, 32]
-            ps = p[None, :, :] * tl.trans(vs.to(tl.float32))[:, None, :]  # [NB, BLOCK_M, BLOCK_N]
-            acc = acc * alpha[None, :, None] + _dot(ps, vq, DOT)
-        else:
-            v = _dequant(va, vb, vs, FMT_V, BLOCK_N, D, C0, C1, C2, C3, DEQ)
-            acc = acc * alpha[:, None] + _dot(p, v, DOT)
+        v = _dequant(va, vb, vs, FMT_V, BLOCK_N, D, C0, C1, C2, C3, DEQ)
+        acc = acc * alpha[:, None] + _dot(p, v, DOT)
         m_i = m_new
         if PREFETCH:
             ka, kb, ks, va, vb, vs = ka2, kb2, ks2, va2, vb2, vs2
     out_row = split.to(tl.int64) * (num_tokens * num_heads) + t * num_heads + h
     tl.store(m_ptr + out_row, m_i, mask=row_ok)
     tl.store(l_ptr + out_row, l_i, mask=row_ok)
-    if SCALED_V:
-        v_cols3 = tl.reshape(_columns(FMT_V, D, DEQ), (NB, 32))
-        tl.store(acc_ptr + out_row[None, :, None] * D + v_cols3[:, None, :], acc, mask=row_ok[None, :, None])
-    else:
-        tl.store(acc_ptr + out_row[:, None] * D + _columns(FMT_V, D, DEQ)[None, :], acc, mask=row_ok[:, None])
+    tl.store(acc_ptr + out_row[:, None] * D + _columns(FMT_V, D, DEQ)[None, :], acc, mask=row_ok[:, None])
 
 
 @triton.jit
@@ -318,7 +261,7 @@ class LaunchConfig:
     num_stages: int
     programs_per_sm: int  # split-K target: splits ~ programs_per_sm * SMs / (m_tiles * kv_heads)
     prefetch: bool = True  # load block i + 1's bytes before block i's math (hides memory latency)
-    dequant: str = "blocks"  # a key of DEQ_IDS: how compressed blocks become [BLOCK_N, D] floats
+    dequant: str = "blocks_fast"  # a key of DEQ_IDS: how compressed blocks become [BLOCK_N, D] floats
 
     def __post_init__(self):
         if self.dequant not in DEQ_IDS:
@@ -332,22 +275,12 @@ class LaunchConfig:
 # Launch variants that bench/kv_attention_gpu.py --sweep times against each other on the GPU
 # (compressed K or V; the dense path keeps launch_config's own choice). Names are stable.
 VARIANTS: dict[str, dict] = {
-    "blocks_n32_w4_pf": dict(dequant="blocks", block_n=32, num_warps=4, prefetch=True),  # measured baseline
-    "fast_n32_w4_pf": dict(dequant="blocks_fast", block_n=32, num_warps=4, prefetch=True),
-    "fast_n64_w8": dict(dequant="blocks_fast", block_n=64, num_warps=8, prefetch=False),
+    "fast_n32_w4_pf": dict(dequant="blocks_fast", block_n=32, num_warps=4, prefetch=True),  # the default
     "fast_n64_w4": dict(dequant="blocks_fast", block_n=64, num_warps=4, prefetch=False),
-    "flat_n64_w8": dict(dequant="flat", block_n=64, num_warps=8, prefetch=False),
-    "flat_n32_w4": dict(dequant="flat", block_n=32, num_warps=4, prefetch=False),
-    # scales factored out of the dots (raw codes -> batched per-block tl.dot, scale on [NB, M, N])
-    "scaled_n32_w4": dict(dequant="scaled", block_n=32, num_warps=4, prefetch=False),
-    "scaled_n32_w4_pf": dict(dequant="scaled", block_n=32, num_warps=4, prefetch=True),
-    "scaled_n64_w4": dict(dequant="scaled", block_n=64, num_warps=4, prefetch=False),
-    # occupancy: 2 programs of 4 warps per SM is 2 warps per scheduler (latency-bound); 4 and 8
+    "flat_n32_w4": dict(dequant="flat", block_n=32, num_warps=4, prefetch=False),  # q8_0/q8_0's default
+    # more programs per SM (splits ~ programs_per_sm * SMs / programs per split): no faster so far
     "flat_n32_w4_p4": dict(dequant="flat", block_n=32, num_warps=4, prefetch=False, programs_per_sm=4),
-    "flat_n32_w4_p8": dict(dequant="flat", block_n=32, num_warps=4, prefetch=False, programs_per_sm=8),
     "fast_n32_w4_pf_p4": dict(dequant="blocks_fast", block_n=32, num_warps=4, prefetch=True, programs_per_sm=4),
-    "scaled_n32_w4_p4": dict(dequant="scaled", block_n=32, num_warps=4, prefetch=False, programs_per_sm=4),
-    "scaled_n32_w4_pf_p4": dict(dequant="scaled", block_n=32, num_warps=4, prefetch=True, programs_per_sm=4),
 }
 
 

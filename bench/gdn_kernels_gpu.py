@@ -66,24 +66,21 @@ def main() -> None:
     ap.add_argument("--out", default="gdn_kernels.json")
     ap.add_argument("--block-v", type=int, nargs="*", default=[16, 32])
     ap.add_argument("--warps", type=int, nargs="*", default=[1, 2, 4])
-    ap.add_argument("--no-sweep", action="store_true", help="time the library default (and legacy) only")
+    ap.add_argument("--no-sweep", action="store_true", help="time the library default only")
     args = ap.parse_args()
     dev = "cuda"
     torch.manual_seed(0)
     t0 = time.time()
     res: dict = {"shape": dict(hk=HK, hv=HV, dk=DK, dv=DV), "defaults": dict(block_v=gdn_tree.TREE_BLOCK_V,
-                 warps=gdn_tree.TREE_WARPS, prefetch=gdn_tree.TREE_PREFETCH, kids_dot=gdn_tree.TREE_KIDS_DOT,
-                 kids_block=gdn_tree.TREE_KIDS_BLOCK), "tree": {}, "decode": {}, "errors": {}}
+                 warps=gdn_tree.TREE_WARPS, kids_split=gdn_tree.TREE_KIDS_SPLIT), "tree": {}, "decode": {}, "errors": {}}
 
-    variants = {"legacy_bv16_w4": dict(legacy=True), "default": {}}
+    variants = {"default": {}}
     if not args.no_sweep:
         for bv, w in itertools.product(args.block_v, args.warps):
             variants[f"bv{bv}_w{w}"] = dict(block_v=bv, num_warps=w)
         for ks in (1, 2, 8):
             variants[f"bv32_w2_ksplit{ks}"] = dict(block_v=32, num_warps=2, kids_split=ks)
         variants["bv16_w2_ksplit8"] = dict(block_v=16, num_warps=2, kids_split=8)
-        variants["bv32_w2_noprefetch"] = dict(block_v=32, num_warps=2, prefetch=False)
-        variants["bv32_w2_kidsdot"] = dict(block_v=32, num_warps=2, kids_dot=True)
         variants["bv64_w4"] = dict(block_v=64, num_warps=4)
         variants["bv64_w2"] = dict(block_v=64, num_warps=2)
 

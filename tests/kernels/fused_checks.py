@@ -163,9 +163,7 @@ def check_gdn_tree() -> dict:
              ("root", [-1], [0]), ("padded", [-1, 0, 1, 0, 0, 0], [0, 1, 2]),  # padding nodes: children of the root
              ("padded_many", [-1, 0, 1, 2] + [0] * 20, [0, 1, 2, 3]),  # more leaf children than one block (16)
              ("two_roots", [-1, -1, 0, 1, 1, 2], [1, 3]))  # leaf children of the committed prefix
-    variants = {"noprefetch": dict(prefetch=False), "kids_loop": dict(kids_dot=False), "bv8": dict(block_v=8),
-                "kb32_w2": dict(kids_block=32, num_warps=2), "legacy": dict(legacy=True),
-                "kids_dot": dict(kids_dot=True), "ksplit1": dict(kids_split=1), "ksplit3": dict(kids_split=3)}
+    variants = {"bv8": dict(block_v=8), "w2": dict(num_warps=2), "ksplit2": dict(kids_split=2), "ksplit3": dict(kids_split=3)}
     for name, parents, path in trees:
         t = len(parents)
         par = torch.tensor(parents)

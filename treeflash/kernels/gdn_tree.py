@@ -30,9 +30,9 @@ from treeflash.kernels.norm import _interpreting
 
 TREE_BLOCK_V = 32  # v columns per tree program: a chain runs on one walk, so parallelism comes from heads x blocks
 TREE_WARPS = 2  # H200 sweep: 32 x 2 warps fastest (chain-32 35 us, 32-node trees 28-32 us; 16 x 4 warps with the dot: 177 us)
-TREE_PREFETCH = True  # the walk loads the next path node's vectors before stepping the current one
-TREE_KIDS_DOT = False  # leaf children CB at a time as [CB, DK] x [DK, BV] products: slower on the H200 (the dot's
-TREE_KIDS_BLOCK = 16   # operand layout makes the whole walk slow), kept as a variant
+# Measured on the H200 and removed (docs/performance.md): the walk without the next node's prefetch
+# (slower), leaf children as [CB, DK] x [DK, BV] dot products (slower but on all-padding buckets),
+# and the one-launch kernel with a walk per leaf (slower on trees and padding).
 TREE_KIDS_SPLIT = 1  # programs sharing one node's leaf children; H200 sweep (bench/results/gdn_kernels_gpu.json): 1 fastest on chains and trees (chain-32 35 us, DDTree-32 28 us vs 46 us with 4), 2 on a 128 bucket of padding (90 vs 101 us)
 
 
@@ -174,35 +174,15 @@ def _walk_kid(s, i, QO, KO, VO, GB, O, h, HV, C, ik, iv, HK: tl.constexpr, DK: t
 
 
 @triton.jit
-def _walk_kids_dot(s, e0, nk, KIDS, QO, KO, VO, GB, O, h, HV, C, ik, iv, HK: tl.constexpr, DK: tl.constexpr,
-                   DV: tl.constexpr, CB: tl.constexpr):
-    """Leaf children e0 .. e0 + CB of the walk's node, whose state is s: only their outputs,
-    o_c = e^g_c S^T q_c + (q_c . k_c) beta_c (v_c - e^g_c S^T k_c), as two [CB, DK] x [DK, BV] products."""
-    e = e0 + tl.arange(0, CB)
-    em = e < nk
-    ci = tl.load(KIDS + e, mask=em, other=0)
-    qc = tl.load(QO + ci[:, None] * 2 * HK * DK + ik[None, :])  # [CB, DK]
-    kc = tl.load(KO + ci[:, None] * 2 * HK * DK + ik[None, :])
-    vc = tl.load(VO + ci[:, None] * C + iv[None, :])  # [CB, BV]
-    dec = tl.load(GB + (ci * HV + h) * 2)
-    beta = tl.load(GB + (ci * HV + h) * 2 + 1)
-    sq = tl.dot(qc, s, input_precision="ieee")  # [CB, BV]
-    sk = tl.dot(kc, s, input_precision="ieee")
-    u = beta[:, None] * (vc - dec[:, None] * sk)
-    o = dec[:, None] * sq + tl.sum(qc * kc, axis=1)[:, None] * u
-    tl.store(O + (ci[:, None] * HV + h) * DV + iv[None, :], o, mask=em[:, None])
-
-
-@triton.jit
 def _tree_walk_kernel(QK, GB, Y, S0, PATH, NPATH, KIDS, NKIDS, O, HV, C, TP: tl.constexpr, GROUP: tl.constexpr,
-                      HK: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr, BV: tl.constexpr, CB: tl.constexpr,
-                      PREFETCH: tl.constexpr, KIDS_DOT: tl.constexpr, KSPLIT: tl.constexpr, BOUNDED: tl.constexpr):
+                      HK: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr, BV: tl.constexpr,
+                      KSPLIT: tl.constexpr, BOUNDED: tl.constexpr):
     """Program (h, v block, j): if node p = j - 1 has leaf children, walk root -> p with the state tile
-    in registers (one delta step per node from the prepared q, k, e^g, beta; outputs written), then
-    the leaf children's outputs from p's state, CB at a time (a leaf's state is never needed). Padding
-    nodes (leaf children of the root) thus cost a share of one [CB, DK] x [DK, BV] product each.
-    Without KIDS_DOT, KSPLIT programs (r = 0 .. KSPLIT-1) share p's leaf children (each walks the path).
-    BOUNDED (the interpreter, which cannot loop to a loaded bound): loops run to TP, guarded."""
+    in registers (one delta step per node from the prepared q, k, e^g, beta, the next node's vectors
+    loading while this node's step runs; outputs written), then the leaf children's outputs from p's
+    state, one at a time (a leaf's state is never needed): padding nodes (leaf children of the root)
+    cost two reductions each. KSPLIT programs (r = 0 .. KSPLIT-1) share p's leaf children (each walks
+    the path). BOUNDED (the interpreter, which cannot loop to a loaded bound): loops run to TP, guarded."""
     h = tl.program_id(0)
     j = tl.program_id(2) // KSPLIT
     r = tl.program_id(2) % KSPLIT
@@ -217,71 +197,25 @@ def _tree_walk_kernel(QK, GB, Y, S0, PATH, NPATH, KIDS, NKIDS, O, HV, C, TP: tl.
         P = PATH + j * TP
         s = tl.load(S0 + h * DK * DV + ik[:, None] * DV + iv[None, :])
         n = tl.load(NPATH + j)
-        if PREFETCH:  # the next node's vectors load while this node's step runs
-            i = tl.load(P, mask=n > 0, other=0)
-            q, k, v, dec, beta = _walk_load(QO, KO, VO, GB, i, h, HV, C, ik, iv, HK, DK)
-            if BOUNDED:
-                for d in range(0, TP):
-                    if d < n:
-                        s, i, q, k, v, dec, beta = _walk_prefetch_node(s, d, n, i, q, k, v, dec, beta, P, QO, KO, VO, GB, O,
-                                                                       h, HV, C, ik, iv, HK, DK, DV)
-            else:
-                for d in range(0, n):
+        i = tl.load(P, mask=n > 0, other=0)
+        q, k, v, dec, beta = _walk_load(QO, KO, VO, GB, i, h, HV, C, ik, iv, HK, DK)
+        if BOUNDED:
+            for d in range(0, TP):
+                if d < n:
                     s, i, q, k, v, dec, beta = _walk_prefetch_node(s, d, n, i, q, k, v, dec, beta, P, QO, KO, VO, GB, O,
                                                                    h, HV, C, ik, iv, HK, DK, DV)
         else:
-            if BOUNDED:
-                for d in range(0, TP):
-                    if d < n:
-                        i = tl.load(P + d)
-                        q, k, v, dec, beta = _walk_load(QO, KO, VO, GB, i, h, HV, C, ik, iv, HK, DK)
-                        s = _walk_step(s, q, k, v, dec, beta, O + (i * HV + h) * DV + iv)
-            else:
-                for d in range(0, n):
-                    i = tl.load(P + d)
-                    q, k, v, dec, beta = _walk_load(QO, KO, VO, GB, i, h, HV, C, ik, iv, HK, DK)
-                    s = _walk_step(s, q, k, v, dec, beta, O + (i * HV + h) * DV + iv)
-        KD = KIDS + j * TP
-        if KIDS_DOT:
-            if BOUNDED:
-                for e0 in range(0, TP, CB):
-                    if e0 < nk:
-                        _walk_kids_dot(s, e0, nk, KD, QO, KO, VO, GB, O, h, HV, C, ik, iv, HK, DK, DV, CB)
-            else:
-                for e0 in range(0, nk, CB):
-                    _walk_kids_dot(s, e0, nk, KD, QO, KO, VO, GB, O, h, HV, C, ik, iv, HK, DK, DV, CB)
-        else:  # one child at a time (every KSPLIT-th, from r): o_c from p's state, two independent reductions
-            if BOUNDED:
-                for e in range(0, TP):
-                    if (e < nk) & (e % KSPLIT == r):
-                        _walk_kid(s, tl.load(KD + e), QO, KO, VO, GB, O, h, HV, C, ik, iv, HK, DK, DV)
-            else:
-                for e in range(r, nk, KSPLIT):
+            for d in range(0, n):
+                s, i, q, k, v, dec, beta = _walk_prefetch_node(s, d, n, i, q, k, v, dec, beta, P, QO, KO, VO, GB, O,
+                                                               h, HV, C, ik, iv, HK, DK, DV)
+        KD = KIDS + j * TP  # one child at a time (every KSPLIT-th, from r): o_c from p's state
+        if BOUNDED:
+            for e in range(0, TP):
+                if (e < nk) & (e % KSPLIT == r):
                     _walk_kid(s, tl.load(KD + e), QO, KO, VO, GB, O, h, HV, C, ik, iv, HK, DK, DV)
-
-
-@triton.jit
-def _tree_recurrent_kernel_v1(Y, A, B, ALOG, DTB, S0, PAR, MASK, O, HV, C, stride_mask, T: tl.constexpr, TP: tl.constexpr,
-                           GROUP: tl.constexpr, HK: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr, BV: tl.constexpr):
-    """The previous kernel (benchmark baseline): one program per (v head, v block, leaf), each step
-    normalizing q, k and computing the gates itself."""
-    h = tl.program_id(0)
-    leaf = tl.program_id(2)
-    nodes = tl.arange(0, TP)
-    children = tl.sum((tl.load(PAR + nodes, mask=nodes < T, other=-1) == leaf).to(tl.int32), axis=0)
-    if children == 0:  # inner nodes' outputs come from the leaves below them
-        ik = tl.arange(0, DK)
-        iv = tl.program_id(1) * BV + tl.arange(0, BV)
-        s = tl.load(S0 + h * DK * DV + ik[:, None] * DV + iv[None, :])
-        neg_a = -tl.exp(tl.load(ALOG + h).to(tl.float32))
-        dtb = tl.load(DTB + h).to(tl.float32)
-        for i in range(0, T):  # ancestors precede the leaf: nothing past it is on its path
-            if i <= leaf:
-                if tl.load(MASK + leaf * stride_mask + i) != 0:  # i is on the root -> leaf path
-                    a = tl.load(A + i * HV + h).to(tl.float32)
-                    b = tl.load(B + i * HV + h).to(tl.float32)
-                    s, o = _delta_step(s, Y + i * C, a, b, neg_a, dtb, h, ik, iv, GROUP, HK, DK, DV)
-                    tl.store(O + (i * HV + h) * DV + iv, o)
+        else:
+            for e in range(r, nk, KSPLIT):
+                _walk_kid(s, tl.load(KD + e), QO, KO, VO, GB, O, h, HV, C, ik, iv, HK, DK, DV)
 
 
 @triton.jit
@@ -327,9 +261,7 @@ def _check_step_inputs(name, y, a, b, state, num_k_heads, k_dim, v_dim) -> None:
 
 
 def tree_recurrent(y, a, b, a_log, dt_bias, state, parents, tree_mask, num_k_heads: int, k_dim: int, v_dim: int, *,
-                   block_v: int | None = None, num_warps: int | None = None, prefetch: bool | None = None,
-                   kids_dot: bool | None = None, kids_block: int | None = None, kids_split: int | None = None,
-                   legacy: bool = False):
+                   block_v: int | None = None, num_warps: int | None = None, kids_split: int | None = None):
     """y: [T, conv_dim] fp32, a, b: [T, Hv], state: [Hv, Dk, Dv] fp32 (unchanged), parents: [T] long,
     tree_mask: [T, T] bool ([i, j] = j is i or an ancestor of i; rows may be strided) -> o [T, Hv, Dv] fp32.
     Two launches: a parallel prep (normalized q, k, gates, each walk's path and leaf children), then the
@@ -346,11 +278,6 @@ def tree_recurrent(y, a, b, a_log, dt_bias, state, parents, tree_mask, num_k_hea
     o = torch.empty(t, hv, v_dim, dtype=torch.float32, device=y.device)
     bv = min(block_v or TREE_BLOCK_V, v_dim)
     warps = num_warps or TREE_WARPS
-    if legacy:
-        _tree_recurrent_kernel_v1[(hv, v_dim // bv, t)](y, a, b, a_log, dt_bias, state, parents, tree_mask, o, hv, c,
-                                                        tree_mask.stride(0), T=t, TP=tp, GROUP=group, HK=num_k_heads,
-                                                        DK=k_dim, DV=v_dim, BV=bv, num_warps=warps)
-        return o
     dev = y.device
     qk = torch.empty(t, 2, num_k_heads, k_dim, dtype=torch.float32, device=dev)
     gb = torch.empty(t, hv, 2, dtype=torch.float32, device=dev)
@@ -360,12 +287,10 @@ def tree_recurrent(y, a, b, a_log, dt_bias, state, parents, tree_mask, num_k_hea
     _tree_prep_kernel[(t + 1, num_k_heads)](y, a, b, a_log, dt_bias, parents, tree_mask, qk, gb, path, npath, kids, nkids,
                                             hv, c, tree_mask.stride(0), T=t, TP=tp, GROUP=group,
                                             GP=triton.next_power_of_2(group), HK=num_k_heads, DK=k_dim)
-    dot = (TREE_KIDS_DOT if kids_dot is None else kids_dot) and bv >= 16 and k_dim >= 16
-    ksplit = 1 if dot else (kids_split or TREE_KIDS_SPLIT)
+    ksplit = kids_split or TREE_KIDS_SPLIT
     _tree_walk_kernel[(hv, v_dim // bv, (t + 1) * ksplit)](qk, gb, y, state, path, npath, kids, nkids, o, hv, c, TP=tp, GROUP=group,
-                                                HK=num_k_heads, DK=k_dim, DV=v_dim, BV=bv, CB=kids_block or TREE_KIDS_BLOCK,
-                                                PREFETCH=TREE_PREFETCH if prefetch is None else prefetch, KIDS_DOT=dot,
-                                                KSPLIT=ksplit, BOUNDED=_interpreting(), num_warps=warps)
+                                                HK=num_k_heads, DK=k_dim, DV=v_dim, BV=bv, KSPLIT=ksplit,
+                                                BOUNDED=_interpreting(), num_warps=warps)
     return o
 
 

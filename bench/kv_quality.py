@@ -21,6 +21,20 @@ group L2 normalization, Lloyd-Max centroids, per-block scale) with `formats.rota
 `formats.unrotate` patched to the identity while that pair runs (CPU reference path only). It
 measures what the rotation buys; it is not a cache type of the runtime.
 
+"<type>-sinkN" (e.g. tq3_0-sink4, q4_0-sink16; bench-only, CPU reference path only) is <type> with
+the rows of positions < N kept exact: every write still quantizes all rows as the cache does, and
+the rows of positions < N are also kept as written (fp32: for K that is the centered key k - m,
+which attention treats exactly like k since m is fixed per head), then put back in place of
+their dequantized rows on every read (the runtime dtype). It measures how much of a format's
+damage comes from the first tokens (attention sinks). "<type>-exactlayersN" (e.g.
+tq3_0-exactlayers1/bf16) keeps every row exact in the first N attention layers instead (the
+cache's layers are built in order while the pair runs), i.e. a per-layer type of exact/<type>;
+"<type>-q8layersN" stores those layers' rows as q8_0 instead (quantized and dequantized on write);
+a -sinkN suffix combines with either. `QuantizedAttentionCache.__init__`,
+`_Rows.write` and `_Rows.read` are patched while that pair runs. The JSON also records, per pair
+and layer, the mean attention mass on positions 0, < 4, < 16, < 64 of the queries at positions
+>= --chunk (heads and queries averaged; see attention_mass()).
+
 --attention fast (the default) replaces the plain-torch SDPA call of the CPU reference path
 (kv.attention_cache.attention_reference, used by the dense and the compressed caches alike) with
 `fast_attention`: the same fp32 math (scores by bmm, masked softmax, bmm) without SDPA's CPU
@@ -46,6 +60,7 @@ import json
 import math
 import platform
 import random
+import re
 import sys
 import sysconfig
 import time
@@ -87,8 +102,35 @@ def fast_attention(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, ma
     if mask is not None:
         scores.view(hkv, g, t, s).masked_fill_(~mask, float("-inf"))
     probs = torch.softmax(scores, dim=-1)
+    if _MASS is not None and t > 1 and s - t >= _MASS["min_start"]:  # prefill chunks past the first
+        _MASS["calls"].append((torch.stack([probs[..., :e].sum() for e in MASS_EDGES]), probs.shape[0] * probs.shape[1]))
     out = torch.bmm(probs, values.permute(1, 0, 2))  # [Hkv, G*T, D]
     return out.view(hkv, g, t, d).permute(2, 0, 1, 3).reshape(t, h, d)
+
+
+MASS_EDGES = (1, 4, 16, 64)  # attention mass on positions < e
+_MASS: dict | None = None  # set by attention_mass(): {"min_start", "calls": [tensor per attention call]}
+
+
+@contextlib.contextmanager
+def attention_mass(min_start: int, num_layers: int, into: dict):
+    """While active, fast_attention records the mean attention probability mass (over KV heads, query
+    heads and queries) on positions < e for e in MASS_EDGES, for prefill chunks whose first query is
+    at position >= min_start; on exit `into` gets {"pos_lt_<e>": [per layer], "mean_pos_lt_<e>": ...}.
+    Calls are assigned to layers in order (one call per attention layer per chunk)."""
+    global _MASS
+    _MASS = {"min_start": min_start, "calls": []}
+    try:
+        yield
+    finally:
+        calls, _MASS = _MASS["calls"], None
+        if calls and len(calls) % num_layers == 0:
+            sums = torch.stack([c[0] for c in calls]).view(-1, num_layers, len(MASS_EDGES)).sum(0)  # [L, E]
+            rows = torch.tensor([float(c[1]) for c in calls]).view(-1, num_layers).sum(0)  # [L] (head, query) rows
+            per_layer = sums / rows[:, None]
+            for j, e in enumerate(MASS_EDGES):
+                into[f"pos_lt_{e}"] = [round(x, 4) for x in per_layer[:, j].tolist()]
+                into[f"mean_pos_lt_{e}"] = per_layer[:, j].mean().item()
 
 
 def use_fast_attention() -> None:
@@ -116,6 +158,89 @@ def _split_pair(pair: str) -> tuple[str, str, bool]:
     if norot and "tq3_0" in (kt, vt):
         raise ValueError(f"{pair}: tq3_0 and {NOROT} cannot be mixed (the rotation switch is global)")
     return kt.replace(NOROT, "tq3_0"), vt.replace(NOROT, "tq3_0"), norot
+
+
+SUFFIX_RE = re.compile(r"-(sink|exactlayers|q8layers)(\d+)$")
+
+
+def _strip_sink(t: str) -> tuple[str, int, int]:
+    """'tq3_0-sink4' -> ('tq3_0', 4, 0); 'tq3_0-exactlayers1' -> ('tq3_0', 0, 1); 'tq3_0-q8layers1' -> ('tq3_0', 0, -1);
+    'q8_0' -> ('q8_0', 0, 0). A negative layer count: those layers' rows go through q8_0 instead of staying exact."""
+    opts = {"sink": 0, "exactlayers": 0, "q8layers": 0}
+    while m := SUFFIX_RE.search(t):
+        opts[m.group(1)] = int(m.group(2))
+        t = t[: m.start()]
+    if opts["exactlayers"] and opts["q8layers"]:
+        raise ValueError(f"{t}: -exactlayers and -q8layers cannot be combined")
+    return t, opts["sink"], opts["exactlayers"] or -opts["q8layers"]
+
+
+def _sinks(pair: str) -> tuple[str, tuple[int, int], tuple[int, int]]:
+    """'k/v' -> ('k/v' without the suffixes, (sink N of K, of V), (exact first layers of K, of V))."""
+    (kt, nk, lk), (vt, nv, lv) = (_strip_sink(t) for t in pair.split("/"))
+    return f"{kt}/{vt}", (nk, nv), (lk, lv)
+
+
+@contextlib.contextmanager
+def _exact_sink_rows(nk: int, nv: int, lk: int = 0, lv: int = 0):
+    """Compressed caches built while active keep the K rows of positions < nk and the V rows of
+    positions < nv exact (as written, fp32) and read them back in place of their dequantized rows;
+    in the first lk (lv) caches built (the pair's one model cache: its first attention layers) every
+    K (V) row is kept exact; lk (lv) < 0: the first -lk (-lv) layers' rows are kept as q8_0 would
+    store them (quantized and dequantized on write) instead of exact."""
+    from treeflash.kv import quantized
+
+    if not (nk or nv or lk or lv):
+        yield
+        return
+    init, write, read = quantized.QuantizedAttentionCache.__init__, quantized._Rows.write, quantized._Rows.read
+    built = [0]
+
+    def init_(self, num_kv_heads, head_dim, spec):
+        init(self, num_kv_heads, head_dim, spec)
+        layer, built[0] = built[0], built[0] + 1
+        for rows, n, nl in ((self.k, nk, lk), (self.v, nv, lv)):
+            rows.sink, rows.sink_rows = (spec.max_len if layer < abs(nl) else n), None
+            rows.sink_q8 = nl < 0 and layer < -nl
+
+    def write_(self, slots, x, use_kernel):
+        write(self, slots, x, use_kernel)
+        n = getattr(self, "sink", 0)
+        if not n:
+            return
+        if self.sink_rows is None:
+            self.sink_rows = torch.zeros(n, *x.shape[1:], dtype=torch.float32, device=x.device)
+        if self.sink_q8:
+            x = formats.dequantize("q8_0", *formats.quantize("q8_0", x.float()))
+        if isinstance(slots, int):
+            hi = min(n, slots + x.shape[0])
+            if hi > slots:
+                self.sink_rows[slots:hi] = x[: hi - slots].float()
+        else:
+            sel = slots < n
+            self.sink_rows[slots[sel]] = x[sel].float()
+
+    def read_(self, length, dtype):
+        out = read(self, length, dtype)
+        n = min(getattr(self, "sink", 0), length)
+        if not n or self.sink_rows is None:
+            return out
+        return torch.cat((self.sink_rows[:n].to(dtype), out[n:]))
+
+    quantized.QuantizedAttentionCache.__init__, quantized._Rows.write, quantized._Rows.read = init_, write_, read_
+    try:
+        yield
+    finally:
+        quantized.QuantizedAttentionCache.__init__, quantized._Rows.write, quantized._Rows.read = init, write, read
+
+
+@contextlib.contextmanager
+def variant(pair: str):
+    """Run a pair: yields (cache_type_k, cache_type_v) with the bench-only variants patched in."""
+    base, (nk, nv), (lk, lv) = _sinks(pair)
+    kt, vt, norot = _split_pair(base)
+    with _no_rotation() if norot else contextlib.nullcontext(), _exact_sink_rows(nk, nv, lk, lv):
+        yield kt, vt
 
 
 CENTER_KEYS = True  # compressed K stored minus the prompt's mean key (the cache's default); --no-center-keys: raw keys
@@ -238,8 +363,7 @@ def measure(model, ids: torch.Tensor, pairs: list[str], chunk: int, eval_last: i
     ref, _ = prefill(model, ids, reference, reference, chunk, pos.to(ids.device))
     out = {"dense": {"perplexity": math.exp(-ref.gather(-1, targets[:, None]).mean().item())}}
     for pair in pairs:
-        kt, vt, norot = _split_pair(pair)
-        with _no_rotation() if norot else contextlib.nullcontext():
+        with variant(pair) as (kt, vt):
             lp, _ = prefill(model, ids, kt, vt, chunk, pos.to(ids.device))
         out[pair] = compare(ref, lp, targets)
     return out
@@ -321,7 +445,7 @@ def main() -> None:
     ap.add_argument("--needle-seed", type=int, default=0)
     ap.add_argument("--decode-tokens", type=int, default=12, help="greedy tokens after the question")
     ap.add_argument("--chunk", type=int, default=512, help="tokens per prefill chunk")
-    ap.add_argument("--pairs", nargs="*", default=list(DEFAULT_PAIRS), help=f"K/V type pairs, e.g. q8_0/tq3_0 or {NOROT}/{NOROT}")
+    ap.add_argument("--pairs", nargs="*", default=list(DEFAULT_PAIRS), help=f"K/V type pairs, e.g. q8_0/tq3_0, {NOROT}/{NOROT} or tq3_0-sink4/bf16")
     ap.add_argument("--reference", default="auto", help="reference cache type for K and V (auto = runtime dtype)")
     ap.add_argument("--row-errors", type=int, default=0, metavar="N",
                     help="also: relative error of each format on the model's own K/V rows from the first N tokens")
@@ -384,8 +508,12 @@ def main() -> None:
 
     def run(kt: str, vt: str) -> tuple[torch.Tensor, dict]:
         t = time.time()
-        lp, cache = prefill(model, ids, kt, vt, args.chunk, pos.to(ids.device), extra=args.decode_tokens)
         res: dict = {}
+        mass: dict = {}
+        with attention_mass(args.chunk, loaded.config.num_layers, mass) if args.attention == "fast" else contextlib.nullcontext():
+            lp, cache = prefill(model, ids, kt, vt, args.chunk, pos.to(ids.device), extra=args.decode_tokens)
+        if mass:
+            res["attention_mass"] = mass
         if depth is not None:
             toks = greedy(model, cache, lp[-1], len(ids_list), args.decode_tokens, model.device)
             output = loaded.tokenizer.decode(toks)
@@ -437,12 +565,12 @@ def main() -> None:
             if pair in old["metrics"]:
                 report["metrics"][pair] = old["metrics"][pair]
     save()
-    print(f"reference ppl {res['perplexity']:.4f} {res.get('needle', '')} ({res['wall_s']:.0f} s)", flush=True)
+    print(f"reference ppl {res['perplexity']:.4f} {res.get('needle', '')} ({res['wall_s']:.0f} s)"
+          + (f" attn mass <1 {res['attention_mass']['mean_pos_lt_1']:.3f} <4 {res['attention_mass']['mean_pos_lt_4']:.3f}" if "attention_mass" in res else ""), flush=True)
     for pair in args.pairs:
         if pair in report["metrics"]:
             continue  # kept by --resume
-        kt, vt, norot = _split_pair(pair)
-        with _no_rotation() if norot else contextlib.nullcontext():
+        with variant(pair) as (kt, vt):
             lp, res = run(kt, vt)
         report["metrics"][pair] = {**compare(ref, lp, targets), **res}
         order = ["reference", *args.pairs]
@@ -452,7 +580,8 @@ def main() -> None:
         print(
             f"{pair:<28} KL {r['kl_mean']:.2e} p99 {r['kl_p99']:.2e}  top1 {r['top1_agreement']:.3f}  "
             f"ppl {r['perplexity']:.4f} ({100 * r['perplexity_delta_rel']:+.3f}%)  "
-            f"needle {r.get('needle', {}).get('found')}  ({r['wall_s']:.0f} s)",
+            f"needle {r.get('needle', {}).get('found')}  ({r['wall_s']:.0f} s)"
+            + (f"  attn mass <1 {r['attention_mass']['mean_pos_lt_1']:.3f} <4 {r['attention_mass']['mean_pos_lt_4']:.3f}" if "attention_mass" in r else ""),
             flush=True,
         )
     save()

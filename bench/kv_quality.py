@@ -244,6 +244,7 @@ def variant(pair: str):
 
 
 CENTER_KEYS = True  # compressed K stored minus the prompt's mean key (the cache's default); --no-center-keys: raw keys
+K_EXACT_LAYERS = 0  # --k-exact-layers: the runtime option (CacheSpec.k_exact_layers), for every pair
 
 
 @torch.inference_mode()
@@ -252,7 +253,7 @@ def prefill(model, ids: torch.Tensor, kt: str, vt: str, chunk: int, eval_pos: to
 
     Returns (log-probs [len(eval_pos), V] fp32 at the positions eval_pos (sorted), cache)."""
     n = int(ids.shape[0])
-    cache = model.new_cache(n + extra, cache_type_k=kt, cache_type_v=vt, center_keys=CENTER_KEYS)
+    cache = model.new_cache(n + extra, cache_type_k=kt, cache_type_v=vt, center_keys=CENTER_KEYS, k_exact_layers=K_EXACT_LAYERS)
     out = []
     for start in range(0, n, chunk):
         piece = ids[start : start + chunk]
@@ -453,6 +454,8 @@ def main() -> None:
     ap.add_argument("--resume", action="store_true",
                     help="keep the pairs already in --out (same prompt; the reference is recomputed and must match) and run the others")
     ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--k-exact-layers", type=int, default=0, metavar="N",
+                    help="every pair through caches whose first N attention layers keep K uncompressed (the runtime's --cache-k-exact-layers)")
     ap.add_argument("--no-center-keys", action="store_true",
                     help="store compressed keys as they are, not minus the prompt's mean key (the ablation)")
     ap.add_argument("--device", default="auto")
@@ -466,8 +469,9 @@ def main() -> None:
     from treeflash.models.loader import load_model  # written beside this script; imported only when run
 
     torch.set_num_threads(args.threads)
-    global CENTER_KEYS
+    global CENTER_KEYS, K_EXACT_LAYERS
     CENTER_KEYS = not args.no_center_keys
+    K_EXACT_LAYERS = args.k_exact_layers
     if args.attention == "fast":
         use_fast_attention()
     t0 = time.time()
@@ -496,6 +500,7 @@ def main() -> None:
         "reference": args.reference,
         "attention": args.attention,
         "center_keys": CENTER_KEYS,
+        "k_exact_layers": K_EXACT_LAYERS,
         "num_tokens": len(ids_list),
         "eval_positions": w,
         "chunk": args.chunk,

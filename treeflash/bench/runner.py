@@ -125,7 +125,8 @@ class EngineTarget:
     def describe(self) -> dict:
         e = self.engine
         d = {"label": self.label, "kind": "in-process", "draft": e.config.draft, "max_context": e.max_context,
-             "cache_type_k": e.config.cache_type_k, "cache_type_v": e.config.cache_type_v}
+             "cache_type_k": e.config.cache_type_k, "cache_type_v": e.config.cache_type_v,
+             "cache_k_exact_layers": e.config.cache_k_exact_layers}
         if e.drafter is not None:
             d["drafter"] = e.drafter.describe()
         if self.sweep_value is not None:

@@ -190,7 +190,8 @@ def _engine_targets(args, prompts):
     options = DraftOptions(num_draft=args.num_draft, draft_model=args.draft_model, budget=parse_budget(args.budget),
                            tree=not args.no_tree)
     base = EngineConfig(max_context=max_context, draft=args.draft, draft_options=options,
-                        cache_type_k=args.cache_type_k, cache_type_v=args.cache_type_v)
+                        cache_type_k=args.cache_type_k, cache_type_v=args.cache_type_v,
+                        cache_k_exact_layers=args.cache_k_exact_layers)
     targets, sweep_values = [], {}
     if args.draft:
         for label, value, config in engine_configs(base, sweep):
@@ -201,7 +202,8 @@ def _engine_targets(args, prompts):
     if args.baseline == "ar" or not args.draft:
         baseline = "ar" if args.draft else None
         targets.insert(0, EngineTarget(Engine(loaded, EngineConfig(max_context=max_context, cache_type_k=args.cache_type_k,
-                                                                  cache_type_v=args.cache_type_v)), "ar"))
+                                                                  cache_type_v=args.cache_type_v,
+                                                                  cache_k_exact_layers=args.cache_k_exact_layers)), "ar"))
     elif args.baseline:  # a server (ours or a peer) side by side with the in-process engine
         targets.insert(0, EndpointTarget(args.baseline, args.api_key, None, label="endpoint"))
         baseline = "endpoint"

@@ -18,12 +18,25 @@ def add_model_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--max-context", type=int, default=8192, help="tokens of KV cache to allocate (default 8192)")
     g.add_argument("--cache-type-k", default="auto", help="K cache type: auto, bf16, f16, f32, q8_0, q4_0, tq3_0")
     g.add_argument("--cache-type-v", default="auto", help="V cache type: auto, bf16, f16, f32, q8_0, q4_0, tq3_0")
+    g.add_argument("--cache-k-exact-layers", type=non_negative_int, default=0, metavar="N",
+                   help="keep K uncompressed in the first N attention layers (1 rescues q4_0/tq3_0 keys on Qwen2.5; docs/kv.md)")
     d = p.add_argument_group("speculative decoding")
     d.add_argument("--draft", default=None, help="drafter: ngram, draft, mtp, dflash (default: none, plain decoding)")
     d.add_argument("--draft-model", default=None, help="drafter weights for --draft draft / dflash (dflash on the embedded default: its shipped drafter)")
     d.add_argument("--num-draft", type=int, default=5, help="tokens per chain draft for ngram/draft/mtp (default 5)")
     d.add_argument("--budget", default="auto", help="DDTree node budget for dflash: an integer or 'auto' (default)")
     d.add_argument("--no-tree", action="store_true", help="dflash: verify the plain DFlash chain instead of a DDTree")
+
+
+def non_negative_int(value: str) -> int:
+    """argparse type: an integer >= 0 (argparse names the flag in its error)."""
+    try:
+        n = int(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an integer >= 0, got {value!r}") from None
+    if n < 0:
+        raise argparse.ArgumentTypeError(f"expected an integer >= 0, got {n}")
+    return n
 
 
 def parse_budget(value: str) -> int | str:
@@ -60,5 +73,6 @@ def build_engine(args: argparse.Namespace, progress: bool = True):
         draft_options=options,
         cache_type_k=args.cache_type_k,
         cache_type_v=args.cache_type_v,
+        cache_k_exact_layers=args.cache_k_exact_layers,
     )
     return Engine(loaded, config)

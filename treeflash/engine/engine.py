@@ -28,6 +28,7 @@ class EngineConfig:
     draft_options: DraftOptions = DraftOptions()
     cache_type_k: str = "auto"
     cache_type_v: str = "auto"
+    cache_k_exact_layers: int = 0  # the first N attention layers keep K uncompressed (kv.cache.CacheSpec)
     cuda_graphs: bool = True  # on CUDA: decode and verify replay captured graphs
 
 
@@ -40,7 +41,8 @@ class Engine:
         self.config = config
         self.max_context = min(config.max_context, loaded.config.max_position_embeddings)
         self.drafter: Drafter | None = build_drafter(config.draft, loaded, config.draft_options) if config.draft else None
-        self.cache = self.model.new_cache(self.max_context + 1, config.cache_type_k, config.cache_type_v)
+        self.cache = self.model.new_cache(self.max_context + 1, config.cache_type_k, config.cache_type_v,
+                                          k_exact_layers=config.cache_k_exact_layers)
         self.runner = None  # eager on the CPU; CUDA graphs for decode and verify on a GPU
         if self.model.device.type == "cuda" and config.cuda_graphs:
             from treeflash.models.runner import CudaGraphRunner

@@ -10,7 +10,7 @@ This layer knows nothing of model configs: the model describes its layers with a
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 
@@ -29,6 +29,13 @@ class CacheSpec:
     cache_type_k: str = "auto"  # auto = the runtime dtype; or bf16, f16, f32, q8_0, q4_0, tq3_0
     cache_type_v: str = "auto"
     center_keys: bool = True  # compressed K: store keys minus the prompt's mean key (exact for attention)
+    # the first this many attention layers store K at the runtime dtype whatever cache_type_k says
+    # (Qwen2.5's layer-0 keys do not survive 3-4 bits: docs/kv.md, "Exact keys in the first layer")
+    k_exact_layers: int = 0
+
+    def __post_init__(self) -> None:
+        if self.k_exact_layers < 0:
+            raise ValueError(f"k_exact_layers must be >= 0, got {self.k_exact_layers}")
 
 
 @dataclass(frozen=True)
@@ -46,9 +53,13 @@ class ModelCache:
         self.seq_len = 0  # committed tokens
         self.pending = 0  # nodes of the last verify step, not yet committed
         self.layers: list[AttentionCache | RecurrentCache] = []
+        exact_k = replace(spec, cache_type_k="auto")
+        attention_seen = 0
         for kind in layout.layer_kinds:
             if kind == ATTENTION:
-                self.layers.append(make_attention_cache(layout.num_kv_heads, layout.head_dim, spec))
+                layer_spec = exact_k if attention_seen < spec.k_exact_layers else spec
+                self.layers.append(make_attention_cache(layout.num_kv_heads, layout.head_dim, layer_spec))
+                attention_seen += 1
             elif kind == RECURRENT:
                 assert layout.recurrent is not None
                 self.layers.append(RecurrentCache(layout.recurrent, spec.dtype, spec.device))

@@ -189,16 +189,21 @@ def groups() -> dict[str, dict]:
     return {"quantize": quant, "attention": attn}
 
 
-def main(group: str) -> None:
+def run_checks(checks: dict[str, tuple]) -> dict[str, str | None]:
+    """{name: (fn, args)} -> {name: None, or the error and its traceback}; each check seeded alike."""
     results = {}
-    for name, (fn, args) in groups()[group].items():
+    for name, (fn, args) in checks.items():
         torch.manual_seed(0)
         try:
             fn(*args)
             results[name] = None
         except Exception as e:  # reported per check by the pytest side
             results[name] = f"{type(e).__name__}: {e}\n{traceback.format_exc(limit=3)}"
-    print(json.dumps(results))
+    return results
+
+
+def main(group: str) -> None:
+    print(json.dumps(run_checks(groups()[group])))
 
 
 if __name__ == "__main__":

@@ -11,7 +11,6 @@ import json
 import os
 import subprocess
 import sys
-import traceback
 from pathlib import Path
 
 import pytest
@@ -75,17 +74,9 @@ def check(variant: str, fmt_k: str, fmt_v: str, mode: str) -> None:
 
 
 def main() -> None:
-    import torch
+    from tests.kernels.interpret_checks import run_checks
 
-    results = {}
-    for name, args in _cases().items():
-        torch.manual_seed(0)
-        try:
-            check(*args)
-            results[name] = None
-        except Exception as e:  # reported per case by the pytest side
-            results[name] = f"{type(e).__name__}: {e}\n{traceback.format_exc(limit=3)}"
-    print(json.dumps(results))
+    print(json.dumps(run_checks({name: (check, args) for name, args in _cases().items()})))
 
 
 @pytest.fixture(scope="module")

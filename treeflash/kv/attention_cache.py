@@ -11,6 +11,9 @@ from typing import TYPE_CHECKING, Protocol
 import torch
 import torch.nn.functional as F
 
+from treeflash.kernels.norm import _interpreting
+from treeflash.kernels.rotary import norm_rotary, norm_rotary_into_cache
+
 if TYPE_CHECKING:
     from treeflash.kv.cache import CacheSpec
 
@@ -126,9 +129,6 @@ class DenseAttentionCache:
         """attend_static for q and k before their (norm +) rotary: on the GPU one kernel turns the
         query heads and writes the turned keys and the values into the cache rows (no separate
         norm_rotary launches, no index_copy_)."""
-        from treeflash.kernels.norm import _interpreting
-        from treeflash.kernels.rotary import norm_rotary, norm_rotary_into_cache
-
         cos, sin, q_w, k_w, eps, unit = rotary
         if (q.is_cuda or _interpreting()) and self.k.dtype == k.dtype and self.v.dtype == v.dtype:
             q = norm_rotary_into_cache(q, k, v, cos, sin, q_w, k_w, eps, unit, self.k, self.v, slots)

@@ -344,8 +344,17 @@ def bench_transformers(model: CausalLM, args) -> dict:
     # setting); the first calls compile and capture, so it is warmed up with two full-length runs
     # and the third is timed. Compiling hf.forward by hand on top of that fails (a CUDA-graph output
     # read after the next replay overwrote it: seen on the H200, transformers 5.17).
+    stamps: list[float] = []
+
+    class _Stamp(tf.LogitsProcessor):  # one host timestamp per generated token (generate syncs every step anyway)
+        def __call__(self, input_ids, scores):
+            torch.cuda.synchronize()
+            stamps.append(time.perf_counter())
+            return scores
+
     for mode in ["eager_dynamic"] + (["static"] if args.hf_compile else []):
-        kw = dict(max_new_tokens=args.hf_tokens, min_new_tokens=args.hf_tokens, do_sample=False)
+        kw = dict(max_new_tokens=args.hf_tokens, min_new_tokens=args.hf_tokens, do_sample=False,
+                  logits_processor=tf.LogitsProcessorList([_Stamp()]))
         if mode == "static":
             kw["cache_implementation"] = "static"
         try:
@@ -354,11 +363,16 @@ def bench_transformers(model: CausalLM, args) -> dict:
                 hf.generate(ids, **kw)  # warm up / compile at the timed shapes
             torch.cuda.synchronize()
             warm = time.perf_counter() - t0
+            stamps.clear()
             t0 = time.perf_counter()
             hf.generate(ids, **kw)
             torch.cuda.synchronize()
             dt = time.perf_counter() - t0
-            out[mode] = {"tokens_per_s": args.hf_tokens / dt, "warmup_s": warm, "note": "includes the prefill of the context"}
+            # decode rate from the per-token stamps: the first stamp follows the prefill
+            per_token = (stamps[-1] - stamps[0]) / (len(stamps) - 1)
+            out[mode] = {"tokens_per_s": 1.0 / per_token, "step_ms": per_token * 1e3, "warmup_s": warm,
+                         "end_to_end_tokens_per_s": args.hf_tokens / dt, "tokens": args.hf_tokens,
+                         "note": "tokens_per_s: decode steps only (host stamps between tokens); end_to_end includes the prefill"}
         except Exception as e:  # report, do not hide
             out[mode] = {"error": f"{type(e).__name__}: {str(e)[:300]}"}
         print(f"  transformers {mode}: {out[mode]}", flush=True)
@@ -376,6 +390,8 @@ def main() -> None:
     p.add_argument("--unfused", action="store_true", help="skip fusing q/k/v, gate/up and linear-attention projections")
     p.add_argument("--fused-rows", type=int, default=None,
                    help="steps of up to this many tokens run the fused layers (kernels/linear.py); 0: off; default: the model's (128 on CUDA bf16)")
+    p.add_argument("--gdn-fused-decode", action="store_true",
+                   help="the Gated DeltaNet decode step as one launch (kernels/gdn_decode.py: decode_step) instead of two")
     p.add_argument("--drafter-layers", type=int, default=5, help="time a random DFlash drafter's pass with this many layers (0: skip)")
     p.add_argument("--block-size", type=int, default=16, help="the drafter's block size")
     p.add_argument("--hf", action="store_true", help="also time transformers' generate on the dense shape")
@@ -383,8 +399,11 @@ def main() -> None:
     p.add_argument("--hf-tokens", type=int, default=32)
     p.add_argument("--out", default="bench/results/gpu_speed.json")
     args = p.parse_args()
+    if args.gdn_fused_decode:
+        from treeflash.kernels import gdn_decode
+        gdn_decode.FUSED_DECODE = True
     bw = measure_bandwidth(4.0 if DEV == "cuda" else 0.25)
-    result = {"gpu": torch.cuda.get_device_name() if DEV == "cuda" else platform.processor() or "cpu", "torch": torch.__version__, "python": platform.python_version(),
+    result = {"args": vars(args), "gpu": torch.cuda.get_device_name() if DEV == "cuda" else platform.processor() or "cpu", "torch": torch.__version__, "python": platform.python_version(),
               "copy_bandwidth_gb_s": bw / 1e9, "shapes": {}}
     print(f"copy bandwidth {bw / 1e9:.0f} GB/s", flush=True)
     for shape in args.shapes.split(","):

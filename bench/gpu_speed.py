@@ -27,6 +27,8 @@ from treeflash.models.config import ModelConfig  # noqa: E402
 from treeflash.models.runner import CudaGraphRunner  # noqa: E402
 from treeflash.models.step import StepInput  # noqa: E402
 from treeflash.models.transformer import CausalLM  # noqa: E402
+from treeflash.spec.decoder import Decoder  # noqa: E402
+from treeflash.spec.sampling import SamplingParams  # noqa: E402
 
 SHAPES = {
     # Qwen3-8B: 36 layers, hidden 4096, 32 q heads / 8 kv heads of 128, MLP 12288, vocab 151936
@@ -210,6 +212,24 @@ def bench_shape(shape: str, args, bandwidth: float) -> dict:
         "graph_fraction_of_roofline": (nbytes / g_decode) / bandwidth,
     }
     cache.seq_len = base  # the replays above appended tokens; rewind (attention-only positions; states are junk anyway)
+
+    # the same through the Decoder, as `generate` runs greedy plain decoding: step k + 1 is enqueued
+    # (its token taken on the device) before step k's token is read back (runner.enqueue_greedy)
+    dec = Decoder(model, cache, SamplingParams(), runner=runner)
+    dec.prefill(prompt.tolist())
+    for _ in range(3):
+        dec.step()
+    sync()
+    t0 = time.perf_counter()
+    for _ in range(args.decode_tokens):
+        dec.step()
+    t_pipe = (time.perf_counter() - t0) / args.decode_tokens
+    res["decode"].update({"pipelined_tokens_per_s": 1 / t_pipe, "pipelined_step_ms": t_pipe * 1e3,
+                          "pipelined_fraction_of_roofline": (nbytes / t_pipe) / bandwidth})
+    sync()
+    cache.reset()
+    runner.forward(StepInput.plain(prompt, 0), compute_logits=False)
+    base = cache.seq_len
 
     # verify of n nodes: a chain (the deepest tree: the Gated DeltaNet tree recurrence is sequential
     # along a path), and for 16+ nodes also a DDTree-shaped tree (ddtree_parents); then the greedy
@@ -411,7 +431,8 @@ def main() -> None:
         result["shapes"][shape] = r
         d = r["decode"]
         print(f"{shape}: decode {d['tokens_per_s']:.1f} tok/s ({d['fraction_of_roofline']:.0%} of roofline; graph alone "
-              f"{d['graph_fraction_of_roofline']:.0%}), capture {r['capture_s']:.1f}s", flush=True)
+              f"{d['graph_fraction_of_roofline']:.0%}; pipelined {d['pipelined_tokens_per_s']:.1f} tok/s, "
+              f"{d['pipelined_fraction_of_roofline']:.0%}), capture {r['capture_s']:.1f}s", flush=True)
         for kind in ("verify", "verify_tree"):
             for n, v in r[kind].items():
                 print(f"  {kind:11s} {n:4d} nodes (depth {v['depth']:2d}): {v['step_ms']:.2f} ms ({v['ratio_to_decode_step']:.2f}x decode; "

@@ -31,3 +31,31 @@ def test_static_runner_matches_eager(arch):
     assert run(model, prompt, 40, static=True) == ref  # plain decode through the static T=1 path
     out = run(model, prompt, 40, OracleDrafter(model, depth=4, width=2, corrupt=0.4), static=True)
     assert out == ref  # verify buckets with padding nodes, static commit
+
+
+@pytest.mark.parametrize("arch", ["llama", "qwen3_5"])
+def test_pipelined_greedy_decode(arch):
+    """Greedy plain decoding through a graph runner enqueues step k + 1 (its token taken on the device)
+    before it reads step k: same tokens as the eager runner, up to a full cache, and a sequence that
+    stopped with a step enqueued ahead leaves nothing behind for the next one."""
+    _, model = make_pair(arch)
+    prompts = [torch.randint(0, 97, (n,)).tolist() for n in (9, 13)]
+    refs = [run(model, p, 30) for p in prompts]
+    cache = model.new_cache(len(prompts[0]) + 30)  # room for exactly the 30 tokens: the last step has no step ahead
+    runner = CudaGraphRunner(model, cache, buckets=(1, 2, 4), use_graphs=False)
+    dec = Decoder(model, cache, SamplingParams(), runner=runner)
+    assert dec._pipelined()
+    for prompt, ref, n in [(prompts[0], refs[0], 30), (prompts[1], refs[1], 12), (prompts[0], refs[0], 30)]:
+        out = [dec.prefill(prompt)]
+        while len(out) < n:
+            out.extend(dec.step())
+        assert out == ref[:n]
+        if n == 12:
+            assert dec._ahead is not None  # stopped with a step in flight: the next prefill must reset it
+    assert cache.seq_len == cache.max_len
+    logged = Decoder(model, cache, SamplingParams(), runner=runner, want_logprobs=0)
+    assert not logged._pipelined()  # logprobs need the logits of each step: the step-by-step path
+    out = [logged.prefill(prompts[1])]
+    while len(out) < 20:
+        out.extend(logged.step())
+    assert out == refs[1][:20]

@@ -52,6 +52,19 @@ def capture_graph(fn, pool, warmups: int = 2):
 
 
 @dataclass
+class PendingToken:
+    """A greedy token a step computed, on its way to the host: `token()` waits for that step only."""
+
+    host: torch.Tensor  # [1] long, pinned on a GPU host
+    event: object = None  # torch.cuda.Event recorded after the device-to-host copy (None: already there)
+
+    def token(self) -> int:
+        if self.event is not None:
+            self.event.synchronize()
+        return int(self.host[0])
+
+
+@dataclass
 class _Graph:
     replay: object  # () -> None: a CUDA graph's replay, or (static mode without graphs) the eager call
     logits: torch.Tensor | None  # [T, vocab] fp32 (static output)
@@ -90,6 +103,11 @@ class CudaGraphRunner(EagerRunner):
         self.tree_mask = torch.zeros(tmax, tmax, dtype=torch.bool, device=dev)
         self.key_pos = torch.arange(self.max_len, device=dev)
         self.node_pos = torch.arange(tmax, device=dev)
+        # enqueue_greedy's own pinned buffers (a ring of 2: step k + 1 is enqueued before step k is read)
+        self.ahead_start = [torch.zeros(1, dtype=torch.long, pin_memory=pin) for _ in range(2)]
+        self.ahead_token = [torch.zeros(1, dtype=torch.long, pin_memory=pin) for _ in range(2)]
+        self.ahead_events = [torch.cuda.Event() if pin else None for _ in range(2)]
+        self._ring = 0
         self.pool = torch.cuda.graph_pool_handle() if self.use_graphs else None
         self.graphs: dict[int, _Graph] = {}
         self.decode: _Graph | None = None
@@ -223,6 +241,36 @@ class CudaGraphRunner(EagerRunner):
         logits = g.logits[:n]
         captured = g.captured[:n] if g.captured is not None else None
         return ForwardOutput(logits=logits, hidden=logits.new_empty(0), captured=captured, argmax=g.argmax[:n])
+
+    def enqueue_greedy(self, token: int | None) -> PendingToken:
+        """Enqueue one greedy decode step without waiting for it. Its input is `token` (from the host)
+        or, with None, the greedy token of the step enqueued just before, taken on the device, so the
+        host can enqueue step k + 1 before it reads step k's token and the GPU never waits for the host.
+
+        The caller reads each PendingToken before enqueueing two more steps (a ring of two pinned
+        buffers). A step enqueued ahead advances the cache (its KV row, the recurrent state) whether
+        or not its token is wanted: a sequence that stops leaves one extra step in the cache, which
+        the next prefill resets."""
+        cache = self.cache
+        if self.decode is None or self.capture_layers:
+            raise RuntimeError("enqueue_greedy needs the decode graph without captured layers")
+        if token is not None:
+            self.forward(StepInput.plain(torch.tensor([token], dtype=torch.long), cache.seq_len))
+        else:
+            tm = self.buckets[-1]
+            start = self.ahead_start[self._ring]
+            start[0] = cache.seq_len  # safe to rewrite: its last copy preceded a step the host has read
+            cache.begin(1, verify=False)
+            self.ints[3 * tm : 3 * tm + 1].copy_(start, non_blocking=True)
+            self.ints[0:1].copy_(self.decode.argmax[:1])  # the previous step's token, device to device
+            self.decode.replay()
+            cache.end_plain(1)
+        host, event = self.ahead_token[self._ring], self.ahead_events[self._ring]
+        host.copy_(self.decode.argmax[:1], non_blocking=event is not None)
+        if event is not None:
+            event.record()
+        self._ring ^= 1
+        return PendingToken(host, event)
 
     def abandon(self) -> None:
         self._last_bucket = None

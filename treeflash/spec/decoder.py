@@ -41,6 +41,7 @@ class Decoder:
         self.stats = SpecStats()
         self.tokens: list[int] = []  # committed tokens (prompt + output, root excluded)
         self.root: int | None = None
+        self._ahead = None  # PendingToken of a plain step enqueued before its input was read back
 
     @property
     def capture(self) -> tuple[int, ...]:
@@ -49,6 +50,7 @@ class Decoder:
     @torch.inference_mode()
     def prefill(self, prompt_ids: list[int], chunk: int = 2048) -> int:
         """Commit the prompt; return the first sampled token (the root of the first step)."""
+        self._ahead = None  # a step left enqueued by an earlier sequence is reset with the cache
         self.cache.reset()
         if self.drafter is not None:
             self.drafter.reset()
@@ -111,6 +113,8 @@ class Decoder:
         commit and exact: that verify would sample the same distribution at the same node. A drafter
         still gets the root's hidden states."""
         t0 = time.perf_counter()
+        if self._pipelined():
+            return self._plain_step_ahead(t0, draft_s)
         ids = torch.tensor([self.root], dtype=torch.long)  # on the host: a graph runner copies it in with the step's other ints
         out = self.runner.forward(StepInput.plain(ids, self.cache.seq_len), capture_layers=self.capture)
         self.tokens.append(self.root)
@@ -119,6 +123,26 @@ class Decoder:
             self.drafter.observe([self.root], None if out.captured is None else out.captured.clone())
         self.root = int(self._pick(out)[0])
         self._logprobs(out.logits, [self.root])
+        self.stats.draft_s += draft_s
+        self.stats.verify_s += time.perf_counter() - t0
+        self.stats.record(0, 0, 0)
+        return [self.root]
+
+    def _pipelined(self) -> bool:
+        """Greedy plain decoding through a graph runner: step k + 1 is enqueued before step k's token
+        is read back (`enqueue_greedy`), so the GPU does not wait for the host between tokens."""
+        enqueue = getattr(self.runner, "enqueue_greedy", None)
+        return (enqueue is not None and self.drafter is None and self.params.greedy and self.want_logprobs is None
+                and getattr(self.runner, "decode", None) is not None and not self.runner.capture_layers)
+
+    def _plain_step_ahead(self, t0: float, draft_s: float) -> list[int]:
+        cur, self._ahead = self._ahead, None
+        if cur is None:
+            cur = self.runner.enqueue_greedy(self.root)
+        if self.cache.seq_len < self.cache.max_len:  # the next step, fed by this one's token on the device
+            self._ahead = self.runner.enqueue_greedy(None)
+        self.tokens.append(self.root)
+        self.root = cur.token()
         self.stats.draft_s += draft_s
         self.stats.verify_s += time.perf_counter() - t0
         self.stats.record(0, 0, 0)

@@ -410,6 +410,7 @@ def main() -> None:
     p.add_argument("--unfused", action="store_true", help="skip fusing q/k/v, gate/up and linear-attention projections")
     p.add_argument("--fused-rows", type=int, default=None,
                    help="steps of up to this many tokens run the fused layers (kernels/linear.py); 0: off; default: the model's (128 on CUDA bf16)")
+    p.add_argument("--gemv", action="store_true", help="one-row projections through kernels/gemv.py instead of cuBLAS")
     p.add_argument("--gdn-fused-decode", action="store_true",
                    help="the Gated DeltaNet decode step as one launch (kernels/gdn_decode.py: decode_step) instead of two")
     p.add_argument("--drafter-layers", type=int, default=5, help="time a random DFlash drafter's pass with this many layers (0: skip)")
@@ -419,6 +420,9 @@ def main() -> None:
     p.add_argument("--hf-tokens", type=int, default=32)
     p.add_argument("--out", default="bench/results/gpu_speed.json")
     args = p.parse_args()
+    if args.gemv:
+        from treeflash.kernels import gemv
+        gemv.USE_GEMV = True
     if args.gdn_fused_decode:
         from treeflash.kernels import gdn_decode
         gdn_decode.FUSED_DECODE = True

@@ -9,6 +9,7 @@ from torch import nn
 from treeflash.kernels.activation import sigmoid_gate
 from treeflash.kernels.linear import linear_fused
 from treeflash.kernels.rotary import norm_rotary
+from treeflash.kernels import gemv
 from treeflash.kv.attention_cache import AttentionCache
 from treeflash.models.config import ModelConfig
 from treeflash.models.layers import RMSNorm
@@ -69,7 +70,7 @@ class Attention(nn.Module):
         elif self.qkv_int4 is not None:
             q, k, v = self.qkv_int4(x).split([self.q_proj.out_features, self.k_proj.out_features, self.v_proj.out_features], dim=-1)
         elif self.qkv_weight is not None:
-            q, k, v = F.linear(x, self.qkv_weight, self.qkv_bias).split(
+            q, k, v = gemv.linear(x, self.qkv_weight, self.qkv_bias).split(
                 [self.q_proj.weight.shape[0], self.k_proj.weight.shape[0], self.v_proj.weight.shape[0]], dim=-1)
         else:
             q, k, v = self.q_proj(x), self.k_proj(x), self.v_proj(x)
@@ -97,4 +98,4 @@ class Attention(nn.Module):
             out = sigmoid_gate(out, gate)
         if residual is not None:
             return linear_fused(out, self.o_proj.weight, residual=residual)
-        return self.o_proj(out)
+        return gemv.apply(self.o_proj, out)

@@ -34,6 +34,7 @@ from treeflash.kernels.gdn_decode import conv_step, decode_step, recurrent_step
 from treeflash.kernels.gdn_tree import tree_conv, tree_recurrent
 from treeflash.kernels.linear import linear_fused
 from treeflash.kernels.norm import rmsnorm_gated
+from treeflash.kernels import gemv
 from treeflash.kv.recurrent_cache import PendingNodes, RecurrentCache
 from treeflash.models.config import ModelConfig
 from treeflash.models.step import StepInput
@@ -196,7 +197,7 @@ class GatedDeltaNet(nn.Module):
         if norm is not None:
             mixed, z, b, a = norm.linear(x, self.in_proj).split([self.conv_dim, self.value_dim, self.num_v_heads, self.num_v_heads], dim=-1)
         elif self.in_proj is not None:
-            mixed, z, b, a = F.linear(x, self.in_proj).split([self.conv_dim, self.value_dim, self.num_v_heads, self.num_v_heads], dim=-1)
+            mixed, z, b, a = gemv.linear(x, self.in_proj).split([self.conv_dim, self.value_dim, self.num_v_heads, self.num_v_heads], dim=-1)
         else:
             mixed, z, b, a = self.in_proj_qkv(x), self.in_proj_z(x), self.in_proj_b(x), self.in_proj_a(x)
         # mixed: [T, conv_dim], the conv inputs, kept per node for commit
@@ -205,7 +206,7 @@ class GatedDeltaNet(nn.Module):
         out = self.norm(o, z, x.dtype).reshape(n, self.value_dim)  # o: fp32, rounded to x.dtype inside
         if residual is not None:
             return linear_fused(out, self.out_proj.weight, residual=residual)
-        return self.out_proj(out)
+        return gemv.apply(self.out_proj, out)
 
     def _mix(self, mixed, a, b, step: StepInput, cache: RecurrentCache) -> torch.Tensor:
         """Short conv + gated delta rule: fused kernels on CUDA, their plain-torch references elsewhere."""

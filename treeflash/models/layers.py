@@ -11,6 +11,7 @@ from torch import nn
 from treeflash.kernels.activation import silu_mul
 from treeflash.kernels.linear import linear_fused
 from treeflash.kernels.norm import rmsnorm
+from treeflash.kernels import gemv
 from treeflash.models.config import ModelConfig
 
 
@@ -113,5 +114,5 @@ class MLP(nn.Module):
         if self.gate_up_int4 is not None:
             return self.down_proj(silu_mul(self.gate_up_int4(x)))
         if self.gate_up is not None:
-            return self.down_proj(silu_mul(F.linear(x, self.gate_up)))
+            return gemv.apply(self.down_proj, silu_mul(gemv.linear(x, self.gate_up)))
         return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))

@@ -1,0 +1,135 @@
+"""The one-row GEMV (kernels/gemv.py) against cuBLAS at the decode projections of the Qwen3-8B and
+Qwen3.5-27B shapes: time per call and the fraction of the copy bandwidth, for a sweep of launch
+configurations. Each configuration is first checked against gemv_reference.
+
+    python bench/gpu_gemv.py --out bench/results/gpu_gemv.json
+    python bench/gpu_gemv.py --projections 8b.o,8b.down --max-configs 8
+
+Timing as bench/gpu_linear.py: CUDA-graph replay (triton.testing.do_bench_cudagraph) of one call on
+each of several copies of the weight in turn (>= 256 MB per round, 5x the L2), so every byte comes
+from memory and the gaps between kernels count, as inside a decode graph. The configurations are
+those with 132-1,100 programs and 2-16 unrolled steps (the H200 has 132 SMs).
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import random
+import json
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import torch  # noqa: E402
+import torch.nn.functional as F  # noqa: E402
+
+from treeflash.kernels.gemv import GemvConfig, gemv, gemv_config, gemv_reference  # noqa: E402
+
+PROJECTIONS = {  # name: (N, K)
+    "8b.qkv": (6144, 4096),
+    "8b.o": (4096, 4096),
+    "8b.down": (4096, 12288),
+    "8b.gate_up": (24576, 4096),
+    "27b.out": (5120, 6144),  # linear-attention out_proj and attention o_proj
+    "27b.down": (5120, 17408),
+    "27b.attn_qkv": (14336, 5120),
+}
+
+
+def candidates(n: int, k: int, sms: int = 132) -> list[GemvConfig]:
+    out = []
+    for bn, split, bk, warps in itertools.product((4, 8, 16, 32), (1, 2, 3, 4, 6, 8), (256, 512, 1024), (4, 8)):
+        programs = -(-n // bn) * split
+        k_split = -(-(-(-k // split)) // bk) * bk
+        steps = k_split // bk
+        if sms <= programs <= 1100 and 2 <= steps <= 16 and bn * bk <= 16384:
+            out.append(GemvConfig(bn, bk, split, warps))
+    return out
+
+
+def copy_bandwidth() -> float:
+    from triton.testing import do_bench
+
+    n = 2**31
+    src = torch.empty(n, dtype=torch.uint8, device="cuda")
+    dst = torch.empty_like(src)
+    ms = do_bench(lambda: dst.copy_(src), warmup=20, rep=200, return_mode="median")
+    del src, dst
+    return 2 * n / (ms * 1e-3)
+
+
+def bench(fn) -> float:
+    from triton.testing import do_bench_cudagraph
+
+    return do_bench_cudagraph(fn, rep=60, return_mode="median") * 1e-3  # seconds
+
+
+def run_projection(name: str, bw: float, max_configs: int) -> dict:
+    n, k = PROJECTIONS[name]
+    nbytes = n * k * 2
+    copies = max(2, min(16, -(-256_000_000 // nbytes)))
+    ws = [torch.randn(n, k, device="cuda", dtype=torch.bfloat16) * k**-0.5 for _ in range(copies)]
+    x = torch.randn(1, k, device="cuda", dtype=torch.bfloat16)
+    ref = gemv_reference(x, ws[0]).float()
+    scale = ref.abs().max().item()
+    out: dict = {"name": name, "N": n, "K": k, "weight_mb": nbytes / 1e6, "weight_copies": copies}
+
+    def timed(fn) -> dict:
+        def run():
+            for w in ws:
+                fn(w)
+        t = bench(run) / copies
+        return {"us": t * 1e6, "fraction": nbytes / t / bw}
+
+    out["cublas"] = timed(lambda w: F.linear(x, w))
+    default = gemv_config(n, k)
+    others = [c for c in candidates(n, k) if c != default]
+    random.Random(0).shuffle(others)  # a spread over the grid, the same every run
+    cfgs = [default] + others[: max_configs - 1]
+    for cfg in cfgs:
+        key = f"n{cfg.block_n}_k{cfg.block_k}_s{cfg.split_k}_w{cfg.num_warps}" + (" (default)" if cfg == default else "")
+        try:
+            y = gemv(x, ws[0], config=cfg)
+            err = (y.float() - ref).abs().max().item() / scale
+            same = bool(torch.equal(y, gemv(x, ws[0], config=cfg)))
+            out[key] = {**timed(lambda w: gemv(x, w, config=cfg)), "rel_err": err, "repeatable": same}
+        except Exception as e:  # record and go on
+            out[key] = {"error": f"{type(e).__name__}: {str(e)[:200]}"}
+    del ws
+    return out
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--projections", default="8b.qkv,8b.o,8b.down,27b.out,27b.down,8b.gate_up")
+    p.add_argument("--max-configs", type=int, default=24, help="at most this many configurations per projection")
+    p.add_argument("--out", default="bench/results/gpu_gemv.json")
+    args = p.parse_args()
+    if not torch.cuda.is_available():
+        sys.exit("gpu_gemv.py needs a CUDA GPU (the kernel's correctness on the CPU: tests/kernels/test_gemv.py)")
+    bw = copy_bandwidth()
+    result = {"gpu": torch.cuda.get_device_name(), "torch": torch.__version__, "copy_bandwidth_gb_s": bw / 1e9, "runs": []}
+    print(f"copy bandwidth {bw / 1e9:.0f} GB/s", flush=True)
+    t0 = time.perf_counter()
+    for name in args.projections.split(","):
+        r = run_projection(name, bw, args.max_configs)
+        result["runs"].append(r)
+        ok = {key: v for key, v in r.items() if isinstance(v, dict) and "us" in v and key != "cublas"}
+        bad = [key for key, v in ok.items() if v["rel_err"] > 2**-7 or not v["repeatable"]]
+        best = min(ok, key=lambda key: ok[key]["us"]) if ok else None
+        line = f"{name:12s}: cublas {r['cublas']['us']:6.1f} us ({r['cublas']['fraction']:.0%})"
+        if best:
+            line += f"  best {ok[best]['us']:6.1f} us ({ok[best]['fraction']:.0%}) {best}"
+        d = next((key for key in ok if key.endswith("(default)")), None)
+        if d:
+            line += f"  default {ok[d]['us']:6.1f} us"
+        print(line + f"  wrong {bad}  [{time.perf_counter() - t0:.0f}s]", flush=True)
+        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.out).write_text(json.dumps(result, indent=2))
+
+
+if __name__ == "__main__":
+    main()

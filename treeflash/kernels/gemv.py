@@ -1,0 +1,171 @@
+"""One-row matrix-vector product for decode steps: y = W x (W [N, K] row-major, x [K]).
+
+At batch 1 a projection is a stream of its weight through the SMs, so what matters is keeping
+enough bytes in flight on every SM. cuBLAS picks few, large tiles for narrow outputs (e.g. Qwen3-8B's
+o_proj, [4096, 4096]: 64 tiles of 64 rows, split-K 2, plus a separate reduce kernel), which leaves
+the H200 under a wave and reads at 60-80% of the bandwidth (docs/performance.md).
+
+Program (n-block, split) reads BLOCK_N rows x K / SPLIT_K columns, BLOCK_K at a time (the loop is
+unrolled, so the loads of every step are issued before their multiply-adds), on CUDA cores in fp32.
+With SPLIT_K > 1 each program writes its BLOCK_N partial sums to a scratch row; the last of the
+n-block's programs to finish (an atomic ticket per n-block) adds the SPLIT_K partials in split order,
+writes y and resets the ticket. So the result does not depend on which program finishes last
+(deterministic, no atomics on the values), and there is no second launch.
+
+`gemv_reference` is the plain-torch contract (F.linear, fp32 accumulation); `gemv` runs the kernel
+on CUDA or under TRITON_INTERPRET=1, the reference elsewhere.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+import triton
+import triton.language as tl
+
+
+# `linear` and `apply` send one-row projections on CUDA through gemv (bench/gpu_speed.py --gemv
+# measures it end to end; TREEFLASH_GEMV=1 turns it on for any command)
+USE_GEMV = os.environ.get("TREEFLASH_GEMV", "0") == "1"
+
+
+def _interpreting() -> bool:
+    return os.environ.get("TRITON_INTERPRET") == "1"
+
+
+@triton.jit
+def _gemv_kernel(
+    X, W, B, Y, P, T, N,
+    K: tl.constexpr, HAS_BIAS: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+    SPLIT_K: tl.constexpr, K_SPLIT: tl.constexpr,
+):
+    pid_n, s = tl.program_id(0), tl.program_id(1)
+    rows = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    row_ok = rows < N
+    w_rows = W + rows.to(tl.int64)[:, None] * K
+    acc = tl.zeros((BLOCK_N, BLOCK_K), tl.float32)
+    for i in tl.static_range(K_SPLIT // BLOCK_K):  # unrolled: every step's loads go out first
+        k = s * K_SPLIT + i * BLOCK_K + tl.arange(0, BLOCK_K)
+        k_ok = k < K
+        x = tl.load(X + k, mask=k_ok, other=0.0).to(tl.float32)
+        w = tl.load(w_rows + k[None, :], mask=row_ok[:, None] & k_ok[None, :], other=0.0)
+        acc += w.to(tl.float32) * x[None, :]
+    part = tl.sum(acc, axis=1)  # [BLOCK_N]
+    if SPLIT_K == 1:
+        if HAS_BIAS:
+            part += tl.load(B + rows, mask=row_ok, other=0.0).to(tl.float32)
+        tl.store(Y + rows, part.to(Y.dtype.element_ty), mask=row_ok)
+    else:
+        tl.store(P + s * N + rows, part, mask=row_ok)
+        ticket = tl.atomic_add(T + pid_n, 1, sem="acq_rel")  # release our partials, acquire the others'
+        if ticket == SPLIT_K - 1:  # the last program of this n-block: add the partials in split order
+            total = tl.zeros((BLOCK_N,), tl.float32)
+            for j in tl.static_range(SPLIT_K):
+                total += tl.load(P + j * N + rows, mask=row_ok, other=0.0, cache_modifier=".cg")
+            if HAS_BIAS:
+                total += tl.load(B + rows, mask=row_ok, other=0.0).to(tl.float32)
+            tl.store(Y + rows, total.to(Y.dtype.element_ty), mask=row_ok)
+            tl.atomic_xchg(T + pid_n, 0)  # ready for the next call (and the next CUDA-graph replay)
+
+
+@dataclass(frozen=True)
+class GemvConfig:
+    block_n: int  # output rows per program
+    block_k: int  # columns per unrolled step
+    split_k: int  # programs per n-block (1: no scratch, no ticket)
+    num_warps: int
+
+    def __post_init__(self):
+        for name in ("block_n", "block_k"):
+            v = getattr(self, name)
+            if v < 1 or v & (v - 1):
+                raise ValueError(f"GemvConfig: {name} must be a power of two, got {v}")
+        if self.split_k < 1:
+            raise ValueError(f"GemvConfig: split_k must be >= 1, got {self.split_k}")
+
+
+def gemv_config(n: int, k: int) -> GemvConfig:
+    """The fixed launch configuration for an [N, K] weight (no autotuning; `bench/gpu_gemv.py`
+    sweeps the alternatives on the GPU)."""
+    return GemvConfig(block_n=8, block_k=512, split_k=1 if k <= 4096 else 2, num_warps=4)
+
+
+class _Scratch:
+    """Per-device partial sums and tickets, grown on demand. The tickets return to zero after every
+    call, so one buffer serves every projection, eager or inside a CUDA graph; calls on one stream
+    never overlap."""
+
+    def __init__(self):
+        self.partials: dict[torch.device, torch.Tensor] = {}
+        self.tickets: dict[torch.device, torch.Tensor] = {}
+
+    def get(self, device: torch.device, n_partials: int, n_tickets: int) -> tuple[torch.Tensor, torch.Tensor]:
+        p, t = self.partials.get(device), self.tickets.get(device)
+        if p is None or p.numel() < n_partials:
+            if torch.cuda.is_available() and device.type == "cuda" and torch.cuda.is_current_stream_capturing():
+                raise RuntimeError("gemv: scratch must be reserved before CUDA-graph capture (run the step once first)")
+            p = self.partials[device] = torch.empty(max(n_partials, 1 << 20), dtype=torch.float32, device=device)
+        if t is None or t.numel() < n_tickets:
+            if torch.cuda.is_available() and device.type == "cuda" and torch.cuda.is_current_stream_capturing():
+                raise RuntimeError("gemv: scratch must be reserved before CUDA-graph capture (run the step once first)")
+            t = self.tickets[device] = torch.zeros(max(n_tickets, 1 << 16), dtype=torch.int32, device=device)
+        return p, t
+
+
+_SCRATCH = _Scratch()
+
+
+def gemv_reference(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+    """x [1, K], weight [N, K] -> [1, N] in x.dtype (fp32 accumulation)."""
+    y = F.linear(x.float(), weight.float(), None if bias is None else bias.float())
+    return y.to(x.dtype)
+
+
+def gemv(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None,
+         config: GemvConfig | None = None) -> torch.Tensor:
+    """y = x W^T (+ bias) for one row: x [1, K] (or [K]), weight [N, K] contiguous -> [1, N] (or [N])."""
+    if not (x.is_cuda or _interpreting()):
+        return gemv_reference(x.reshape(1, -1), weight, bias).reshape(*x.shape[:-1], weight.shape[0])
+    n, k = weight.shape
+    if x.numel() != k or x.shape[-1] != k or (x.dim() == 2 and x.shape[0] != 1) or x.dim() > 2:
+        raise ValueError(f"gemv: x must be [1, {k}] or [{k}], got {tuple(x.shape)}")
+    if not weight.is_contiguous() or weight.device != x.device:
+        raise ValueError("gemv: weight must be contiguous and on x's device")
+    if bias is not None and (bias.shape != (n,) or not bias.is_contiguous()):
+        raise ValueError(f"gemv: bias must be contiguous [{n}]")
+    xv = x.reshape(k)
+    if xv.stride(0) != 1:
+        xv = xv.contiguous()
+    cfg = config or gemv_config(n, k)
+    n_blocks = triton.cdiv(n, cfg.block_n)
+    k_split = triton.cdiv(triton.cdiv(k, cfg.split_k), cfg.block_k) * cfg.block_k  # columns per split
+    split = triton.cdiv(k, k_split)
+    y = torch.empty(n, dtype=x.dtype, device=x.device)
+    if split > 1:
+        partials, tickets = _SCRATCH.get(x.device, split * n, n_blocks)
+    else:
+        partials, tickets = y, y  # unused
+    _gemv_kernel[(n_blocks, split)](
+        xv, weight, bias if bias is not None else weight, y, partials, tickets, n,
+        K=k, HAS_BIAS=bias is not None, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, SPLIT_K=split, K_SPLIT=k_split,
+        num_warps=cfg.num_warps,
+    )
+    return y.reshape(*x.shape[:-1], n)
+
+
+def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+    """F.linear, except one row on CUDA when USE_GEMV: gemv (what a decode step's projections call)."""
+    if USE_GEMV and x.is_cuda and x.dim() == 2 and x.shape[0] == 1 and weight.dim() == 2 and weight.is_contiguous():
+        return gemv(x, weight, bias)
+    return F.linear(x, weight, bias)
+
+
+def apply(module: nn.Module, x: torch.Tensor) -> torch.Tensor:
+    """module(x), except a plain nn.Linear on one row on CUDA when USE_GEMV: gemv."""
+    if USE_GEMV and x.is_cuda and x.dim() == 2 and x.shape[0] == 1 and type(module) is nn.Linear and module.weight.is_contiguous():
+        return gemv(x, module.weight, module.bias)
+    return module(x)

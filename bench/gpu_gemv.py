@@ -39,13 +39,19 @@ PROJECTIONS = {  # name: (N, K)
 }
 
 
-def candidates(n: int, k: int, sms: int = 132) -> list[GemvConfig]:
+GRIDS = {  # (block_n, split_k, block_k, warps) choices
+    "wide": ((4, 8, 16, 32), (1, 2, 3, 4, 6, 8), (256, 512, 1024), (4, 8)),  # the first sweep
+    "focus": ((2, 4, 8, 16), (1, 2, 3, 4), (1024, 2048), (4, 8)),  # around its winners: long unrolled steps, few rows
+}
+
+
+def candidates(n: int, k: int, grid: str = "wide", sms: int = 132) -> list[GemvConfig]:
     out = []
-    for bn, split, bk, warps in itertools.product((4, 8, 16, 32), (1, 2, 3, 4, 6, 8), (256, 512, 1024), (4, 8)):
+    for bn, split, bk, warps in itertools.product(*GRIDS[grid]):
         programs = -(-n // bn) * split
         k_split = -(-(-(-k // split)) // bk) * bk
         steps = k_split // bk
-        if sms <= programs <= 1100 and 2 <= steps <= 16 and bn * bk <= 16384:
+        if sms <= programs <= 2200 and 2 <= steps <= 16 and bn * bk <= 16384:
             out.append(GemvConfig(bn, bk, split, warps))
     return out
 
@@ -67,7 +73,7 @@ def bench(fn) -> float:
     return do_bench_cudagraph(fn, rep=60, return_mode="median") * 1e-3  # seconds
 
 
-def run_projection(name: str, bw: float, max_configs: int) -> dict:
+def run_projection(name: str, bw: float, max_configs: int, grid: str) -> dict:
     n, k = PROJECTIONS[name]
     nbytes = n * k * 2
     copies = max(2, min(16, -(-256_000_000 // nbytes)))
@@ -85,8 +91,8 @@ def run_projection(name: str, bw: float, max_configs: int) -> dict:
         return {"us": t * 1e6, "fraction": nbytes / t / bw}
 
     out["cublas"] = timed(lambda w: F.linear(x, w))
-    default = gemv_config(n, k)
-    others = [c for c in candidates(n, k) if c != default]
+    default = gemv_config(n, k) or GemvConfig(8, 512, 1, 4)
+    others = [c for c in candidates(n, k, grid) if c != default]
     random.Random(0).shuffle(others)  # a spread over the grid, the same every run
     cfgs = [default] + others[: max_configs - 1]
     for cfg in cfgs:
@@ -106,16 +112,17 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--projections", default="8b.qkv,8b.o,8b.down,27b.out,27b.down,8b.gate_up")
     p.add_argument("--max-configs", type=int, default=24, help="at most this many configurations per projection")
+    p.add_argument("--grid", choices=sorted(GRIDS), default="wide", help="which configuration grid to sample")
     p.add_argument("--out", default="bench/results/gpu_gemv.json")
     args = p.parse_args()
     if not torch.cuda.is_available():
         sys.exit("gpu_gemv.py needs a CUDA GPU (the kernel's correctness on the CPU: tests/kernels/test_gemv.py)")
     bw = copy_bandwidth()
-    result = {"gpu": torch.cuda.get_device_name(), "torch": torch.__version__, "copy_bandwidth_gb_s": bw / 1e9, "runs": []}
+    result = {"grid": args.grid, "gpu": torch.cuda.get_device_name(), "torch": torch.__version__, "copy_bandwidth_gb_s": bw / 1e9, "runs": []}
     print(f"copy bandwidth {bw / 1e9:.0f} GB/s", flush=True)
     t0 = time.perf_counter()
     for name in args.projections.split(","):
-        r = run_projection(name, bw, args.max_configs)
+        r = run_projection(name, bw, args.max_configs, args.grid)
         result["runs"].append(r)
         ok = {key: v for key, v in r.items() if isinstance(v, dict) and "us" in v and key != "cublas"}
         bad = [key for key, v in ok.items() if v["rel_err"] > 2**-7 or not v["repeatable"]]

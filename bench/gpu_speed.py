@@ -411,6 +411,7 @@ def main() -> None:
     p.add_argument("--fused-rows", type=int, default=None,
                    help="steps of up to this many tokens run the fused layers (kernels/linear.py); 0: off; default: the model's (128 on CUDA bf16)")
     p.add_argument("--gemv", action="store_true", help="one-row projections through kernels/gemv.py instead of cuBLAS")
+    p.add_argument("--gemv-table", default=None, help="with --gemv: take gemv's per-shape configurations from this bench/gpu_gemv.py JSON")
     p.add_argument("--gdn-fused-decode", action="store_true",
                    help="the Gated DeltaNet decode step as one launch (kernels/gdn_decode.py: decode_step) instead of two")
     p.add_argument("--drafter-layers", type=int, default=5, help="time a random DFlash drafter's pass with this many layers (0: skip)")
@@ -423,6 +424,9 @@ def main() -> None:
     if args.gemv:
         from treeflash.kernels import gemv
         gemv.USE_GEMV = True
+        if args.gemv_table:
+            print("gemv table:", gemv.load_table(args.gemv_table), flush=True)
+        args.gemv_tuned = {f"{n}x{k}": str(c) for (n, k), c in gemv.TUNED.items()}
     if args.gdn_fused_decode:
         from treeflash.kernels import gdn_decode
         gdn_decode.FUSED_DECODE = True

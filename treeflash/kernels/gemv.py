@@ -89,9 +89,42 @@ class GemvConfig:
 
 
 def gemv_config(n: int, k: int) -> GemvConfig:
-    """The fixed launch configuration for an [N, K] weight (no autotuning; `bench/gpu_gemv.py`
-    sweeps the alternatives on the GPU)."""
-    return GemvConfig(block_n=8, block_k=512, split_k=1 if k <= 4096 else 2, num_warps=4)
+    """The launch configuration for an [N, K] weight: the tuned one, else a generic one (no autotuning)."""
+    return TUNED.get((n, k)) or GemvConfig(block_n=8, block_k=512, split_k=1 if k <= 4096 else 2, num_warps=4)
+
+
+# (N, K) -> the fastest configuration of an H200 sweep where it beats cuBLAS (bench/gpu_gemv.py;
+# bench/results/gpu_gemv*.json, us per call with every weight byte from memory). `linear` and
+# `apply` use gemv only for these shapes; every other one stays on cuBLAS (e.g. gate/up, 96-99% of
+# the bandwidth there already).
+TUNED: dict[tuple[int, int], GemvConfig] = {
+    (6144, 4096): GemvConfig(8, 1024, 1, 4),  # Qwen3-8B q/k/v: 13.8 us vs cuBLAS 15.7
+    (4096, 4096): GemvConfig(4, 1024, 1, 8),  # Qwen3-8B o_proj: 10.8 vs 13.5
+    (4096, 12288): GemvConfig(4, 1024, 1, 4),  # Qwen3-8B down: 25.2 vs 29.5
+    (5120, 17408): GemvConfig(16, 1024, 3, 4),  # Qwen3.5-27B down: 46.7 vs 49.8
+}
+
+
+def load_table(path: str, margin: float = 0.98) -> dict[str, str]:
+    """Replace TUNED's entries with a sweep's results (bench/gpu_gemv.py JSON): per projection, its
+    fastest configuration if that takes under `margin` x cuBLAS's time, else cuBLAS. Returns what
+    was chosen, by (N, K)."""
+    import json
+
+    chosen = {}
+    for run in json.loads(open(path).read())["runs"]:
+        n, k = run["N"], run["K"]
+        timed = {name.split(" ")[0]: v["us"] for name, v in run.items()
+                 if isinstance(v, dict) and "us" in v and name != "cublas" and v.get("repeatable", True)}
+        best = min(timed, key=timed.get) if timed else None
+        if best is not None and timed[best] < margin * run["cublas"]["us"]:
+            bn, bk, sk, w = (int(part[1:]) for part in best.split("_"))
+            TUNED[(n, k)] = GemvConfig(bn, bk, sk, w)
+            chosen[f"{n}x{k}"] = f"{best} {timed[best]:.1f} us vs cublas {run['cublas']['us']:.1f}"
+        else:
+            TUNED.pop((n, k), None)
+            chosen[f"{n}x{k}"] = f"cublas {run['cublas']['us']:.1f} us"
+    return chosen
 
 
 class _Scratch:
@@ -158,14 +191,16 @@ def gemv(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None
 
 
 def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
-    """F.linear, except one row on CUDA when USE_GEMV: gemv (what a decode step's projections call)."""
-    if USE_GEMV and x.is_cuda and x.dim() == 2 and x.shape[0] == 1 and weight.dim() == 2 and weight.is_contiguous():
+    """F.linear, except one row on CUDA with a TUNED weight shape when USE_GEMV: gemv (what a decode
+    step's projections call)."""
+    if USE_GEMV and x.is_cuda and x.dim() == 2 and x.shape[0] == 1 and tuple(weight.shape) in TUNED and weight.is_contiguous():
         return gemv(x, weight, bias)
     return F.linear(x, weight, bias)
 
 
 def apply(module: nn.Module, x: torch.Tensor) -> torch.Tensor:
-    """module(x), except a plain nn.Linear on one row on CUDA when USE_GEMV: gemv."""
-    if USE_GEMV and x.is_cuda and x.dim() == 2 and x.shape[0] == 1 and type(module) is nn.Linear and module.weight.is_contiguous():
+    """module(x), except a plain nn.Linear with a TUNED shape on one row on CUDA when USE_GEMV: gemv."""
+    if (USE_GEMV and x.is_cuda and x.dim() == 2 and x.shape[0] == 1 and type(module) is nn.Linear
+            and tuple(module.weight.shape) in TUNED and module.weight.is_contiguous()):
         return gemv(x, module.weight, module.bias)
     return module(x)

@@ -410,7 +410,8 @@ def main() -> None:
     p.add_argument("--unfused", action="store_true", help="skip fusing q/k/v, gate/up and linear-attention projections")
     p.add_argument("--fused-rows", type=int, default=None,
                    help="steps of up to this many tokens run the fused layers (kernels/linear.py); 0: off; default: the model's (128 on CUDA bf16)")
-    p.add_argument("--gemv", action="store_true", help="one-row projections through kernels/gemv.py instead of cuBLAS")
+    p.add_argument("--gemv", action=argparse.BooleanOptionalAction, default=None,
+                   help="one-row projections of the tuned shapes through kernels/gemv.py (default: the library's, on); --no-gemv: cuBLAS")
     p.add_argument("--gemv-table", default=None, help="with --gemv: take gemv's per-shape configurations from this bench/gpu_gemv.py JSON")
     p.add_argument("--gdn-fused-decode", action="store_true",
                    help="the Gated DeltaNet decode step as one launch (kernels/gdn_decode.py: decode_step) instead of two")
@@ -421,9 +422,10 @@ def main() -> None:
     p.add_argument("--hf-tokens", type=int, default=32)
     p.add_argument("--out", default="bench/results/gpu_speed.json")
     args = p.parse_args()
-    if args.gemv:
-        from treeflash.kernels import gemv
-        gemv.USE_GEMV = True
+    from treeflash.kernels import gemv
+    if args.gemv is not None:
+        gemv.USE_GEMV = args.gemv
+    if gemv.USE_GEMV:
         if args.gemv_table:
             print("gemv table:", gemv.load_table(args.gemv_table), flush=True)
         args.gemv_tuned = {f"{n}x{k}": str(c) for (n, k), c in gemv.TUNED.items()}

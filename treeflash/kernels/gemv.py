@@ -28,9 +28,10 @@ import triton
 import triton.language as tl
 
 
-# `linear` and `apply` send one-row projections on CUDA through gemv (bench/gpu_speed.py --gemv
-# measures it end to end; TREEFLASH_GEMV=1 turns it on for any command)
-USE_GEMV = os.environ.get("TREEFLASH_GEMV", "0") == "1"
+# `linear` and `apply` send one-row projections of the TUNED shapes on CUDA through gemv: on by
+# default (an H200: 8B decode 204 -> 217 tokens/s, 27B 70 -> 73; docs/performance.md);
+# TREEFLASH_GEMV=0 keeps every projection on cuBLAS
+USE_GEMV = os.environ.get("TREEFLASH_GEMV", "1") != "0"
 
 
 def _interpreting() -> bool:
@@ -97,11 +98,12 @@ def gemv_config(n: int, k: int) -> GemvConfig:
 # bench/results/gpu_gemv*.json, us per call with every weight byte from memory). `linear` and
 # `apply` use gemv only for these shapes; every other one stays on cuBLAS (e.g. gate/up, 96-99% of
 # the bandwidth there already).
-TUNED: dict[tuple[int, int], GemvConfig] = {
-    (6144, 4096): GemvConfig(8, 1024, 1, 4),  # Qwen3-8B q/k/v: 13.8 us vs cuBLAS 15.7
-    (4096, 4096): GemvConfig(4, 1024, 1, 8),  # Qwen3-8B o_proj: 10.8 vs 13.5
-    (4096, 12288): GemvConfig(4, 1024, 1, 4),  # Qwen3-8B down: 25.2 vs 29.5
-    (5120, 17408): GemvConfig(16, 1024, 3, 4),  # Qwen3.5-27B down: 46.7 vs 49.8
+TUNED: dict[tuple[int, int], GemvConfig] = {  # bench/results/gpu_gemv.json (wide grid), gpu_gemv_focus.json
+    (6144, 4096): GemvConfig(8, 1024, 1, 4),  # Qwen3-8B q/k/v: 13.8 us vs cuBLAS 15.4-15.7
+    (4096, 4096): GemvConfig(2, 2048, 1, 8),  # Qwen3-8B o_proj: 9.6 vs 13.5-13.6
+    (4096, 12288): GemvConfig(4, 1024, 1, 4),  # Qwen3-8B down: 25.2 vs 29.5-29.7
+    (5120, 6144): GemvConfig(16, 1024, 1, 4),  # Qwen3.5-27B linear-attention out_proj, attention o_proj: 16.7 vs 17.5
+    (5120, 17408): GemvConfig(4, 2048, 1, 4),  # Qwen3.5-27B down: 42.8 vs 49.8-50.0
 }
 
 

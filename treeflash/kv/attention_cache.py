@@ -13,6 +13,7 @@ import torch.nn.functional as F
 
 from treeflash.kernels.norm import _interpreting
 from treeflash.kernels.rotary import norm_rotary, norm_rotary_into_cache
+from treeflash.kernels.commit import commit_rows
 
 if TYPE_CHECKING:
     from treeflash.kv.cache import CacheSpec
@@ -45,7 +46,7 @@ class AttentionCache(Protocol):
     ) -> torch.Tensor: ...  # [T, H, D]; fixed shapes, no host sync (CUDA-graph capturable)
 
     def commit(self, start: int, path: list[int]) -> None: ...
-    def commit_static(self, dest: torch.Tensor, src: torch.Tensor) -> None: ...  # slots[dest] = slots[src]
+    def commit_static(self, dest: torch.Tensor, src: torch.Tensor, path_len: torch.Tensor | None = None) -> None: ...  # slots[dest] = slots[src] (the first path_len on the device, or all)
     def reset(self) -> None: ...
     def nbytes(self) -> int: ...
 
@@ -147,7 +148,9 @@ class DenseAttentionCache:
             return quant_attention_masked(q, Planes(name, None, self.k), Planes(name, None, self.v), key_mask, scale)
         return grouped_attention(q, self.k.to(q.dtype), self.v.to(q.dtype), key_mask, scale)
 
-    def commit_static(self, dest: torch.Tensor, src: torch.Tensor) -> None:
+    def commit_static(self, dest: torch.Tensor, src: torch.Tensor, path_len: torch.Tensor | None = None) -> None:
+        if path_len is not None and self.k.is_cuda and self.k.dtype == self.v.dtype:
+            return commit_rows(self.k, self.v, dest, src, path_len)  # K and V in one launch, the kept rows only
         self.k.index_copy_(0, dest, self.k.index_select(0, src))
         self.v.index_copy_(0, dest, self.v.index_select(0, src))
 

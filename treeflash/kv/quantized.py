@@ -143,8 +143,9 @@ class QuantizedAttentionCache:
         dest = torch.arange(start, start + len(path), device=src.device)
         self.commit_static(dest, src)
 
-    def commit_static(self, dest: torch.Tensor, src: torch.Tensor) -> None:
-        """Rows src -> rows dest ([N] long each): the accepted nodes' slots into contiguous ones."""
+    def commit_static(self, dest: torch.Tensor, src: torch.Tensor, path_len: torch.Tensor | None = None) -> None:
+        """Rows src -> rows dest ([N] long each): the accepted nodes' slots into contiguous ones
+        (all N: the padding entries past path_len copy rows beyond the committed length)."""
         self.k.move(dest, src)
         self.v.move(dest, src)
 

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 import torch
 
 from treeflash.kernels.gdn_tree import recurrent_path
+from treeflash.kernels.commit import conv_window_commit
 
 
 @dataclass(frozen=True)
@@ -56,8 +57,7 @@ class RecurrentCache:
         path_len [1] long, conv_rows [K-1] long: rows of cat(window^T, inputs) that form the new window."""
         p = self.pending
         assert p is not None, "no pending verify step"
-        rows = torch.cat((self.conv.transpose(0, 1), p.inputs.to(self.dtype)), dim=0)  # [K-1+T, conv_dim]
-        self.conv.copy_(rows.index_select(0, conv_rows).transpose(0, 1))
+        conv_window_commit(self.conv, p.inputs, conv_rows)  # one launch (the reference off CUDA)
         s = self.shape
         recurrent_path(p.conv_out, p.a, p.b, p.a_log, p.dt_bias, self.state, path, path_len, p.num_k_heads,
                        s.k_head_dim, s.v_head_dim)

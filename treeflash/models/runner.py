@@ -172,7 +172,7 @@ class CudaGraphRunner(EagerRunner):
             if isinstance(layer, RecurrentCache):
                 layer.commit_path(path, path_len, conv_idx)
             else:
-                layer.commit_static(dest, src)
+                layer.commit_static(dest, src, path_len)
 
     def _capture_commit(self, t: int, g: _Graph):
         self._install(g)

@@ -1,0 +1,110 @@
+"""Commit kernels: after a verify step, the kept path's rows become contiguous committed state, as
+one launch per cache instead of PyTorch's gather + scatter (+ concatenation) sequences. Each runs
+inside the commit CUDA graph, whose kernel count is on the critical path of every speculative step.
+
+- `commit_rows`: attention cache rows, K and V together: rows dest[j] <- rows src[j] for j < n
+  (n on the device). Every program copies its column block for j = 0, 1, ... in order, which is
+  safe in place: src[j] >= dest[j] > dest[j'] for every j' < j (the path is increasing), so a row
+  is read before anything overwrites it.
+- `conv_window_commit`: a Gated DeltaNet conv window [C, K-1] <- the columns `rows` of
+  cat(window^T, inputs)^T ([C, K-1+T]; inputs may be a row-strided view); each program loads its
+  channels' K-1 new columns before it stores any of them (in place).
+
+Each has a plain-torch reference; the wrappers run the reference off CUDA (and the kernels under
+TRITON_INTERPRET=1 in the tests).
+"""
+
+from __future__ import annotations
+
+import os
+
+import torch
+import triton
+import triton.language as tl
+
+
+def _interpreting() -> bool:
+    return os.environ.get("TRITON_INTERPRET") == "1"
+
+
+@triton.jit
+def _commit_rows_kernel(K, V, DEST, SRC, N, ROW: tl.constexpr, P: tl.constexpr, BLOCK: tl.constexpr):
+    col = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    ok = col < ROW
+    buf = K if tl.program_id(1) == 0 else V
+    n = tl.load(N)
+    for j in range(P):
+        if j < n:
+            src = tl.load(SRC + j).to(tl.int64)
+            dest = tl.load(DEST + j).to(tl.int64)
+            val = tl.load(buf + src * ROW + col, mask=ok)
+            tl.store(buf + dest * ROW + col, val, mask=ok)
+
+
+def commit_rows_reference(k: torch.Tensor, v: torch.Tensor, dest: torch.Tensor, src: torch.Tensor, n: torch.Tensor) -> None:
+    m = int(n.reshape(-1)[0])
+    for buf in (k, v):
+        buf.index_copy_(0, dest[:m], buf.index_select(0, src[:m]))
+
+
+def commit_rows(k: torch.Tensor, v: torch.Tensor, dest: torch.Tensor, src: torch.Tensor, n: torch.Tensor) -> None:
+    """k, v [S, ...] contiguous (same row size): rows dest[j] <- rows src[j] for j < n[0], in place.
+    dest, src [P] long (increasing; src[j] >= dest[j]), n [1] long, all on the cache's device."""
+    if not (k.is_cuda or _interpreting()):
+        return commit_rows_reference(k, v, dest, src, n)
+    row = k[0].numel()
+    if not (k.is_contiguous() and v.is_contiguous()) or v[0].numel() != row or k.dtype != v.dtype:
+        raise ValueError("commit_rows: contiguous K and V of one dtype and row size expected")
+    if dest.shape != src.shape or dest.dim() != 1 or n.numel() != 1:
+        raise ValueError("commit_rows: dest and src [P], n [1] expected")
+    block = min(1024, triton.next_power_of_2(row))
+    _commit_rows_kernel[(triton.cdiv(row, block), 2)](k, v, dest, src, n, ROW=row, P=dest.shape[0], BLOCK=block)
+
+
+@triton.jit
+def _conv_column(WIN, X, ROWS, j: tl.constexpr, c, ok, stride_x, K1: tl.constexpr):
+    r = tl.load(ROWS + j)
+    if r < K1:
+        val = tl.load(WIN + c * K1 + r, mask=ok, other=0.0)
+    else:
+        val = tl.load(X + (r - K1) * stride_x + c, mask=ok, other=0.0).to(WIN.dtype.element_ty)
+    return val
+
+
+@triton.jit
+def _conv_commit_kernel(WIN, X, ROWS, C, stride_x, K1: tl.constexpr, BLOCK: tl.constexpr):
+    c = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    ok = c < C
+    # every new column is loaded before any is stored (the window is rewritten in place); K1 <= 4
+    v0 = _conv_column(WIN, X, ROWS, 0, c, ok, stride_x, K1)
+    if K1 > 1:
+        v1 = _conv_column(WIN, X, ROWS, 1, c, ok, stride_x, K1)
+    if K1 > 2:
+        v2 = _conv_column(WIN, X, ROWS, 2, c, ok, stride_x, K1)
+    if K1 > 3:
+        v3 = _conv_column(WIN, X, ROWS, 3, c, ok, stride_x, K1)
+    tl.store(WIN + c * K1, v0, mask=ok)
+    if K1 > 1:
+        tl.store(WIN + c * K1 + 1, v1, mask=ok)
+    if K1 > 2:
+        tl.store(WIN + c * K1 + 2, v2, mask=ok)
+    if K1 > 3:
+        tl.store(WIN + c * K1 + 3, v3, mask=ok)
+
+
+def conv_window_commit_reference(window: torch.Tensor, inputs: torch.Tensor, rows: torch.Tensor) -> None:
+    cat = torch.cat((window.transpose(0, 1), inputs.to(window.dtype)), dim=0)  # [K-1+T, C]
+    window.copy_(cat.index_select(0, rows).transpose(0, 1))
+
+
+def conv_window_commit(window: torch.Tensor, inputs: torch.Tensor, rows: torch.Tensor) -> None:
+    """window [C, K-1] (in place) <- columns `rows` [K-1] long of cat(window^T, inputs [T, C])^T."""
+    if not (window.is_cuda or _interpreting()):
+        return conv_window_commit_reference(window, inputs, rows)
+    c, k1 = window.shape
+    if not window.is_contiguous() or inputs.dim() != 2 or inputs.shape[1] != c or inputs.stride(1) != 1 or rows.shape != (k1,):
+        raise ValueError(f"conv_window_commit: contiguous window [C, K-1], inputs [T, {c}] (rows contiguous), rows [{k1}] expected")
+    if not 1 <= k1 <= 4:
+        raise ValueError(f"conv_window_commit: conv kernels of 2-5 taps, got {k1 + 1}")
+    block = 512
+    _conv_commit_kernel[(triton.cdiv(c, block),)](window, inputs, rows, c, inputs.stride(0), K1=k1, BLOCK=block)

@@ -181,7 +181,8 @@ def bench_shape(shape: str, args, bandwidth: float) -> dict:
     res: dict = {"shape": shape, "fused_rows": model.fused_rows, "params_b": sum(p.numel() for p in model.parameters()) / 1e9,
                  "weight_gb": weight_bytes(model) / 1e9}
     ctx = args.context
-    cache = model.new_cache(ctx + 2 * max(args.buckets) + args.decode_tokens + 64)
+    need = ctx + 2 * max(args.buckets) + args.decode_tokens + 64
+    cache = model.new_cache(max(need, args.cache_len or 0))  # --cache-len: a server-sized buffer (the graphs read only its filled part)
     t0 = time.perf_counter()
     runner = CudaGraphRunner(model, cache, buckets=tuple(args.buckets))
     res["capture_s"] = time.perf_counter() - t0
@@ -203,6 +204,7 @@ def bench_shape(shape: str, args, bandwidth: float) -> dict:
     nbytes = step_bytes(model, cache, cache.seq_len)
     res["decode"] = {
         "context": ctx,
+        "cache_slots": cache.max_len,
         "tokens_per_s": 1 / t_decode,
         "step_ms": t_decode * 1e3,
         "graph_ms": g_decode * 1e3,
@@ -404,6 +406,7 @@ def main() -> None:
     p.add_argument("--shapes", default="qwen3-8b,qwen3.5-27b")
     p.add_argument("--context", type=int, default=512)
     p.add_argument("--decode-tokens", type=int, default=64)
+    p.add_argument("--cache-len", type=int, default=None, help="KV cache slots to allocate (default: just enough for the run)")
     p.add_argument("--buckets", type=lambda s: [int(x) for x in s.split(",")], default=[1, 2, 4, 8, 16, 32, 64, 128])
     p.add_argument("--prefill", type=lambda s: [int(x) for x in s.split(",") if x], default=[4096, 32768])
     p.add_argument("--prefill-chunk", type=int, default=4096)

@@ -134,6 +134,30 @@ def check_attention_masked(fmt_k: str, fmt_v: str, num_new: int, splits: int | N
     assert err < 1e-5, f"max error {err:.3g}"
 
 
+def check_attention_masked_end(fmt_k: str, fmt_v: str, num_new: int, splits: int | None) -> None:
+    """Static mode with `slots`: only slots [0, slots[-1]] are read. Every row past it is NaN, so
+    reading one (even under the mask: 0 * NaN) would show; splits past the end do no work."""
+    from treeflash.kernels.quant_attention import quant_attention_masked, quant_attention_masked_reference
+
+    length, heads, kv_heads, d, start = 300, 4, 2, 64, 70
+    k = _planes(fmt_k, torch.randn(length, kv_heads, d))
+    v = _planes(fmt_v, torch.randn(length, kv_heads, d))
+    end = start + num_new  # slots [start, end) are this step's
+    for p in (k, v):
+        (p.scales if p.scales is not None else p.codes)[end:] = float("nan")
+    q = torch.randn(num_new, heads, d)
+    key_mask = torch.rand(num_new, length) < 0.6
+    key_mask[:, end:] = False
+    key_mask[:, 0] = True
+    slots = torch.arange(start, end)
+    out = quant_attention_masked(q, k, v, key_mask, 0.125, num_splits=splits, slots=slots)
+    cut = lambda p: p._replace(scales=None if p.scales is None else p.scales[:end].contiguous(), codes=p.codes[:end].contiguous())  # noqa: E731
+    ref = quant_attention_masked_reference(q, cut(k), cut(v), key_mask[:, :end].contiguous(), 0.125)
+    assert torch.isfinite(out).all(), "a row past the last slot was read"
+    err = (out - ref).abs().max().item()
+    assert err < 1e-5, f"max error {err:.3g}"
+
+
 def check_attention_rejects_bad_input() -> None:
     from treeflash.kernels.quant_attention import quant_attention
 
@@ -184,6 +208,9 @@ def groups() -> dict[str, dict]:
         "verify_fp16": (check_attention, ("tq3_0", "tq3_0", 64, 6, 2, 7, 90, tree, 3, torch.float16)),
         "masked_decode_q8_0_tq3_0": (check_attention_masked, ("q8_0", "tq3_0", 1, 2)),
         "masked_verify_tq3_0_q4_0": (check_attention_masked, ("tq3_0", "q4_0", 6, None)),
+        "masked_end_decode_bf16": (check_attention_masked_end, ("bf16", "bf16", 1, 8)),
+        "masked_end_verify_q8_0_tq3_0": (check_attention_masked_end, ("q8_0", "tq3_0", 5, None)),
+        "masked_end_decode_q4_0_one_split": (check_attention_masked_end, ("q4_0", "q4_0", 1, 1)),
         "attention_rejects_bad_input": (check_attention_rejects_bad_input, ()),
     }
     return {"quantize": quant, "attention": attn}

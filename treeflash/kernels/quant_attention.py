@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import os
 from dataclasses import dataclass
 
 import torch
@@ -36,6 +37,11 @@ LOG2E = 1.4426950408889634
 MAX_SPLITS = 256  # the combine kernel holds [splits, 64] (over 128 splits: [splits, 32]) partial outputs in registers
 COMBINE_CHUNK = 64
 PROGRAMS_PER_SM = 2
+
+
+
+def _interpreting() -> bool:
+    return os.environ.get("TRITON_INTERPRET") == "1"
 
 
 # Dequantization schemes (constexpr DEQ; LaunchConfig.dequant names them). Two more were measured
@@ -159,9 +165,9 @@ def _dot(a, b, DOT: tl.constexpr):
 
 @triton.jit
 def _partial_kernel(
-    q_ptr, ks_ptr, kc_ptr, vs_ptr, vc_ptr, mask_ptr, m_ptr, l_ptr, acc_ptr,
-    start, num_tokens, kv_len, num_kv_heads, scale_log2, stride_qt, stride_qh,
-    KEY_MASK: tl.constexpr, GROUP: tl.constexpr, D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+    q_ptr, ks_ptr, kc_ptr, vs_ptr, vc_ptr, mask_ptr, end_ptr, m_ptr, l_ptr, acc_ptr,
+    start, num_tokens, kv_len, end_idx, num_kv_heads, scale_log2, stride_qt, stride_qh,
+    KEY_MASK: tl.constexpr, HAS_END: tl.constexpr, DYN_LOOP: tl.constexpr, GROUP: tl.constexpr, D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     BLOCKS_PER_SPLIT: tl.constexpr, FMT_K: tl.constexpr, FMT_V: tl.constexpr, DOT: tl.constexpr,
     PREFETCH: tl.constexpr, DEQ: tl.constexpr, C0: tl.constexpr, C1: tl.constexpr, C2: tl.constexpr, C3: tl.constexpr,
 ):
@@ -180,16 +186,26 @@ def _partial_kernel(
     m_i = tl.full((BLOCK_M,), -1.0e30, tl.float32)  # finite: a fully masked block leaves no NaN
     l_i = tl.zeros((BLOCK_M,), tl.float32)
     acc = tl.zeros((BLOCK_M, D), tl.float32)
+    # keys [0, end) are read: all kv_len slots, or (HAS_END: static mode) up to the last slot this
+    # step writes, read from the device, so a CUDA graph over a long cache buffer reads only the
+    # filled part (the key mask hides nothing past it); a split past the end does no block at all
+    end = kv_len
+    if HAS_END:
+        end = tl.minimum(tl.load(end_ptr + end_idx).to(tl.int32) + 1, kv_len)
     first = split.to(tl.int64) * (BLOCKS_PER_SPLIT * BLOCK_N)
+    n_blocks = tl.minimum((end - first + BLOCK_N - 1) // BLOCK_N, BLOCKS_PER_SPLIT).to(tl.int32)  # <= 0 past the end
+    # DYN_LOOP: stop at the end. The interpreter cannot take a loop bound derived from program_id,
+    # so there it runs every block; past the end every load is masked off and the step is a no-op
+    # (scores -inf: alpha 1, p 0)
     keys = first + tl.arange(0, BLOCK_N)
     # PREFETCH: the next block's bytes are loaded (into registers) before this block's math
-    ka, kb, ks = _load_raw(ks_ptr, kc_ptr, keys, kvh, num_kv_heads, keys < kv_len, FMT_K, D, DEQ)
-    va, vb, vs = _load_raw(vs_ptr, vc_ptr, keys, kvh, num_kv_heads, keys < kv_len, FMT_V, D, DEQ)
-    for b in range(BLOCKS_PER_SPLIT):
+    ka, kb, ks = _load_raw(ks_ptr, kc_ptr, keys, kvh, num_kv_heads, keys < end, FMT_K, D, DEQ)
+    va, vb, vs = _load_raw(vs_ptr, vc_ptr, keys, kvh, num_kv_heads, keys < end, FMT_V, D, DEQ)
+    for b in range(0, n_blocks if DYN_LOOP else BLOCKS_PER_SPLIT):
         keys = first + b * BLOCK_N + tl.arange(0, BLOCK_N)
-        key_ok = keys < kv_len
+        key_ok = keys < end
         nxt = keys + BLOCK_N
-        nxt_ok = (nxt < kv_len) & (b + 1 < BLOCKS_PER_SPLIT)
+        nxt_ok = (nxt < end) & (b + 1 < n_blocks)
         if PREFETCH:
             ka2, kb2, ks2 = _load_raw(ks_ptr, kc_ptr, nxt, kvh, num_kv_heads, nxt_ok, FMT_K, D, DEQ)
         else:
@@ -393,17 +409,21 @@ def quant_attention_masked(
     scale: float,
     num_splits: int | None = None,
     config: LaunchConfig | None = None,
+    slots: torch.Tensor | None = None,  # [T] long on q's device: the slots this step wrote (the last is the highest)
 ) -> torch.Tensor:  # [T, H, D] q.dtype
-    """Triton, static shapes: reads slots [0, S) under key_mask (no host sync: CUDA-graph capturable)."""
+    """Triton, static shapes: reads slots [0, S) under key_mask (no host sync: CUDA-graph capturable);
+    with `slots`, only [0, slots[-1]] (key_mask must hide every slot past it)."""
     n, kv_len = q.shape[0], key_mask.shape[-1]
     _check_query(q, k, v, kv_len)
     if key_mask.shape != (n, kv_len) or key_mask.dtype != torch.bool or key_mask.device != q.device:
         raise ValueError(f"quant_attention_masked: key_mask must be bool [{n}, S] on {q.device}")
     vis = key_mask.view(torch.int8) if key_mask.is_contiguous() else key_mask.to(torch.int8).contiguous()  # no copy kernel per layer
-    return _launch(q, k, v, vis, 0, kv_len, True, scale, num_splits, config)
+    if slots is not None and (slots.dim() != 1 or slots.shape[0] != n or slots.device != q.device or slots.dtype != torch.long):
+        raise ValueError(f"quant_attention_masked: slots must be long [{n}] on {q.device}")
+    return _launch(q, k, v, vis, 0, kv_len, True, scale, num_splits, config, slots)
 
 
-def _launch(q, k, v, vis, start, kv_len, key_mask, scale, num_splits, config):
+def _launch(q, k, v, vis, start, kv_len, key_mask, scale, num_splits, config, slots=None):
     n, num_heads, head_dim = q.shape
     num_kv_heads = k.codes.shape[1]
     group = num_heads // num_kv_heads
@@ -427,9 +447,10 @@ def _launch(q, k, v, vis, start, kv_len, key_mask, scale, num_splits, config):
     acc = torch.empty(splits, n * num_heads, head_dim, dtype=torch.float32, device=q.device)
     c0, c1, c2, c3 = formats.TQ3_CENTROIDS
     _partial_kernel[(m_tiles, num_kv_heads, splits)](
-        q, k.scales if fmt_k else k.codes, k.codes, v.scales if fmt_v else v.codes, v.codes, vis, m, l, acc,
-        start, n, kv_len, num_kv_heads, scale * LOG2E, q.stride(0), q.stride(1),
-        KEY_MASK=key_mask, GROUP=group, D=head_dim, BLOCK_M=block_m, BLOCK_N=block_n, BLOCKS_PER_SPLIT=per_split,
+        q, k.scales if fmt_k else k.codes, k.codes, v.scales if fmt_v else v.codes, v.codes, vis,
+        slots if slots is not None else vis, m, l, acc,
+        start, n, kv_len, n - 1, num_kv_heads, scale * LOG2E, q.stride(0), q.stride(1),
+        KEY_MASK=key_mask, HAS_END=slots is not None, DYN_LOOP=not _interpreting(), GROUP=group, D=head_dim, BLOCK_M=block_m, BLOCK_N=block_n, BLOCKS_PER_SPLIT=per_split,
         FMT_K=fmt_k, FMT_V=fmt_v, DOT=dot, PREFETCH=cfg.prefetch, DEQ=DEQ_IDS[cfg.dequant], C0=c0, C1=c1, C2=c2, C3=c3,
         num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )

@@ -124,7 +124,7 @@ class DenseAttentionCache:
     def attend_static(self, q, k, v, slots, key_mask, scale):
         self.k.index_copy_(0, slots, k.to(self.k.dtype))
         self.v.index_copy_(0, slots, v.to(self.v.dtype))
-        return self._attend_written(q, key_mask, scale)
+        return self._attend_written(q, key_mask, scale, slots)
 
     def attend_static_rotary(self, q, k, v, rotary: RotaryArgs, slots, key_mask, scale):
         """attend_static for q and k before their (norm +) rotary: on the GPU one kernel turns the
@@ -133,19 +133,19 @@ class DenseAttentionCache:
         cos, sin, q_w, k_w, eps, unit = rotary
         if (q.is_cuda or _interpreting()) and self.k.dtype == k.dtype and self.v.dtype == v.dtype:
             q = norm_rotary_into_cache(q, k, v, cos, sin, q_w, k_w, eps, unit, self.k, self.v, slots)
-            return self._attend_written(q, key_mask, scale)
+            return self._attend_written(q, key_mask, scale, slots)
         q = norm_rotary(q, cos, sin, q_w, eps, unit)
         k = norm_rotary(k, cos, sin, k_w, eps, unit)
         return self.attend_static(q, k, v, slots, key_mask, scale)
 
-    def _attend_written(self, q, key_mask, scale):
+    def _attend_written(self, q, key_mask, scale, slots=None):
         name = {torch.bfloat16: "bf16", torch.float16: "f16"}.get(self.k.dtype)
         d = q.shape[-1]
         if q.is_cuda and name is not None and self.v.dtype == self.k.dtype and q.shape[0] <= 128 and d in (32, 64, 128, 256):
             from treeflash.kernels.kv_quant import Planes  # split-K attention straight from the cache
             from treeflash.kernels.quant_attention import quant_attention_masked
 
-            return quant_attention_masked(q, Planes(name, None, self.k), Planes(name, None, self.v), key_mask, scale)
+            return quant_attention_masked(q, Planes(name, None, self.k), Planes(name, None, self.v), key_mask, scale, slots=slots)
         return grouped_attention(q, self.k.to(q.dtype), self.v.to(q.dtype), key_mask, scale)
 
     def commit_static(self, dest: torch.Tensor, src: torch.Tensor, path_len: torch.Tensor | None = None) -> None:

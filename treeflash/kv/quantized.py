@@ -131,7 +131,7 @@ class QuantizedAttentionCache:
         if self.use_kernels and q.shape[0] <= MAX_KERNEL_TOKENS:
             from treeflash.kernels.quant_attention import quant_attention_masked
 
-            return quant_attention_masked(q, self.k.planes(), self.v.planes(), key_mask, scale)
+            return quant_attention_masked(q, self.k.planes(), self.v.planes(), key_mask, scale, slots=slots)
         length = key_mask.shape[-1]
         keys, values = self.k.read(length, q.dtype), self.v.read(length, q.dtype)
         return attention_reference(q, keys, values, key_mask, scale)

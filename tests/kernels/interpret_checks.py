@@ -134,12 +134,12 @@ def check_attention_masked(fmt_k: str, fmt_v: str, num_new: int, splits: int | N
     assert err < 1e-5, f"max error {err:.3g}"
 
 
-def check_attention_masked_end(fmt_k: str, fmt_v: str, num_new: int, splits: int | None) -> None:
+def check_attention_masked_end(fmt_k: str, fmt_v: str, num_new: int, splits: int | None, length: int = 300) -> None:
     """Static mode with `slots`: only slots [0, slots[-1]] are read. Every row past it is NaN, so
     reading one (even under the mask: 0 * NaN) would show; splits past the end do no work."""
     from treeflash.kernels.quant_attention import quant_attention_masked, quant_attention_masked_reference
 
-    length, heads, kv_heads, d, start = 300, 4, 2, 64, 70
+    heads, kv_heads, d, start = 4, 2, 64, 70
     k = _planes(fmt_k, torch.randn(length, kv_heads, d))
     v = _planes(fmt_v, torch.randn(length, kv_heads, d))
     end = start + num_new  # slots [start, end) are this step's
@@ -211,6 +211,8 @@ def groups() -> dict[str, dict]:
         "masked_end_decode_bf16": (check_attention_masked_end, ("bf16", "bf16", 1, 8)),
         "masked_end_verify_q8_0_tq3_0": (check_attention_masked_end, ("q8_0", "tq3_0", 5, None)),
         "masked_end_decode_q4_0_one_split": (check_attention_masked_end, ("q4_0", "q4_0", 1, 1)),
+        # a long buffer: the planned splits are capped at STATIC_BLOCKS_PER_SPLIT blocks, most lie past the end
+        "masked_end_decode_long_buffer": (check_attention_masked_end, ("bf16", "q8_0", 1, None, 2048)),
         "attention_rejects_bad_input": (check_attention_rejects_bad_input, ()),
     }
     return {"quantize": quant, "attention": attn}

@@ -105,6 +105,11 @@ def grouped_attention(
     return out.view(hkv, t, g, d).permute(1, 0, 2, 3).reshape(t, h, d)
 
 
+# graphed attention reads the cache only up to the step's last slot (quant_attention_masked's slots);
+# False reads the whole buffer under the key mask (how it was measured before: bench/gpu_speed.py --no-static-end)
+STATIC_END = True
+
+
 class DenseAttentionCache:
     def __init__(self, num_kv_heads: int, head_dim: int, spec: "CacheSpec"):
         dtype_k = DENSE_TYPES[spec.cache_type_k] or spec.dtype
@@ -145,7 +150,8 @@ class DenseAttentionCache:
             from treeflash.kernels.kv_quant import Planes  # split-K attention straight from the cache
             from treeflash.kernels.quant_attention import quant_attention_masked
 
-            return quant_attention_masked(q, Planes(name, None, self.k), Planes(name, None, self.v), key_mask, scale, slots=slots)
+            return quant_attention_masked(q, Planes(name, None, self.k), Planes(name, None, self.v), key_mask, scale,
+                                          slots=slots if STATIC_END else None)
         return grouped_attention(q, self.k.to(q.dtype), self.v.to(q.dtype), key_mask, scale)
 
     def commit_static(self, dest: torch.Tensor, src: torch.Tensor, path_len: torch.Tensor | None = None) -> None:

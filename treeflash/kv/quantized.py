@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from treeflash.kernels import kv_formats as formats
+from treeflash.kv import attention_cache
 from treeflash.kv.attention_cache import attention_reference, build_mask
 
 if TYPE_CHECKING:
@@ -131,7 +132,8 @@ class QuantizedAttentionCache:
         if self.use_kernels and q.shape[0] <= MAX_KERNEL_TOKENS:
             from treeflash.kernels.quant_attention import quant_attention_masked
 
-            return quant_attention_masked(q, self.k.planes(), self.v.planes(), key_mask, scale, slots=slots)
+            return quant_attention_masked(q, self.k.planes(), self.v.planes(), key_mask, scale,
+                                          slots=slots if attention_cache.STATIC_END else None)
         length = key_mask.shape[-1]
         keys, values = self.k.read(length, q.dtype), self.v.read(length, q.dtype)
         return attention_reference(q, keys, values, key_mask, scale)

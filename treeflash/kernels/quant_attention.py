@@ -37,7 +37,6 @@ LOG2E = 1.4426950408889634
 MAX_SPLITS = 256  # the combine kernel holds [splits, 64] (over 128 splits: [splits, 32]) partial outputs in registers
 COMBINE_CHUNK = 64
 PROGRAMS_PER_SM = 2
-STATIC_BLOCKS_PER_SPLIT = 4  # static mode (slots given): at most this many key blocks per split while MAX_SPLITS allows
 
 
 
@@ -242,8 +241,7 @@ def _partial_kernel(
     out_row = split.to(tl.int64) * (num_tokens * num_heads) + t * num_heads + h
     tl.store(m_ptr + out_row, m_i, mask=row_ok)
     tl.store(l_ptr + out_row, l_i, mask=row_ok)
-    # a split past the end leaves its acc rows unwritten (l = 0 tells the combine to skip them)
-    tl.store(acc_ptr + out_row[:, None] * D + _columns(FMT_V, D, DEQ)[None, :], acc, mask=row_ok[:, None] & (n_blocks > 0))
+    tl.store(acc_ptr + out_row[:, None] * D + _columns(FMT_V, D, DEQ)[None, :], acc, mask=row_ok[:, None])
 
 
 @triton.jit
@@ -259,8 +257,7 @@ def _combine_kernel(
     l = tl.load(l_ptr + sp * num_rows + row, mask=ok, other=0.0)
     w = tl.exp2(m - tl.max(m, axis=0))  # [SPLITS]
     d = tl.program_id(1) * D_CHUNK + tl.arange(0, D_CHUNK)
-    # a split with no visible key (l = 0: weight 0) may have left its acc unwritten: not read
-    acc = tl.load(acc_ptr + (sp[:, None] * num_rows + row) * D + d[None, :], mask=(ok & (l > 0))[:, None], other=0.0)
+    acc = tl.load(acc_ptr + (sp[:, None] * num_rows + row) * D + d[None, :], mask=ok[:, None], other=0.0)
     out = tl.sum(acc * w[:, None], axis=0) / tl.sum(l * w, axis=0)
     tl.store(out_ptr + row * D + d, out.to(out_ptr.dtype.element_ty))
 
@@ -439,11 +436,6 @@ def _launch(q, k, v, vis, start, kv_len, key_mask, scale, num_splits, config, sl
         splits, per_split = plan_splits(num_blocks, m_tiles * num_kv_heads, q.device, cfg.programs_per_sm)
     else:
         per_split = _next_pow2(triton.cdiv(num_blocks, max(1, min(num_splits, num_blocks, MAX_SPLITS))))
-        splits = triton.cdiv(num_blocks, per_split)
-    if slots is not None and num_splits is None and per_split > STATIC_BLOCKS_PER_SPLIT:
-        # static mode over a long buffer: the filled part may be short, so keep splits short
-        # (those past the end exit at once) rather than one split walking the whole context
-        per_split = max(STATIC_BLOCKS_PER_SPLIT, _next_pow2(triton.cdiv(num_blocks, MAX_SPLITS)))
         splits = triton.cdiv(num_blocks, per_split)
 
     in_dtype = q.dtype

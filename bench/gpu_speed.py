@@ -417,6 +417,8 @@ def main() -> None:
                    help="one-row projections of the tuned shapes through kernels/gemv.py (default: the library's, on); --no-gemv: cuBLAS")
     p.add_argument("--gemv-table", default=None, help="with --gemv: take gemv's per-shape configurations from this bench/gpu_gemv.py JSON")
     p.add_argument("--no-static-end", action="store_true", help="graphed attention reads the whole cache buffer under the key mask")
+    p.add_argument("--attn-fused-combine", action="store_true", help="attention: the last split merges the splits (no combine launch)")
+    p.add_argument("--static-split-cap", type=int, default=None, help="graphed attention: at most this many key blocks per split (0: off)")
     p.add_argument("--gdn-fused-decode", action="store_true",
                    help="the Gated DeltaNet decode step as one launch (kernels/gdn_decode.py: decode_step) instead of two")
     p.add_argument("--drafter-layers", type=int, default=5, help="time a random DFlash drafter's pass with this many layers (0: skip)")
@@ -433,6 +435,11 @@ def main() -> None:
         if args.gemv_table:
             print("gemv table:", gemv.load_table(args.gemv_table), flush=True)
         args.gemv_tuned = {f"{n}x{k}": str(c) for (n, k), c in gemv.TUNED.items()}
+    from treeflash.kernels import quant_attention
+    if args.attn_fused_combine:
+        quant_attention.FUSED_COMBINE = True
+    if args.static_split_cap is not None:
+        quant_attention.STATIC_SPLIT_CAP = args.static_split_cap
     if args.no_static_end:
         from treeflash.kv import attention_cache
         attention_cache.STATIC_END = False

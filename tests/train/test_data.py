@@ -86,3 +86,53 @@ def test_dataset_roundtrip(tmp_path):
     assert back.sequence(1).tolist() == [5, 6, 7] and back.response_start.tolist() == [2, 1]
     assert back.meta == {"kind": "x"} and back.response_tokens == 4
     assert back.subset([1]).sequence(0).tolist() == [5, 6, 7]
+
+
+class _FakeTwin:
+    """Answers each prompt with tokens that tell the pass apart (greedy: 1s, sampled: the seed's parity)."""
+
+    def __init__(self):
+        self.calls = []
+
+    def generate(self, prompts, max_new_tokens, temperature=0.0, seed=0):
+        from treeflash.train.features import Generated
+
+        self.calls.append((len(prompts), temperature, seed))
+        fill = 1 if temperature == 0 else 2 + seed % 3
+        return [Generated(list(p), [fill] * 3, True) for p in prompts]
+
+
+def test_extra_passes_answer_the_prompts_again_sampled(monkeypatch):
+    from treeflash.bench.prompts import BenchPrompt
+    from treeflash.train import data as data_mod
+
+    monkeypatch.setattr(data_mod, "encode_prompt", lambda loaded, p: [10 + int(p.name.split("/")[1])] * 4)
+    prompts = [BenchPrompt(f"chat/{i}", text=f"q{i}") for i in range(6)]
+    twin = _FakeTwin()
+    data = data_mod.generate_dataset(twin, None, prompts, max_tokens=10_000, max_new_tokens=8, batch_size=4,
+                                     max_len=64, progress=False, extra_passes=2, extra_temperature=0.7)
+    assert len(data) == 18 and data.meta["tokens_by_pass"] == [18, 18, 18]
+    assert [t for _, t, _ in twin.calls] == [0.0, 0.0, 0.7, 0.7, 0.7, 0.7]
+    assert len({s for _, _, s in twin.calls}) == len(twin.calls)  # every batch its own seed
+    groups = data_mod.prompt_groups(data)
+    assert len(groups) == 6 and all(len(g) == 3 for g in groups)
+    # the token budget stops the passes early
+    short = data_mod.generate_dataset(_FakeTwin(), None, prompts, max_tokens=20, max_new_tokens=8, batch_size=4,
+                                      max_len=64, progress=False, extra_passes=5)
+    assert short.response_tokens == 30 and short.meta["tokens_by_pass"] == [18, 12]  # whole batches of 4 prompts
+
+
+def test_held_out_prompts_are_never_trained_on():
+    from treeflash.cli.train_drafter import _split
+    from treeflash.train.data import from_sequences, prompt_groups
+
+    seqs = [([100 + p] * 3 + [a, a + 1], 3) for p in range(120) for a in range(3)]  # 120 prompts x 3 answers
+    seqs += [([7, 8, 9, p], 0) for p in range(5)]  # plain text: no prompt, each its own group
+    data = from_sequences(seqs)
+    assert len(prompt_groups(data)) == 125
+    train, held = _split(data)
+    assert len(train) + len(held) == len(data) and len(held) > 0
+    prompt = lambda d, i: tuple(d.sequence(i)[: int(d.response_start[i])].tolist())  # noqa: E731
+    held_prompts = [prompt(held, i) for i in range(len(held)) if prompt(held, i)]
+    assert held_prompts and all(held_prompts.count(p) == 3 for p in held_prompts)  # every answer of a held-out prompt
+    assert not set(held_prompts) & {prompt(train, i) for i in range(len(train))}

@@ -18,6 +18,7 @@ EXAMPLES = """examples:
   treeflash train-drafter --out ./smollm2-dflash                 # the embedded SmolLM2-135M, builtin prompts
   treeflash train-drafter --target ./Qwen3-8B --out ./q3-dflash --layers 5 --tokens 5000000 --steps 20000
   treeflash train-drafter --out ./smollm2-dflash --resume        # continue from the last checkpoint
+  treeflash train-drafter --out ./smollm2-dflash --extra-passes 2 --tokens 3000000   # greedy answers, then 2 sampled rounds
   treeflash generate --draft dflash --draft-model ./smollm2-dflash --chat "Write quicksort in Python"
 """
 
@@ -37,6 +38,9 @@ def add_parser(sub) -> None:
     d.add_argument("--max-len", type=int, default=1024, help="longest sequence, prompt + answer (default 1024)")
     d.add_argument("--gen-batch-size", type=int, default=256, help="prompts per generate call (default 256)")
     d.add_argument("--temperature", type=float, default=0.0, help="answer sampling temperature (default 0: greedy)")
+    d.add_argument("--extra-passes", type=int, default=0,
+                   help="after the first answers, answer the prompts again this many times, sampled (more distinct data)")
+    d.add_argument("--extra-temperature", type=float, default=0.8, help="sampling temperature of the extra passes (default 0.8)")
     d.add_argument("--gen-time-limit", type=float, default=None, help="stop generating after this many seconds")
     d.add_argument("--generate-only", action="store_true",
                    help="stop once the data is saved (DIR/train/data.safetensors); train later with --resume")
@@ -142,6 +146,8 @@ def _check(args: argparse.Namespace) -> None:
         raise InvalidRequestError("--max-len must be >= 16", "max_len")
     if args.lr <= 0 or args.temperature < 0 or args.gamma < 0:
         raise InvalidRequestError("--lr must be > 0, --temperature and --gamma >= 0", "lr")
+    if args.extra_passes < 0 or args.extra_temperature <= 0:
+        raise InvalidRequestError("--extra-passes must be >= 0 and --extra-temperature > 0", "extra_passes")
 
 
 def _dataset(args, loaded, twin, work: Path, progress: bool):
@@ -156,7 +162,8 @@ def _dataset(args, loaded, twin, work: Path, progress: bool):
     else:
         prompts = load_prompts(args.prompts, args.seed)
         data = generate_dataset(twin, loaded, prompts, args.tokens, args.max_new_tokens, args.gen_batch_size, args.max_len,
-                                args.temperature, args.gen_time_limit, progress, args.seed)
+                                args.temperature, args.gen_time_limit, progress, args.seed,
+                                args.extra_passes, args.extra_temperature)
         data.meta["prompts"] = args.prompts
     data.save(path)
     return data
@@ -192,11 +199,17 @@ def _feature_stores(args, twin, train, heldout, progress: bool):
 
 
 def _split(data):
-    """Every k-th sequence is held out (2%, 1 .. 64 of them): never trained on, used for tau_est."""
-    n = len(data)
-    if n < 2:
-        raise InvalidRequestError(f"only {n} training sequence(s): raise --tokens or give more prompts", "tokens")
+    """Every k-th prompt is held out (2%, 1 .. 64 of them) with all its answers: never trained on
+    (not even another sampled answer to the same prompt), used for tau_est."""
+    from treeflash.train.data import prompt_groups
+
+    if len(data) < 2:
+        raise InvalidRequestError(f"only {len(data)} training sequence(s): raise --tokens or give more prompts", "tokens")
+    groups = prompt_groups(data)
+    if len(groups) < 2:
+        raise InvalidRequestError("every training sequence has the same prompt: give more prompts", "prompts")
+    n = len(groups)
     held = max(1, min(64, n // 50))
     k = n // held
-    held_idx = set(range(k - 1, n, k)[:held])
-    return data.subset([i for i in range(n) if i not in held_idx]), data.subset(sorted(held_idx))
+    held_idx = {i for g in range(k - 1, n, k)[:held] for i in groups[g]}
+    return data.subset([i for i in range(len(data)) if i not in held_idx]), data.subset(sorted(held_idx))

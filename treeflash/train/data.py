@@ -97,37 +97,51 @@ def generate_dataset(
     time_limit_s: float | None = None,
     progress: bool = True,
     seed: int = 0,
+    extra_passes: int = 0,
+    extra_temperature: float = 0.8,
 ) -> Dataset:
     """The target answers `prompts` in batches (prompts of similar length together) until
-    max_tokens response tokens, the prompts, or the time limit run out."""
+    max_tokens response tokens, the prompts, or the time limit run out. With `extra_passes`, it
+    then answers the prompts again, sampled at `extra_temperature` (new answers the target itself
+    would give: more distinct training data from the same prompts), pass after pass."""
     from tqdm.auto import tqdm
 
     t0 = time.perf_counter()
     max_prompt = max_len - min(max_new_tokens, max_len // 2)
     seqs: list[tuple[list[int], int]] = []
     counts: dict[str, int] = {}
+    by_pass: list[int] = []
     unfinished = produced = 0
     last_batch_s = 0.0
     bar = tqdm(total=max_tokens, desc="generating", unit="tok", disable=not progress, smoothing=0.1)
     skipped = [0]
-    for batch in _batches(prompts, loaded, batch_size, max_prompt, skipped):
-        if produced >= max_tokens:
+    stop = False
+    for pass_i in range(1 + extra_passes):
+        temp = temperature if pass_i == 0 else extra_temperature
+        by_pass.append(0)
+        for batch in _batches(prompts, loaded, batch_size, max_prompt, skipped if pass_i == 0 else [0]):
+            if produced >= max_tokens:
+                stop = True
+                break
+            if time_limit_s is not None and time.perf_counter() - t0 + last_batch_s > time_limit_s:
+                stop = True
+                break  # the next batch would end past the limit
+            t_batch = time.perf_counter()
+            new = min(max_new_tokens, max_len - max(len(ids) for _, ids in batch))
+            outs = twin.generate([ids for _, ids in batch], new, temp, seed + 1_000_003 * pass_i + len(seqs))
+            last_batch_s = time.perf_counter() - t_batch
+            for (p, _), g in zip(batch, outs):
+                if not g.response_ids:
+                    continue
+                seqs.append((g.prompt_ids + g.response_ids, len(g.prompt_ids)))
+                source = p.name.split("/")[0] if "/" in p.name else "file"
+                counts[source] = counts.get(source, 0) + len(g.response_ids)
+                unfinished += not g.finished
+                produced += len(g.response_ids)
+                by_pass[-1] += len(g.response_ids)
+                bar.update(len(g.response_ids))
+        if stop:
             break
-        if time_limit_s is not None and time.perf_counter() - t0 + last_batch_s > time_limit_s:
-            break  # the next batch would end past the limit
-        t_batch = time.perf_counter()
-        new = min(max_new_tokens, max_len - max(len(ids) for _, ids in batch))
-        outs = twin.generate([ids for _, ids in batch], new, temperature, seed + len(seqs))
-        last_batch_s = time.perf_counter() - t_batch
-        for (p, _), g in zip(batch, outs):
-            if not g.response_ids:
-                continue
-            seqs.append((g.prompt_ids + g.response_ids, len(g.prompt_ids)))
-            source = p.name.split("/")[0] if "/" in p.name else "file"
-            counts[source] = counts.get(source, 0) + len(g.response_ids)
-            unfinished += not g.finished
-            produced += len(g.response_ids)
-            bar.update(len(g.response_ids))
     bar.close()
     meta = {
         "kind": "generated",
@@ -137,6 +151,9 @@ def generate_dataset(
         "prompts_skipped_too_long": skipped[0],
         "responses_cut_at_max_new_tokens": unfinished,
         "temperature": temperature,
+        "extra_passes": extra_passes,
+        "extra_temperature": extra_temperature if extra_passes else None,
+        "tokens_by_pass": by_pass,
         "max_new_tokens": max_new_tokens,
         "seconds": round(time.perf_counter() - t0, 1),
         "tokens_per_s": round(produced / max(time.perf_counter() - t0, 1e-9), 1),
@@ -144,6 +161,17 @@ def generate_dataset(
     if not seqs:
         raise InvalidRequestError("the target produced no training data (no prompts fit max_len?)", "prompts")
     return from_sequences(seqs, meta)
+
+
+def prompt_groups(data: Dataset) -> list[list[int]]:
+    """Sequence indices grouped by identical prompt (the tokens before the response), in order of
+    first appearance: the answers of one prompt from several passes form one group."""
+    groups: dict[object, list[int]] = {}
+    for i in range(len(data)):
+        start, n = int(data.offsets[i]), int(data.response_start[i])
+        key = data.tokens[start : start + n].numpy().tobytes() if n else i  # plain text (no prompt): a group alone
+        groups.setdefault(key, []).append(i)
+    return list(groups.values())
 
 
 def _batches(prompts: list[BenchPrompt], loaded, batch_size: int, max_prompt: int, skipped: list[int]):

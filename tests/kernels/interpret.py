@@ -1,4 +1,5 @@
-"""Run a group of tests/kernels/interpret_checks.py in a subprocess under TRITON_INTERPRET=1."""
+"""Run kernel checks (tests/kernels/*_checks.py) in a subprocess under TRITON_INTERPRET=1 (the
+interpreter is chosen when triton is imported, so not in the pytest process)."""
 
 from __future__ import annotations
 
@@ -11,12 +12,14 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def run_group(group: str) -> dict[str, str | None]:
+def run_module(module: str, *args: str):
+    """Run `python -m module args` under TRITON_INTERPRET=1 in a subprocess; its last stdout line, as JSON."""
     env = {**os.environ, "TRITON_INTERPRET": "1", "PYTHONPATH": str(ROOT)}
-    proc = subprocess.run(
-        [sys.executable, "-m", "tests.kernels.interpret_checks", group],
-        cwd=ROOT, env=env, capture_output=True, text=True, timeout=600,
-    )
+    proc = subprocess.run([sys.executable, "-m", module, *args], cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
     if proc.returncode != 0:
-        raise RuntimeError(f"interpret_checks {group} failed:\n{proc.stderr[-4000:]}")
+        raise RuntimeError(f"{module} {' '.join(args)} failed:\n{proc.stderr[-4000:]}")
     return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def run_group(group: str) -> dict[str, str | None]:
+    return run_module("tests.kernels.interpret_checks", group)

@@ -1,24 +1,14 @@
 """The commit kernels (kernels/commit.py: attention rows, K and V in one launch; the conv window in
 place) equal their references bitwise through the Triton interpreter on the CPU."""
 
-import json
-import os
-import subprocess
-import sys
-from pathlib import Path
-
 import pytest
 import torch
 
-ROOT = Path(__file__).resolve().parents[2]
+from tests.kernels.interpret import run_module
 
 
 def test_commit_kernels_match_references():
-    env = {**os.environ, "TRITON_INTERPRET": "1", "PYTHONPATH": str(ROOT)}
-    proc = subprocess.run([sys.executable, "-m", "tests.kernels.commit_checks"], cwd=ROOT, env=env,
-                          capture_output=True, text=True, timeout=600)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    result = json.loads(proc.stdout.strip().splitlines()[-1])
+    result = run_module("tests.kernels.commit_checks")
     assert len(result) == 8
     assert all(result.values()), result
 

@@ -2,25 +2,15 @@
 its reference through the Triton interpreter on the CPU: fp32 to rounding, bf16 to one output
 rounding (both accumulate in fp32 and round once)."""
 
-import json
-import os
-import subprocess
-import sys
-from pathlib import Path
-
 import pytest
 import torch
 
-ROOT = Path(__file__).resolve().parents[2]
+from tests.kernels.interpret import run_module
 
 
 @pytest.mark.parametrize("dtype,rel", [("float32", 2e-6), ("bfloat16", 2**-7)])
 def test_gemv_matches_reference(dtype, rel):
-    env = {**os.environ, "TRITON_INTERPRET": "1", "PYTHONPATH": str(ROOT)}
-    proc = subprocess.run([sys.executable, "-m", "tests.kernels.gemv_checks", dtype], cwd=ROOT, env=env,
-                          capture_output=True, text=True, timeout=600)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    errors = json.loads(proc.stdout.strip().splitlines()[-1])
+    errors = run_module("tests.kernels.gemv_checks", dtype)
     assert len(errors) == 6
     for case, (err, scale, same) in errors.items():
         assert err <= rel * max(scale, 1.0), (case, err, scale)

@@ -4,24 +4,14 @@ reference, run through the Triton interpreter on the CPU. fp32 checks the logic 
 sum in different orders, and the GEMV output, SwiGLU and residual add each round to bf16, so a
 one-unit flip early can grow to ~5 units (2^-7 relative each) at the output."""
 
-import json
-import os
-import subprocess
-import sys
-from pathlib import Path
-
 import pytest
 
-ROOT = Path(__file__).resolve().parents[2]
+from tests.kernels.interpret import run_module
 
 
 @pytest.mark.parametrize("dtype,rel", [("float32", 2e-6), ("bfloat16", 6 * 2**-7)])
 def test_linear_fused_matches_reference(dtype, rel):
-    env = {**os.environ, "TRITON_INTERPRET": "1", "PYTHONPATH": str(ROOT)}
-    proc = subprocess.run([sys.executable, "-m", "tests.kernels.linear_checks", dtype], cwd=ROOT, env=env,
-                          capture_output=True, text=True, timeout=600)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    errors = json.loads(proc.stdout.strip().splitlines()[-1])
+    errors = run_module("tests.kernels.linear_checks", dtype)
     assert len(errors) == 10  # 6 cases, 3 of one row also through the CUDA-core GEMV, batch invariance
     assert errors["batch_invariance"][0] == 0.0
     for case, (err, scale) in errors.items():

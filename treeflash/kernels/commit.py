@@ -16,15 +16,13 @@ TRITON_INTERPRET=1 in the tests).
 
 from __future__ import annotations
 
-import os
 
 import torch
 import triton
 import triton.language as tl
 
+from treeflash.kernels.norm import _interpreting
 
-def _interpreting() -> bool:
-    return os.environ.get("TRITON_INTERPRET") == "1"
 
 
 @triton.jit

@@ -37,6 +37,7 @@ import triton
 import triton.language as tl
 
 from treeflash.kernels.norm import _interpreting
+from treeflash.kernels.scratch import scratch
 
 STEP_BLOCK_V = 32  # v columns per program of a step (decode, and commit: same tiles, same rounding)
 # GatedDeltaNet._mix decodes with decode_step (one launch) instead of the two kernels when True.
@@ -45,7 +46,6 @@ STEP_BLOCK_V = 32  # v columns per program of a step (decode, and commit: same t
 # bitwise against the two kernels over 16 steps at the 27B shape and times both.
 FUSED_DECODE = False
 _TICKET_SLOTS = 1024  # per-k-head counters of decode_step, one buffer per device
-_tickets: dict = {}
 
 
 def conv_step_ref(x, window, weight):
@@ -218,11 +218,7 @@ def _decode_step_kernel(X, WIN, W, Y, A, B, ALOG, DTB, S, O, TICKETS, GROUP: tl.
 def _ticket_buffer(device: torch.device, num_k_heads: int) -> torch.Tensor:
     if num_k_heads > _TICKET_SLOTS:
         raise ValueError(f"decode_step: {num_k_heads} k heads > {_TICKET_SLOTS} ticket slots")
-    key = str(device)
-    buf = _tickets.get(key)
-    if buf is None:  # allocated once (the runner's warm-up calls come before any graph capture); never freed
-        buf = _tickets[key] = torch.zeros(_TICKET_SLOTS, dtype=torch.int32, device=device)
-    return buf
+    return scratch("gdn_decode.tickets", device, _TICKET_SLOTS, torch.int32)
 
 
 def decode_step(x, window, weight, a, b, a_log, dt_bias, state, num_k_heads: int, k_dim: int, v_dim: int):

@@ -27,15 +27,15 @@ from torch import nn
 import triton
 import triton.language as tl
 
+from treeflash.kernels.norm import _interpreting
+from treeflash.kernels.scratch import scratch
+
 
 # `linear` and `apply` send one-row projections of the TUNED shapes on CUDA through gemv: on by
 # default (an H200: 8B decode 204 -> 217 tokens/s, 27B 70 -> 73; docs/performance.md);
 # TREEFLASH_GEMV=0 keeps every projection on cuBLAS
 USE_GEMV = os.environ.get("TREEFLASH_GEMV", "1") != "0"
 
-
-def _interpreting() -> bool:
-    return os.environ.get("TRITON_INTERPRET") == "1"
 
 
 @triton.jit
@@ -129,31 +129,6 @@ def load_table(path: str, margin: float = 0.98) -> dict[str, str]:
     return chosen
 
 
-class _Scratch:
-    """Per-device partial sums and tickets, grown on demand. The tickets return to zero after every
-    call, so one buffer serves every projection, eager or inside a CUDA graph; calls on one stream
-    never overlap."""
-
-    def __init__(self):
-        self.partials: dict[torch.device, torch.Tensor] = {}
-        self.tickets: dict[torch.device, torch.Tensor] = {}
-
-    def get(self, device: torch.device, n_partials: int, n_tickets: int) -> tuple[torch.Tensor, torch.Tensor]:
-        p, t = self.partials.get(device), self.tickets.get(device)
-        if p is None or p.numel() < n_partials:
-            if torch.cuda.is_available() and device.type == "cuda" and torch.cuda.is_current_stream_capturing():
-                raise RuntimeError("gemv: scratch must be reserved before CUDA-graph capture (run the step once first)")
-            p = self.partials[device] = torch.empty(max(n_partials, 1 << 20), dtype=torch.float32, device=device)
-        if t is None or t.numel() < n_tickets:
-            if torch.cuda.is_available() and device.type == "cuda" and torch.cuda.is_current_stream_capturing():
-                raise RuntimeError("gemv: scratch must be reserved before CUDA-graph capture (run the step once first)")
-            t = self.tickets[device] = torch.zeros(max(n_tickets, 1 << 16), dtype=torch.int32, device=device)
-        return p, t
-
-
-_SCRATCH = _Scratch()
-
-
 def gemv_reference(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
     """x [1, K], weight [N, K] -> [1, N] in x.dtype (fp32 accumulation)."""
     y = F.linear(x.float(), weight.float(), None if bias is None else bias.float())
@@ -181,7 +156,8 @@ def gemv(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None
     split = triton.cdiv(k, k_split)
     y = torch.empty(n, dtype=x.dtype, device=x.device)
     if split > 1:
-        partials, tickets = _SCRATCH.get(x.device, split * n, n_blocks)
+        partials = scratch("gemv.partials", x.device, split * n, torch.float32, minimum=1 << 20)
+        tickets = scratch("gemv.tickets", x.device, n_blocks, torch.int32, minimum=1 << 16)
     else:
         partials, tickets = y, y  # unused
     _gemv_kernel[(n_blocks, split)](

@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import os
 from dataclasses import dataclass
 
 import torch
@@ -29,8 +28,10 @@ import torch.nn.functional as F
 import triton
 import triton.language as tl
 
-from treeflash.kernels.kv_quant import Planes
 from treeflash.kernels import kv_formats as formats
+from treeflash.kernels.kv_quant import Planes
+from treeflash.kernels.norm import _interpreting
+from treeflash.kernels.scratch import scratch
 
 FMT_IDS = {"q8_0": 1, "q4_0": 2, "tq3_0": 3}  # anything dense is 0
 LOG2E = 1.4426950408889634
@@ -43,9 +44,6 @@ FUSED_COMBINE = False  # the last split program merges the splits (an atomic tic
 STATIC_SPLIT_CAP = 0  # static mode (slots given), > 0: at most this many key blocks per split over a long buffer
 
 
-
-def _interpreting() -> bool:
-    return os.environ.get("TRITON_INTERPRET") == "1"
 
 
 # Dequantization schemes (constexpr DEQ; LaunchConfig.dequant names them). Two more were measured
@@ -372,20 +370,6 @@ def launch_config(head_dim: int, rows: int, dense_kv: bool = False, q8_kv: bool 
     return LaunchConfig(block_m, block_n, 4, 3, PROGRAMS_PER_SM, prefetch=True, dequant="blocks_fast")
 
 
-_TICKETS: dict[torch.device, torch.Tensor] = {}
-
-
-def _tickets(device: torch.device, n: int) -> torch.Tensor:
-    """int32 zeros, one per (m tile, kv head), for FUSED_COMBINE: every launch leaves them at zero
-    again. Reserved outside CUDA-graph capture (a graph's warm-up run reserves them)."""
-    t = _TICKETS.get(device)
-    if t is None or t.numel() < n:
-        if device.type == "cuda" and torch.cuda.is_current_stream_capturing():
-            raise RuntimeError("quant_attention: tickets must be reserved before CUDA-graph capture (run the step once first)")
-        t = _TICKETS[device] = torch.zeros(max(n, 4096), dtype=torch.int32, device=device)
-    return t
-
-
 @functools.lru_cache(maxsize=None)
 def _sm_count(device: torch.device) -> int:
     return torch.cuda.get_device_properties(device).multi_processor_count if device.type == "cuda" else 4
@@ -508,7 +492,7 @@ def _launch(q, k, v, vis, start, kv_len, key_mask, scale, num_splits, config, sl
     rotated_out = v.name == "tq3_0"
     out = torch.empty(n, num_heads, head_dim, dtype=torch.float32 if rotated_out else in_dtype, device=q.device)
     fuse = FUSED_COMBINE
-    tickets = _tickets(q.device, m_tiles * num_kv_heads) if fuse else m
+    tickets = scratch("quant_attention.tickets", q.device, m_tiles * num_kv_heads, torch.int32) if fuse else m
     _partial_kernel[(m_tiles, num_kv_heads, splits)](
         q, k.scales if fmt_k else k.codes, k.codes, v.scales if fmt_v else v.codes, v.codes, vis,
         slots if slots is not None else vis, m, l, acc, out, tickets,

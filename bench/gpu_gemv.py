@@ -26,6 +26,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
+from bench.gpu_linear import bench, copy_bandwidth, weight_copies  # noqa: E402
 from treeflash.kernels.gemv import GemvConfig, gemv, gemv_config, gemv_reference  # noqa: E402
 
 PROJECTIONS = {  # name: (N, K)
@@ -56,28 +57,11 @@ def candidates(n: int, k: int, grid: str = "wide", sms: int = 132) -> list[GemvC
     return out
 
 
-def copy_bandwidth() -> float:
-    from triton.testing import do_bench
-
-    n = 2**31
-    src = torch.empty(n, dtype=torch.uint8, device="cuda")
-    dst = torch.empty_like(src)
-    ms = do_bench(lambda: dst.copy_(src), warmup=20, rep=200, return_mode="median")
-    del src, dst
-    return 2 * n / (ms * 1e-3)
-
-
-def bench(fn) -> float:
-    from triton.testing import do_bench_cudagraph
-
-    return do_bench_cudagraph(fn, rep=60, return_mode="median") * 1e-3  # seconds
-
-
 def run_projection(name: str, bw: float, max_configs: int, grid: str) -> dict:
     n, k = PROJECTIONS[name]
     nbytes = n * k * 2
-    copies = max(2, min(16, -(-256_000_000 // nbytes)))
-    ws = [torch.randn(n, k, device="cuda", dtype=torch.bfloat16) * k**-0.5 for _ in range(copies)]
+    ws = weight_copies(n, k)
+    copies = len(ws)
     x = torch.randn(1, k, device="cuda", dtype=torch.bfloat16)
     ref = gemv_reference(x, ws[0]).float()
     scale = ref.abs().max().item()

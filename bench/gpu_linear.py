@@ -69,6 +69,13 @@ def copy_bandwidth() -> float:
     return 2 * n / (ms * 1e-3)
 
 
+def weight_copies(n: int, k: int) -> list[torch.Tensor]:
+    """Enough random bf16 [n, k] weights that one round over them streams >= 256 MB (5x the L2): each
+    timed call reads its weight from memory, as a model's layers do, not from a warm L2."""
+    copies = max(2, min(16, -(-256_000_000 // (n * k * 2))))
+    return [torch.randn(n, k, device="cuda", dtype=torch.bfloat16) * k**-0.5 for _ in range(copies)]
+
+
 def bench(fn) -> float:
     from triton.testing import do_bench_cudagraph
 
@@ -81,8 +88,8 @@ def run_projection(name: str, rows: int, configs: list[tuple], bw: float) -> dic
     # enough copies of the weight that one timed call streams >= 256 MB (5x the L2): each copy is
     # read from memory, as a model's layers are, not from the L2 left warm by the previous call
     nbytes = n_w * k * 2
-    copies = max(2, min(16, -(-256_000_000 // nbytes)))
-    ws = [torch.randn(n_w, k, device=dev, dtype=dt) * k**-0.5 for _ in range(copies)]
+    ws = weight_copies(n_w, k)
+    copies = len(ws)
     w = ws[0]
     x = torch.randn(rows, k, device=dev, dtype=dt)
     nw = torch.rand(k, device=dev, dtype=dt) + 0.5

@@ -12,6 +12,11 @@ n-block's programs to finish (an atomic ticket per n-block) adds the SPLIT_K par
 writes y and resets the ticket. So the result does not depend on which program finishes last
 (deterministic, no atomics on the values), and there is no second launch.
 
+kernels/linear.py's one-row path (`_gemv_kernel`, inside `linear_fused`, off by default) is the
+same idea with the RMSNorm / SwiGLU / residual fused in, but a rolled K loop without split-K; it
+read 8B o_proj at 12.2 us where this kernel takes 9.6 (docs/performance.md). This one is the plain
+projection that the decode step uses.
+
 `gemv_reference` is the plain-torch contract (F.linear, fp32 accumulation); `gemv` runs the kernel
 on CUDA or under TRITON_INTERPRET=1, the reference elsewhere.
 """

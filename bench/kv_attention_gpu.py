@@ -12,7 +12,7 @@ Triton compiling a kernel per K/V pair); --contexts 32768 halves that.
 
     python bench/kv_attention_gpu.py --sweep --out out/kv_attention_sweep.json
 
---sweep instead times the launch variants (quant_attention.VARIANTS less SWEEP_SKIP and flat on
+--sweep instead times the launch variants (attention_launch.VARIANTS less SWEEP_SKIP and flat on
 q4_0/tq3_0, plus launch_config's default; --sweep-all: every one) for each K/V pair in --sweep-pairs, decode at every context and the 16-node tree verify
 at the first: each variant is first checked against the reference (decode and verify); one that
 fails to compile or to match is recorded with its error and skipped. Prints a table of the
@@ -36,6 +36,7 @@ import torch.nn.functional as F  # noqa: E402
 import triton  # noqa: E402
 from triton.testing import do_bench, do_bench_cudagraph  # noqa: E402
 
+from treeflash.kernels import attention_launch as launch  # noqa: E402
 from treeflash.kernels import quant_attention as qa  # noqa: E402
 from treeflash.kernels.kv_quant import Planes, quantize_into  # noqa: E402
 from treeflash.kernels.kv_formats import get_format  # noqa: E402
@@ -73,9 +74,9 @@ def rel_err(out: torch.Tensor, ref: torch.Tensor) -> float:
 
 def plan(context: int, num_new: int, heads: int, kv_heads: int, head_dim: int, dense_kv: bool) -> tuple[int, int]:
     group = heads // kv_heads
-    cfg = qa.launch_config(head_dim, num_new * group, dense_kv)
+    cfg = launch.launch_config(head_dim, num_new * group, dense_kv)
     m_tiles = triton.cdiv(num_new * group, cfg.block_m)
-    return qa.plan_splits(triton.cdiv(context, cfg.block_n), m_tiles * kv_heads, torch.device("cuda"), cfg.programs_per_sm)
+    return launch.plan_splits(triton.cdiv(context, cfg.block_n), m_tiles * kv_heads, torch.device("cuda"), cfg.programs_per_sm)
 
 
 def bench_pair(k: Planes, v: Planes, context: int, args, dtype) -> dict:
@@ -162,7 +163,7 @@ SWEEP_SKIP = {
 def sweep_names(kt: str, vt: str, everything: bool = False) -> list[str]:
     """default, then the VARIANTS worth timing on a K/V pair (flat only where neither side is q4_0/tq3_0)."""
     names = ["default"]
-    for name in qa.VARIANTS:
+    for name in launch.VARIANTS:
         if everything:
             names.append(name)
         elif name in SWEEP_SKIP and SWEEP_SKIP[name](kt, vt):
@@ -180,10 +181,10 @@ def sweep_variant(k: Planes, v: Planes, context: int, name: str, args, dtype, ve
     group = heads // args.kv_heads
     row = {"k_type": k.name, "v_type": v.name, "context": context, "variant": name}
     try:
-        cfg1 = qa.launch_config(head_dim, group) if name == "default" else qa.variant_config(name, head_dim, group)
-        cfgv = qa.launch_config(head_dim, VERIFY_NODES * group)
+        cfg1 = launch.launch_config(head_dim, group) if name == "default" else launch.variant_config(name, head_dim, group)
+        cfgv = launch.launch_config(head_dim, VERIFY_NODES * group)
         if name != "default":
-            cfgv = qa.variant_config(name, head_dim, VERIFY_NODES * group)
+            cfgv = launch.variant_config(name, head_dim, VERIFY_NODES * group)
         row["config"] = {"decode": vars_of(cfg1), "verify16": vars_of(cfgv)}
         q1 = torch.randn(1, heads, head_dim, device="cuda", dtype=dtype)
         qv = torch.randn(VERIFY_NODES, heads, head_dim, device="cuda", dtype=dtype)
@@ -231,7 +232,7 @@ def vars_of(cfg) -> dict:
 
 def run_sweep(args, dtype) -> list[dict]:
     pairs = [tuple(p.split("/")) for p in args.sweep_pairs]
-    names = ["default", *qa.VARIANTS]
+    names = ["default", *launch.VARIANTS]
     if not args.sweep_all:
         names = [n for n in names if any(n in sweep_names(kt, vt) for kt, vt in pairs)]
     rows = []
@@ -276,7 +277,7 @@ def main() -> None:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     ap.add_argument("--out", required=True, help="path of the JSON artifact")
-    ap.add_argument("--sweep", action="store_true", help="time every launch variant (quant_attention.VARIANTS)")
+    ap.add_argument("--sweep", action="store_true", help="time every launch variant (attention_launch.VARIANTS)")
     ap.add_argument("--sweep-pairs", nargs="+", default=list(SWEEP_PAIRS), help="K/V pairs for --sweep, e.g. q8_0/q8_0")
     ap.add_argument("--sweep-all", action="store_true", help="--sweep times every variant on every pair (no SWEEP_SKIP)")
     ap.add_argument("--sweep-budget-s", type=float, default=270.0, help="--sweep skips what is left after this long")
@@ -309,7 +310,7 @@ def main() -> None:
             "shape": {"heads": args.heads, "kv_heads": args.kv_heads, "head_dim": args.head_dim, "dtype": args.dtype},
             "copy_bandwidth_GBps": args.copy_bw / 1e9,
             "timing": "median, CUDA-graph replay; verify16 at the first context only",
-            "variants": {"default": "launch_config's choice", **qa.VARIANTS},
+            "variants": {"default": "launch_config's choice", **launch.VARIANTS},
             "all_correct": all(r["correct"] is not False for r in rows),
             "results": rows,
             "wall_s": time.time() - t0,

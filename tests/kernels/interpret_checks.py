@@ -101,7 +101,8 @@ def check_attention(
 ) -> None:
     import dataclasses
 
-    from treeflash.kernels.quant_attention import launch_config, quant_attention, quant_attention_reference
+    from treeflash.kernels.attention_launch import launch_config
+    from treeflash.kernels.quant_attention import quant_attention, quant_attention_reference
 
     length = start + num_new + 5  # rows past start + T exist but must not be read
     k = _planes(fmt_k, torch.randn(length, kv_heads, head_dim))

@@ -1,4 +1,4 @@
-"""Every launch variant of the compressed-cache attention (quant_attention.VARIANTS: dequantization
+"""Every launch variant of the compressed-cache attention (attention_launch.VARIANTS: dequantization
 scheme x keys per step x warps x prefetch) equals dequantize + SDPA: decode and tree verify, both
 entry points, every format pair, lengths that leave a masked tail (TRITON_INTERPRET=1).
 
@@ -23,7 +23,7 @@ TREE = [-1, 0, 0, 1, 2, 2, 4]  # siblings 1/2 and 4/5 must not see each other
 def _cases() -> dict[str, tuple]:
     """name -> (variant, fmt_k, fmt_v, mode). Each variant sees every K/V pair once (decode or
     verify, alternating) plus both static-mode shapes, so no variant x pair is left out."""
-    from treeflash.kernels.quant_attention import VARIANTS
+    from treeflash.kernels.attention_launch import VARIANTS
 
     pairs = [(a, b) for a in FORMATS for b in FORMATS if "bf16" != a or b != "bf16"]
     cases = {}
@@ -44,6 +44,7 @@ def check(variant: str, fmt_k: str, fmt_v: str, mode: str) -> None:
 
     from tests.kernels.interpret_checks import _planes, _tree_mask
     from treeflash.kernels import quant_attention as qa
+    from treeflash.kernels.attention_launch import variant_config
 
     heads, kv_heads, d = 6, 2, 64
     num_new = 1 if mode.endswith("decode") else len(TREE)
@@ -55,7 +56,7 @@ def check(variant: str, fmt_k: str, fmt_v: str, mode: str) -> None:
     k = _planes(fmt_k, torch.randn(length, kv_heads, d))
     v = _planes(fmt_v, torch.randn(length, kv_heads, d))
     q = torch.randn(num_new, heads, d)
-    config = qa.variant_config(variant, d, num_new * heads // kv_heads)
+    config = variant_config(variant, d, num_new * heads // kv_heads)
     if mode.startswith("splits"):
         import dataclasses
 
@@ -100,7 +101,7 @@ def test_every_variant_matches_the_reference(results):
 
 def test_launch_config_rejects_bad_values():
     pytest.importorskip("triton")
-    from treeflash.kernels.quant_attention import LaunchConfig, variant_config
+    from treeflash.kernels.attention_launch import LaunchConfig, variant_config
 
     with pytest.raises(ValueError):
         LaunchConfig(16, 32, 4, 3, 2, dequant="nibbles")

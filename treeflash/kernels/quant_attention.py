@@ -19,9 +19,6 @@ un-rotated once at the end.
 
 from __future__ import annotations
 
-import dataclasses
-import functools
-from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
@@ -29,131 +26,19 @@ import triton
 import triton.language as tl
 
 from treeflash.kernels import kv_formats as formats
+from treeflash.kernels.attention_launch import MAX_SPLITS, LaunchConfig, _next_pow2, launch_config, plan_splits
+from treeflash.kernels.kv_dequant import DEQ_IDS, _columns, _dequant, _load_raw
 from treeflash.kernels.kv_quant import Planes
 from treeflash.kernels.norm import _interpreting
 from treeflash.kernels.scratch import scratch
 
 FMT_IDS = {"q8_0": 1, "q4_0": 2, "tq3_0": 3}  # anything dense is 0
 LOG2E = 1.4426950408889634
-MAX_SPLITS = 256  # the combine kernel holds [splits, 64] (over 128 splits: [splits, 32]) partial outputs in registers
 COMBINE_CHUNK = 64
-PROGRAMS_PER_SM = 2
 # Two launch options not yet measured on the GPU (bench/gpu_speed.py --attn-fused-combine / --static-split-cap 4
 # time them; both pass the interpreter checks):
 FUSED_COMBINE = False  # the last split program merges the splits (an atomic ticket): no _combine_kernel launch
 STATIC_SPLIT_CAP = 0  # static mode (slots given), > 0: at most this many key blocks per split over a long buffer
-
-
-
-
-# Dequantization schemes (constexpr DEQ; LaunchConfig.dequant names them). Two more were measured
-# on the H200 and removed (docs/kv.md): "blocks" (I2F conversions, a select chain for tq3_0: no
-# faster) and "scaled" (raw codes into per-block batched dots, scales after: slower everywhere).
-DEQ_BLOCKS_FAST = tl.constexpr(1)  # whole blocks ([N, D/32, bytes]) unpacked with join/reshape; ints -> float by the 2^23 trick, tq3_0 centroids by a cubic
-DEQ_FLAT = tl.constexpr(2)  # 2-D [N, D] loads (column d reads the byte that holds value d), no reshape of codes
-DEQ_IDS = {"blocks_fast": 1, "flat": 2}
-
-
-@triton.jit
-def _load_raw(scale_ptr, code_ptr, keys, kvh, num_kv_heads, ok, FMT: tl.constexpr, D: tl.constexpr, DEQ: tl.constexpr):
-    """The stored bytes of rows `keys` [N] (int64) of KV head kvh: (codes, more codes, scales).
-    DEQ_FLAT: [N, D] codes, column d holding the byte that value d needs (one byte serves 2 to
-    8 columns: repeated addresses hit L1), and [N, D/32] scales. Else blocks are loaded whole
-    ([N, D/32, bytes] codes, [N, D/32] scales): no per-value gathers."""
-    NB: tl.constexpr = D // 32
-    row = keys * num_kv_heads + kvh
-    if FMT == 0:
-        d = tl.arange(0, D)
-        a = tl.load(code_ptr + row[:, None] * D + d[None, :], mask=ok[:, None], other=0.0)
-        b = ok
-        s = ok
-    else:
-        s = tl.load(scale_ptr + row[:, None] * NB + tl.arange(0, NB)[None, :], mask=ok[:, None], other=0.0)
-        b = ok
-        if DEQ == DEQ_FLAT:
-            d = tl.arange(0, D)
-            blk, w, m2 = (d // 32)[None, :], (d % 32)[None, :], ok[:, None]
-            if FMT == 1:
-                a = tl.load(code_ptr + row[:, None] * D + d[None, :], mask=m2, other=0)
-            elif FMT == 2:  # value j + 16h of a block: byte j, nibble h
-                a = tl.load(code_ptr + row[:, None] * (D // 2) + blk * 16 + w % 16, mask=m2, other=0)
-            else:  # magnitude: byte w // 4, bits 2 * (w % 4); sign: byte 8 + w // 8, bit w % 8
-                base = code_ptr + row[:, None] * (NB * 12) + blk * 12
-                a = tl.load(base + w // 4, mask=m2, other=0)
-                b = tl.load(base + 8 + w // 8, mask=m2, other=0)
-        else:
-            r3, m3, b3 = row[:, None, None], ok[:, None, None], tl.arange(0, NB)[None, :, None]
-            if FMT == 1:
-                a = tl.load(code_ptr + r3 * D + b3 * 32 + tl.arange(0, 32)[None, None, :], mask=m3, other=0)
-            elif FMT == 2:
-                a = tl.load(code_ptr + r3 * (D // 2) + b3 * 16 + tl.arange(0, 16)[None, None, :], mask=m3, other=0)
-            else:
-                base = code_ptr + r3 * (NB * 12) + b3 * 12
-                a = tl.load(base + tl.arange(0, 8)[None, None, :], mask=m3, other=0)
-                b = tl.load(base + 8 + tl.arange(0, 4)[None, None, :], mask=m3, other=0)
-    return a, b, s
-
-
-@triton.jit
-def _int_to_float(x, BIAS: tl.constexpr):
-    """Exact int32 -> fp32 minus BIAS for 0 <= x < 2^22 (x | 2^23's exponent, then subtract):
-    two full-rate ops instead of a quarter-rate I2F."""
-    return (x | 0x4B000000).to(tl.float32, bitcast=True) - (8388608.0 + BIAS)
-
-
-@triton.jit
-def _tq3_value(mag, neg, C0: tl.constexpr, C1: tl.constexpr, C2: tl.constexpr, C3: tl.constexpr):
-    """+-C[mag] (neg = 1: negative) by arithmetic: the cubic through (m, C_m), m = 0..3, and the
-    sign bit xor-ed in."""
-    P1: tl.constexpr = (-11 * C0 + 18 * C1 - 9 * C2 + 2 * C3) / 6
-    P2: tl.constexpr = (2 * C0 - 5 * C1 + 4 * C2 - C3) / 2
-    P3: tl.constexpr = (-C0 + 3 * C1 - 3 * C2 + C3) / 6
-    m = _int_to_float(mag, 0.0)
-    c = ((P3 * m + P2) * m + P1) * m + C0
-    return (c.to(tl.int32, bitcast=True) ^ (neg << 31)).to(tl.float32, bitcast=True)
-
-
-@triton.jit
-def _dequant(
-    a, b, s, FMT: tl.constexpr, N: tl.constexpr, D: tl.constexpr,
-    C0: tl.constexpr, C1: tl.constexpr, C2: tl.constexpr, C3: tl.constexpr, DEQ: tl.constexpr,
-):
-    """_load_raw's bytes -> [N, D] fp32 (tq3_0: rotated domain), in the format's unpack order (`_columns`)."""
-    NB: tl.constexpr = D // 32
-    if FMT == 0:
-        x = a.to(tl.float32)
-    elif DEQ == DEQ_FLAT:
-        w = (tl.arange(0, D) % 32)[None, :]
-        if FMT == 1:
-            q = _int_to_float(a.to(tl.int32) + 128, 128.0)
-        elif FMT == 2:
-            q = _int_to_float((a.to(tl.int32) >> (4 * (w // 16))) & 15, 8.0)
-        else:
-            q = _tq3_value((a.to(tl.int32) >> (2 * (w % 4))) & 3, (b.to(tl.int32) >> (w % 8)) & 1, C0, C1, C2, C3)
-        s2 = tl.broadcast_to(s.to(tl.float32)[:, :, None], (N, NB, 32))
-        x = q * tl.reshape(s2, (N, D))
-    else:  # DEQ_BLOCKS_FAST
-        if FMT == 1:
-            q = _int_to_float(a.to(tl.int32) + 128, 128.0)
-        elif FMT == 2:  # byte j: value j (low nibble), value j + 16 (high); unpacked as (j, nibble)
-            a = a.to(tl.int32)
-            q = _int_to_float(tl.reshape(tl.join(a & 15, a >> 4), (N, NB, 32)), 8.0)
-        else:  # byte i < 8: magnitudes of values 4i..4i+3; byte 8 + i: signs of values 8i..8i+7
-            bm, bs = a.to(tl.int32), b.to(tl.int32)
-            mag = tl.reshape((bm[:, :, :, None] >> (2 * tl.arange(0, 4))[None, None, None, :]) & 3, (N, NB, 32))
-            neg = tl.reshape((bs[:, :, :, None] >> tl.arange(0, 8)[None, None, None, :]) & 1, (N, NB, 32))
-            q = _tq3_value(mag, neg, C0, C1, C2, C3)
-        x = tl.reshape(q * s.to(tl.float32)[:, :, None], (N, D))
-    return x
-
-
-@triton.jit
-def _columns(FMT: tl.constexpr, D: tl.constexpr, DEQ: tl.constexpr):
-    """Original column of each unpacked column: q4_0 unpacks value j + 16h of a block at 2j + h."""
-    n = tl.arange(0, D)
-    if FMT == 2 and DEQ != DEQ_FLAT:
-        n = (n // 32) * 32 + (n % 32) // 2 + 16 * (n % 2)
-    return n
 
 
 @triton.jit
@@ -300,90 +185,6 @@ def _combine_kernel(
 
 
 # ---------------------------------------------------------------- wrapper
-
-
-def _next_pow2(n: int) -> int:
-    return 1 << max(0, n - 1).bit_length()
-
-
-@dataclass(frozen=True)
-class LaunchConfig:
-    block_m: int  # query rows (token x GQA head) per program
-    block_n: int  # keys per inner step
-    num_warps: int
-    num_stages: int
-    programs_per_sm: int  # split-K target: splits ~ programs_per_sm * SMs / (m_tiles * kv_heads)
-    prefetch: bool = True  # load block i + 1's bytes before block i's math (hides memory latency)
-    dequant: str = "blocks_fast"  # a key of DEQ_IDS: how compressed blocks become [BLOCK_N, D] floats
-
-    def __post_init__(self):
-        if self.dequant not in DEQ_IDS:
-            raise ValueError(f"LaunchConfig: dequant must be one of {sorted(DEQ_IDS)}, got {self.dequant!r}")
-        for name in ("block_m", "block_n"):
-            n = getattr(self, name)
-            if n < 16 or n & (n - 1):
-                raise ValueError(f"LaunchConfig: {name} must be a power of two >= 16 (tl.dot), got {n}")
-
-
-# Launch variants that bench/kv_attention_gpu.py --sweep times against each other on the GPU
-# (compressed K or V; the dense path keeps launch_config's own choice). Names are stable.
-VARIANTS: dict[str, dict] = {
-    "fast_n32_w4_pf": dict(dequant="blocks_fast", block_n=32, num_warps=4, prefetch=True),  # the default
-    "fast_n64_w4": dict(dequant="blocks_fast", block_n=64, num_warps=4, prefetch=False),
-    "flat_n32_w4": dict(dequant="flat", block_n=32, num_warps=4, prefetch=False),  # q8_0/q8_0's default
-    # more programs per SM (splits ~ programs_per_sm * SMs / programs per split): no faster so far
-    "flat_n32_w4_p4": dict(dequant="flat", block_n=32, num_warps=4, prefetch=False, programs_per_sm=4),
-    "fast_n32_w4_pf_p4": dict(dequant="blocks_fast", block_n=32, num_warps=4, prefetch=True, programs_per_sm=4),
-}
-
-
-def variant_config(name: str, head_dim: int, rows: int) -> LaunchConfig:
-    """launch_config for a compressed cache with VARIANTS[name]'s fields replaced."""
-    if name not in VARIANTS:
-        raise ValueError(f"unknown launch variant {name!r}; known: {', '.join(VARIANTS)}")
-    return dataclasses.replace(launch_config(head_dim, rows), **VARIANTS[name])
-
-
-def launch_config(head_dim: int, rows: int, dense_kv: bool = False, q8_kv: bool = False) -> LaunchConfig:
-    """The fixed launch configuration for a head_dim and T * G query rows (no autotuning).
-
-    Measured on an H200 (decode at 32K context, 24 query / 4 KV heads, head_dim 256), with the
-    "blocks" dequantization: with compressed K/V, 4 warps, 32 keys a step and the register
-    prefetch took q8_0/q8_0 from 114 us (8 warps, no prefetch) to 69 us and tq3_0/tq3_0 from 220
-    to 138 us; with dense K and V (`dense_kv`), Triton's own pipelining of loads that feed tl.dot
-    does better without it (46 us against 67 us). head_dim <= 128 uses 64 keys a step (not
-    measured separately). "blocks_fast" is the default on a static count, not yet a measurement:
-    sm_90 SASS of the tq3_0/tq3_0 loop has 22% fewer instructions (no select chain), q8_0 trades
-    its quarter-rate I2F conversions for full-rate integer ops, q4_0 compiles the same; VARIANTS
-    and `bench/kv_attention_gpu.py --sweep` are how to choose on the GPU.
-
-    Measured since (two H200 sweeps, bench/results/kv_attention_sweep*.json): blocks_fast is a little
-    faster than blocks for tq3_0 (0.06-0.07 of the roofline against 0.05-0.06), the same for q4_0
-    and q8_0; `q8_kv` (q8_0 K and V) at head_dim 256 takes "flat" (2-D per-column loads, no
-    reshapes), 0.36 of the roofline at 32K and 0.44 at 128K against 0.23 / 0.26."""
-    block_m = 16 if rows <= 16 else 32
-    block_n = 64 if head_dim <= 128 else 32
-    if dense_kv:
-        return LaunchConfig(block_m, block_n, 4 if head_dim <= 128 else 8, 3, PROGRAMS_PER_SM, prefetch=False)
-    if q8_kv and head_dim == 256:  # the fastest q8_0/q8_0 variant in both H200 sweeps (flat_n32_w4)
-        return LaunchConfig(block_m, 32, 4, 3, PROGRAMS_PER_SM, prefetch=False, dequant="flat")
-    return LaunchConfig(block_m, block_n, 4, 3, PROGRAMS_PER_SM, prefetch=True, dequant="blocks_fast")
-
-
-@functools.lru_cache(maxsize=None)
-def _sm_count(device: torch.device) -> int:
-    return torch.cuda.get_device_properties(device).multi_processor_count if device.type == "cuda" else 4
-
-
-def plan_splits(
-    num_blocks: int, programs_per_split: int, device: torch.device, programs_per_sm: int = PROGRAMS_PER_SM
-) -> tuple[int, int]:
-    """(num_splits, blocks_per_split): about programs_per_sm programs per SM; blocks_per_split is a
-    power of two (a compile-time loop bound), so a growing context recompiles only when it doubles."""
-    want = triton.cdiv(programs_per_sm * _sm_count(device), programs_per_split)
-    want = max(1, min(num_blocks, want, MAX_SPLITS))
-    per_split = _next_pow2(triton.cdiv(num_blocks, want))
-    return triton.cdiv(num_blocks, per_split), per_split
 
 
 def _check_planes(p: Planes, num_kv_heads: int, head_dim: int, kv_len: int, device: torch.device, what: str) -> None:

@@ -1,0 +1,103 @@
+"""Launch configuration of the split-K attention kernels (kernels/quant_attention.py): block sizes,
+warps, dequantization scheme per K/V type, the named variants the GPU sweeps compare, and how the
+key axis is cut into splits. Fixed configurations, no autotuning (the Triton interpreter on the
+CPU needs them, and the choices are measured: docs/kv.md).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+from dataclasses import dataclass
+
+import torch
+import triton
+
+from treeflash.kernels.kv_dequant import DEQ_IDS
+
+MAX_SPLITS = 256  # the combine kernel holds [splits, 64] (over 128 splits: [splits, 32]) partial outputs in registers
+PROGRAMS_PER_SM = 2
+
+
+def _next_pow2(n: int) -> int:
+    return 1 << max(0, n - 1).bit_length()
+
+
+@dataclass(frozen=True)
+class LaunchConfig:
+    block_m: int  # query rows (token x GQA head) per program
+    block_n: int  # keys per inner step
+    num_warps: int
+    num_stages: int
+    programs_per_sm: int  # split-K target: splits ~ programs_per_sm * SMs / (m_tiles * kv_heads)
+    prefetch: bool = True  # load block i + 1's bytes before block i's math (hides memory latency)
+    dequant: str = "blocks_fast"  # a key of DEQ_IDS: how compressed blocks become [BLOCK_N, D] floats
+
+    def __post_init__(self):
+        if self.dequant not in DEQ_IDS:
+            raise ValueError(f"LaunchConfig: dequant must be one of {sorted(DEQ_IDS)}, got {self.dequant!r}")
+        for name in ("block_m", "block_n"):
+            n = getattr(self, name)
+            if n < 16 or n & (n - 1):
+                raise ValueError(f"LaunchConfig: {name} must be a power of two >= 16 (tl.dot), got {n}")
+
+
+# Launch variants that bench/kv_attention_gpu.py --sweep times against each other on the GPU
+# (compressed K or V; the dense path keeps launch_config's own choice). Names are stable.
+VARIANTS: dict[str, dict] = {
+    "fast_n32_w4_pf": dict(dequant="blocks_fast", block_n=32, num_warps=4, prefetch=True),  # the default
+    "fast_n64_w4": dict(dequant="blocks_fast", block_n=64, num_warps=4, prefetch=False),
+    "flat_n32_w4": dict(dequant="flat", block_n=32, num_warps=4, prefetch=False),  # q8_0/q8_0's default
+    # more programs per SM (splits ~ programs_per_sm * SMs / programs per split): no faster so far
+    "flat_n32_w4_p4": dict(dequant="flat", block_n=32, num_warps=4, prefetch=False, programs_per_sm=4),
+    "fast_n32_w4_pf_p4": dict(dequant="blocks_fast", block_n=32, num_warps=4, prefetch=True, programs_per_sm=4),
+}
+
+
+def variant_config(name: str, head_dim: int, rows: int) -> LaunchConfig:
+    """launch_config for a compressed cache with VARIANTS[name]'s fields replaced."""
+    if name not in VARIANTS:
+        raise ValueError(f"unknown launch variant {name!r}; known: {', '.join(VARIANTS)}")
+    return dataclasses.replace(launch_config(head_dim, rows), **VARIANTS[name])
+
+
+def launch_config(head_dim: int, rows: int, dense_kv: bool = False, q8_kv: bool = False) -> LaunchConfig:
+    """The fixed launch configuration for a head_dim and T * G query rows (no autotuning).
+
+    Measured on an H200 (decode at 32K context, 24 query / 4 KV heads, head_dim 256), with the
+    "blocks" dequantization: with compressed K/V, 4 warps, 32 keys a step and the register
+    prefetch took q8_0/q8_0 from 114 us (8 warps, no prefetch) to 69 us and tq3_0/tq3_0 from 220
+    to 138 us; with dense K and V (`dense_kv`), Triton's own pipelining of loads that feed tl.dot
+    does better without it (46 us against 67 us). head_dim <= 128 uses 64 keys a step (not
+    measured separately). "blocks_fast" is the default on a static count, not yet a measurement:
+    sm_90 SASS of the tq3_0/tq3_0 loop has 22% fewer instructions (no select chain), q8_0 trades
+    its quarter-rate I2F conversions for full-rate integer ops, q4_0 compiles the same; VARIANTS
+    and `bench/kv_attention_gpu.py --sweep` are how to choose on the GPU.
+
+    Measured since (two H200 sweeps, bench/results/kv_attention_sweep*.json): blocks_fast is a little
+    faster than blocks for tq3_0 (0.06-0.07 of the roofline against 0.05-0.06), the same for q4_0
+    and q8_0; `q8_kv` (q8_0 K and V) at head_dim 256 takes "flat" (2-D per-column loads, no
+    reshapes), 0.36 of the roofline at 32K and 0.44 at 128K against 0.23 / 0.26."""
+    block_m = 16 if rows <= 16 else 32
+    block_n = 64 if head_dim <= 128 else 32
+    if dense_kv:
+        return LaunchConfig(block_m, block_n, 4 if head_dim <= 128 else 8, 3, PROGRAMS_PER_SM, prefetch=False)
+    if q8_kv and head_dim == 256:  # the fastest q8_0/q8_0 variant in both H200 sweeps (flat_n32_w4)
+        return LaunchConfig(block_m, 32, 4, 3, PROGRAMS_PER_SM, prefetch=False, dequant="flat")
+    return LaunchConfig(block_m, block_n, 4, 3, PROGRAMS_PER_SM, prefetch=True, dequant="blocks_fast")
+
+
+@functools.lru_cache(maxsize=None)
+def _sm_count(device: torch.device) -> int:
+    return torch.cuda.get_device_properties(device).multi_processor_count if device.type == "cuda" else 4
+
+
+def plan_splits(
+    num_blocks: int, programs_per_split: int, device: torch.device, programs_per_sm: int = PROGRAMS_PER_SM
+) -> tuple[int, int]:
+    """(num_splits, blocks_per_split): about programs_per_sm programs per SM; blocks_per_split is a
+    power of two (a compile-time loop bound), so a growing context recompiles only when it doubles."""
+    want = triton.cdiv(programs_per_sm * _sm_count(device), programs_per_split)
+    want = max(1, min(num_blocks, want, MAX_SPLITS))
+    per_split = _next_pow2(triton.cdiv(num_blocks, want))
+    return triton.cdiv(num_blocks, per_split), per_split

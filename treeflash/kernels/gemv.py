@@ -182,8 +182,8 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
 
 
 def apply(module: nn.Module, x: torch.Tensor) -> torch.Tensor:
-    """module(x), except a plain nn.Linear with a TUNED shape on one row on CUDA when USE_GEMV: gemv."""
-    if (USE_GEMV and x.is_cuda and x.dim() == 2 and x.shape[0] == 1 and type(module) is nn.Linear
-            and tuple(module.weight.shape) in TUNED and module.weight.is_contiguous()):
-        return gemv(x, module.weight, module.bias)
+    """module(x), through `linear` when the module is a plain nn.Linear (so a TUNED shape on one row
+    on CUDA takes gemv); anything else (e.g. a CPU int4 layer) is called as it is."""
+    if type(module) is nn.Linear:
+        return linear(x, module.weight, module.bias)
     return module(x)

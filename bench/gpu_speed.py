@@ -421,6 +421,8 @@ def main() -> None:
     p.add_argument("--static-split-cap", type=int, default=None, help="graphed attention: at most this many key blocks per split (0: off)")
     p.add_argument("--gdn-fused-decode", action="store_true",
                    help="the Gated DeltaNet decode step as one launch (kernels/gdn_decode.py: decode_step) instead of two")
+    p.add_argument("--fla", action=argparse.BooleanOptionalAction, default=True,
+                   help="Gated DeltaNet prefill through flash-linear-attention when it imports (kernels/gdn_chunk.py); --no-fla: the torch reference")
     p.add_argument("--drafter-layers", type=int, default=5, help="time a random DFlash drafter's pass with this many layers (0: skip)")
     p.add_argument("--block-size", type=int, default=16, help="the drafter's block size")
     p.add_argument("--hf", action="store_true", help="also time transformers' generate on the dense shape")
@@ -443,6 +445,10 @@ def main() -> None:
     if args.no_static_end:
         from treeflash.kv import attention_cache
         attention_cache.STATIC_END = False
+    from treeflash.kernels import gdn_chunk
+    gdn_chunk.USE_FLA = args.fla
+    args.fla_used = DEV == "cuda" and args.fla and gdn_chunk._fla_chunk() is not None
+    print("Gated DeltaNet prefill:", "flash-linear-attention" if args.fla_used else "torch reference", flush=True)
     if args.gdn_fused_decode:
         from treeflash.kernels import gdn_decode
         gdn_decode.FUSED_DECODE = True

@@ -10,7 +10,8 @@ Per token t, after a short causal conv (kernel K, SiLU) over the projected q, k,
     o_t = S_t^T q_t
     out_t = out_proj(rmsnorm(o_t) * w * silu(z_t))
 
-Prefill runs `causal_conv` and `delta_rule_chunked` (the WY form) in PyTorch. Decode and verify
+Prefill runs `causal_conv` and `delta_rule_chunked` (the WY form) in PyTorch, or on CUDA with
+flash-linear-attention installed, its chunked kernels (treeflash.kernels.gdn_chunk). Decode and verify
 run the kernels of treeflash.kernels.gdn_decode / gdn_tree (their plain-torch references off CUDA;
 a verify's outputs on the CPU come from `delta_rule_tree`, the WY form over the tree).
 
@@ -29,7 +30,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from treeflash.kernels import gdn_decode
+from treeflash.kernels import gdn_chunk, gdn_decode
 from treeflash.kernels.gdn_decode import conv_step, decode_step, recurrent_step
 from treeflash.kernels.gdn_tree import tree_conv, tree_recurrent
 from treeflash.kernels.linear import linear_fused
@@ -227,7 +228,14 @@ class GatedDeltaNet(nn.Module):
             return recurrent_step(y, a[0], b[0], self.A_log, self.dt_bias, cache.state, *dims)[None]
         conv_out, window = causal_conv(mixed, cache.conv, weight)
         cache.conv.copy_(window)
-        o, state = delta_rule_chunked(*self._heads(conv_out), *self._gates(a, b), cache.state)
+        if gdn_chunk.available(conv_out):  # flash-linear-attention's chunked kernels
+            q, k, v = conv_out.split([self.key_dim, self.key_dim, self.value_dim], dim=-1)
+            n = conv_out.shape[0]
+            o, state = gdn_chunk.chunk_gated_delta(
+                q.reshape(n, self.num_k_heads, self.k_head_dim), k.reshape(n, self.num_k_heads, self.k_head_dim),
+                v.reshape(n, self.num_v_heads, self.v_head_dim), *self._gates(a, b), cache.state, mixed.dtype)
+        else:
+            o, state = delta_rule_chunked(*self._heads(conv_out), *self._gates(a, b), cache.state)
         cache.state.copy_(state)
         return o
 

@@ -416,6 +416,8 @@ def main() -> None:
     p.add_argument("--gemv", action=argparse.BooleanOptionalAction, default=None,
                    help="one-row projections of the tuned shapes through kernels/gemv.py (default: the library's, on); --no-gemv: cuBLAS")
     p.add_argument("--gemv-table", default=None, help="with --gemv: take gemv's per-shape configurations from this bench/gpu_gemv.py JSON")
+    p.add_argument("--gemv-norm", action=argparse.BooleanOptionalAction, default=None,
+                   help="the residual add + RMSNorm as the epilogue of the decode step's o_proj/out_proj/down GEMVs (default: the library's, on)")
     p.add_argument("--no-static-end", action="store_true", help="graphed attention reads the whole cache buffer under the key mask")
     p.add_argument("--attn-fused-combine", action="store_true", help="attention: the last split merges the splits (no combine launch)")
     p.add_argument("--static-split-cap", type=int, default=None, help="graphed attention: at most this many key blocks per split (0: off)")
@@ -433,6 +435,9 @@ def main() -> None:
     from treeflash.kernels import gemv
     if args.gemv is not None:
         gemv.USE_GEMV = args.gemv
+    if args.gemv_norm is not None:
+        gemv.NORM_EPILOGUE = args.gemv_norm
+    args.gemv_norm_used = gemv.USE_GEMV and gemv.NORM_EPILOGUE
     if gemv.USE_GEMV:
         if args.gemv_table:
             print("gemv table:", gemv.load_table(args.gemv_table), flush=True)

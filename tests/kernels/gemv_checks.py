@@ -20,11 +20,34 @@ CASES = [
 ]
 
 
-def main(dtype_name: str) -> None:
+def norm_cases(dtype) -> dict:
+    """gemv_add_norm against its reference: normed output and stream, split 1 and split-K, unit offset."""
+    from treeflash.kernels.gemv import GemvConfig, gemv_add_norm, gemv_add_norm_reference
+
+    out = {}
+    for n, k, cfg, unit in [(40, 96, (8, 32, 1, 4), False), (33, 257, (8, 64, 1, 2), True), (48, 300, (16, 32, 3, 4), False)]:
+        x = torch.randn(1, k).to(dtype)
+        w = (torch.randn(n, k) / k**0.5).to(dtype)
+        r = torch.randn(1, n).to(dtype)
+        nw = (torch.rand(n) + 0.5).to(dtype)
+        normed, stream = gemv_add_norm(x, w, r, nw, 1e-6, unit, config=GemvConfig(*cfg))
+        normed2, _ = gemv_add_norm(x, w, r, nw, 1e-6, unit, config=GemvConfig(*cfg))  # the ticket was reset
+        ref_n, ref_s = gemv_add_norm_reference(x, w, r, nw, 1e-6, unit)
+        assert normed.shape == ref_n.shape == stream.shape == (1, n) and normed.dtype == dtype
+        out[f"norm_n{n}_k{k}_{cfg}_unit{unit}"] = [
+            max((normed.float() - ref_n.float()).abs().max().item(), (stream.float() - ref_s.float()).abs().max().item()),
+            max(ref_n.float().abs().max().item(), ref_s.float().abs().max().item()), bool(torch.equal(normed, normed2))]
+    return out
+
+
+def main(dtype_name: str, mode: str = "gemv") -> None:
     from treeflash.kernels.gemv import GemvConfig, gemv, gemv_reference
 
     dtype = getattr(torch, dtype_name)
     torch.manual_seed(0)
+    if mode == "norm":
+        print(json.dumps(norm_cases(dtype)))
+        return
     out = {}
     for n, k, bias, cfg in CASES:
         x = torch.randn(1, k).to(dtype)
@@ -41,4 +64,4 @@ def main(dtype_name: str) -> None:
 
 
 if __name__ == "__main__":
-    main(sys.argv[1])
+    main(*sys.argv[1:])

@@ -17,6 +17,17 @@ def test_gemv_matches_reference(dtype, rel):
         assert same, case  # deterministic, and the tickets were reset for the next call
 
 
+@pytest.mark.parametrize("dtype,rel", [("float32", 1e-5), ("bfloat16", 2**-6)])
+def test_gemv_add_norm_matches_reference(dtype, rel):
+    """The residual add + RMSNorm epilogue (the last program's tail): normed row and stream. bf16:
+    the projection's rounding can move the stream by one ulp, and the norm scales that."""
+    errors = run_module("tests.kernels.gemv_checks", dtype, "norm")
+    assert len(errors) == 3
+    for case, (err, scale, same) in errors.items():
+        assert err <= rel * max(scale, 1.0), (case, err, scale)
+        assert same, case
+
+
 def test_gemv_rejects_bad_input():
     from treeflash.kernels import gemv as g
 

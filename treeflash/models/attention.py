@@ -62,7 +62,8 @@ class Attention(nn.Module):
         cache: AttentionCache,
         norm: RMSNorm | None = None,  # fused path: x is the residual stream, normed inside the qkv GEMV
         residual: torch.Tensor | None = None,  # fused path: returns residual + o_proj(...)
-    ) -> torch.Tensor:  # [T, hidden]
+        defer: bool = False,  # o_proj may come back as a gemv.Deferred (for the norm after it)
+    ) -> torch.Tensor | gemv.Deferred:  # [T, hidden]
         n = x.shape[0]
         if norm is not None:
             q, k, v = norm.linear(x, self.qkv_weight, self.qkv_bias).split(
@@ -98,4 +99,4 @@ class Attention(nn.Module):
             out = sigmoid_gate(out, gate)
         if residual is not None:
             return linear_fused(out, self.o_proj.weight, residual=residual)
-        return gemv.apply(self.o_proj, out)
+        return gemv.project(self.o_proj, out, defer)

@@ -192,7 +192,8 @@ class GatedDeltaNet(nn.Module):
         self, x: torch.Tensor, step: StepInput, cache: RecurrentCache,
         norm: RMSNorm | None = None,  # fused path: x is the residual stream, normed inside the input GEMV
         residual: torch.Tensor | None = None,  # fused path: returns residual + out_proj(...)
-    ) -> torch.Tensor:
+        defer: bool = False,  # out_proj may come back as a gemv.Deferred (for the norm after it)
+    ) -> torch.Tensor | gemv.Deferred:
         # x: [T, hidden] -> [T, hidden]
         n = x.shape[0]
         if norm is not None:
@@ -207,7 +208,7 @@ class GatedDeltaNet(nn.Module):
         out = self.norm(o, z, x.dtype).reshape(n, self.value_dim)  # o: fp32, rounded to x.dtype inside
         if residual is not None:
             return linear_fused(out, self.out_proj.weight, residual=residual)
-        return gemv.apply(self.out_proj, out)
+        return gemv.project(self.out_proj, out, defer)
 
     def _mix(self, mixed, a, b, step: StepInput, cache: RecurrentCache) -> torch.Tensor:
         """Short conv + gated delta rule: fused kernels on CUDA, their plain-torch references elsewhere."""

@@ -31,8 +31,13 @@ class RMSNorm(nn.Module):
         """linear(norm(x), weight, bias) as one kernel (kernels/linear.py): x [T, dim] -> [T, out]."""
         return linear_fused(x, weight, bias, self.weight, self.eps, self.unit_offset)
 
-    def add_forward(self, x: torch.Tensor, residual: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
-        """s = x + residual (x alone when residual is None); returns (norm(s), s) in one pass."""
+    def add_forward(self, x: torch.Tensor | gemv.Deferred, residual: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
+        """s = x + residual (x alone when residual is None); returns (norm(s), s) in one pass. A
+        Deferred x (a one-row projection not yet computed) runs with the add and norm as its epilogue."""
+        if isinstance(x, gemv.Deferred):
+            if residual is not None:
+                return gemv.gemv_add_norm(x.x, x.weight, residual, self.weight, self.eps, self.unit_offset)
+            x = x.value()
         return rmsnorm(x, self.weight, self.eps, self.unit_offset, residual)
 
 
@@ -110,9 +115,10 @@ class MLP(nn.Module):
         act = linear_fused(s, self.gate_up, None, norm.weight, norm.eps, norm.unit_offset, swiglu=True)  # [T, inner]
         return linear_fused(act, self.down_proj.weight, residual=s)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, defer: bool = False) -> torch.Tensor | gemv.Deferred:
+        """defer: the down projection may come back as a gemv.Deferred (for the norm after it)."""
         if self.gate_up_int4 is not None:
             return self.down_proj(silu_mul(self.gate_up_int4(x)))
         if self.gate_up is not None:
-            return gemv.apply(self.down_proj, silu_mul(gemv.linear(x, self.gate_up)))
+            return gemv.project(self.down_proj, silu_mul(gemv.linear(x, self.gate_up)), defer)
         return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))

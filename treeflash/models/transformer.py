@@ -59,15 +59,18 @@ class DecoderLayer(nn.Module):
             s = self.linear_attn(s, step, cache, norm=norm, residual=s)
         return self.mlp.forward_fused(s, self.post_attention_layernorm)
 
-    def forward_residual(self, x, residual, rope, step: StepInput, cache) -> tuple[torch.Tensor, torch.Tensor]:
-        """The layer with the residual add fused into each norm: the stream is x + residual."""
+    def forward_residual(self, x, residual, rope, step: StepInput, cache, defer: bool = False):
+        """The layer with the residual add fused into each norm: the stream is x + residual.
+        (x, residual) -> (mlp output, residual); with defer the mlp output may be a gemv.Deferred,
+        for the next norm's add_forward. The mixer's output projection is always deferrable: the
+        norm right after it takes it (on a decode step, both run in the projection's launch)."""
         h, residual = self.input_layernorm.add_forward(x, residual)
         if self.layer_type == FULL_ATTENTION:
-            h = self.self_attn(h, rope, step, cache)
+            h = self.self_attn(h, rope, step, cache, defer=True)
         else:
-            h = self.linear_attn(h, step, cache)
+            h = self.linear_attn(h, step, cache, defer=True)
         h, residual = self.post_attention_layernorm.add_forward(h, residual)
-        return self.mlp(h), residual
+        return self.mlp(h, defer=defer), residual
 
     def fuse(self) -> None:
         (self.self_attn if self.layer_type == FULL_ATTENTION else self.linear_attn).fuse()
@@ -189,7 +192,7 @@ class CausalLM(nn.Module):
         else:
             residual = None
             for i, layer in enumerate(self.model.layers):
-                x, residual = layer.forward_residual(x, residual, rope, step, cache.layers[i])
+                x, residual = layer.forward_residual(x, residual, rope, step, cache.layers[i], defer=i not in capture_layers)
                 if i in capture_layers:
                     captured.append(x + residual)  # the layer's output stream
             hidden, _ = self.model.norm.add_forward(x, residual)

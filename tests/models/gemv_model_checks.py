@@ -1,0 +1,55 @@
+"""A tiny hybrid model's decode steps with its projections on gemv, with and without the residual
+add + RMSNorm as the GEMV's epilogue (kernels/gemv.py: project / gemv_add_norm), against cuBLAS-free
+plain torch. Run under TRITON_INTERPRET=1 by tests/models/test_gemv_epilogue.py; prints one JSON line."""
+
+from __future__ import annotations
+
+import json
+
+import torch
+
+from tests.models.test_gated_deltanet import tiny_model
+from treeflash.kernels import gemv
+from treeflash.models.step import StepInput
+
+
+def decode_logits(model, ids, steps: int) -> tuple[torch.Tensor, int]:
+    calls = []
+    orig = gemv.gemv_add_norm
+
+    def counted(*a, **kw):
+        calls.append(1)
+        return orig(*a, **kw)
+
+    gemv.gemv_add_norm = counted
+    try:
+        cache = model.new_cache(64)
+        model(StepInput.plain(ids[:10], 0), cache)
+        out = []
+        for t in range(10, 10 + steps):
+            out.append(model(StepInput.plain(ids[t : t + 1], t), cache).logits)
+        return torch.cat(out), len(calls)
+    finally:
+        gemv.gemv_add_norm = orig
+
+
+def main() -> None:
+    torch.manual_seed(0)
+    model = tiny_model().fuse_projections()
+    # the tiny shapes join the tuned table: o_proj / out_proj [32, 32], down [32, 64] (split-K 2)
+    gemv.TUNED[(32, 32)] = gemv.GemvConfig(8, 32, 1, 4)
+    gemv.TUNED[(32, 64)] = gemv.GemvConfig(8, 16, 2, 2)
+    ids = torch.randint(0, 61, (16,))
+    with torch.no_grad():
+        gemv.USE_GEMV = False
+        ref, _ = decode_logits(model, ids, 5)
+        gemv.USE_GEMV, gemv.NORM_EPILOGUE = True, False
+        plain, n_plain = decode_logits(model, ids, 5)
+        gemv.NORM_EPILOGUE = True
+        fused, n_fused = decode_logits(model, ids, 5)
+    print(json.dumps({"gemv_err": (plain - ref).abs().max().item(), "epilogue_err": (fused - ref).abs().max().item(),
+                      "scale": ref.abs().max().item(), "epilogue_calls_plain": n_plain, "epilogue_calls": n_fused}))
+
+
+if __name__ == "__main__":
+    main()

@@ -418,6 +418,8 @@ def main() -> None:
     p.add_argument("--gemv-table", default=None, help="with --gemv: take gemv's per-shape configurations from this bench/gpu_gemv.py JSON")
     p.add_argument("--gemv-norm", action=argparse.BooleanOptionalAction, default=None,
                    help="the residual add + RMSNorm as the epilogue of the decode step's o_proj/out_proj/down GEMVs (default: the library's, on)")
+    p.add_argument("--pdl", action=argparse.BooleanOptionalAction, default=None,
+                   help="launch our Triton kernels with programmatic dependent launch (kernels/pdl.py; default: the library's, on)")
     p.add_argument("--no-static-end", action="store_true", help="graphed attention reads the whole cache buffer under the key mask")
     p.add_argument("--attn-fused-combine", action="store_true", help="attention: the last split merges the splits (no combine launch)")
     p.add_argument("--static-split-cap", type=int, default=None, help="graphed attention: at most this many key blocks per split (0: off)")
@@ -435,6 +437,10 @@ def main() -> None:
     from treeflash.kernels import gemv
     if args.gemv is not None:
         gemv.USE_GEMV = args.gemv
+    from treeflash.kernels import pdl
+    if args.pdl is not None:
+        pdl.ENABLED = args.pdl
+    args.pdl_used = pdl.ENABLED and DEV == "cuda"
     if args.gemv_norm is not None:
         gemv.NORM_EPILOGUE = args.gemv_norm
     args.gemv_norm_used = gemv.USE_GEMV and gemv.NORM_EPILOGUE

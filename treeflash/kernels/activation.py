@@ -6,6 +6,8 @@ import torch
 import triton
 import triton.language as tl
 
+from treeflash.kernels import pdl
+
 from treeflash.kernels.norm import _interpreting
 
 
@@ -16,7 +18,8 @@ def silu_mul_ref(gate_up):
 
 
 @triton.jit
-def _silu_mul_kernel(X, Y, I, BLOCK: tl.constexpr):
+def _silu_mul_kernel(X, Y, I, BLOCK: tl.constexpr, PDL: tl.constexpr = False):
+    pdl.enter(PDL)
     row = tl.program_id(0)
     blk = tl.program_id(1)
     cols = blk * BLOCK + tl.arange(0, BLOCK)
@@ -35,7 +38,7 @@ def silu_mul(gate_up):
     i = two_i // 2
     y = torch.empty((t, i), dtype=gate_up.dtype, device=gate_up.device)
     block = 1024
-    _silu_mul_kernel[(t, triton.cdiv(i, block))](gate_up, y, i, BLOCK=block)
+    _silu_mul_kernel[(t, triton.cdiv(i, block))](gate_up, y, i, BLOCK=block, PDL=pdl.flag(y), **pdl.launch_opts(y))
     return y
 
 
@@ -47,7 +50,8 @@ def sigmoid_gate_ref(x, gate):
 
 
 @triton.jit
-def _sigmoid_gate_kernel(X, G, Y, sgt, sgh, N, D: tl.constexpr, BLOCK: tl.constexpr):
+def _sigmoid_gate_kernel(X, G, Y, sgt, sgh, N, D: tl.constexpr, BLOCK: tl.constexpr, PDL: tl.constexpr = False):
+    pdl.enter(PDL)
     row = tl.program_id(0)
     cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
     m = cols < N
@@ -68,5 +72,6 @@ def sigmoid_gate(x, gate):
                          f"got {tuple(x.shape)} and {tuple(gate.shape)}/{gate.stride()}")
     y = torch.empty_like(x)
     block = 1024
-    _sigmoid_gate_kernel[(t, triton.cdiv(n, block))](x, gate, y, gate.stride(0), gate.stride(1), n, D=gate.shape[2], BLOCK=block)
+    _sigmoid_gate_kernel[(t, triton.cdiv(n, block))](x, gate, y, gate.stride(0), gate.stride(1), n, D=gate.shape[2], BLOCK=block,
+                                                         PDL=pdl.flag(y), **pdl.launch_opts(y))
     return y

@@ -36,6 +36,8 @@ import torch.nn.functional as F
 import triton
 import triton.language as tl
 
+from treeflash.kernels import pdl
+
 from treeflash.kernels.norm import _interpreting
 from treeflash.kernels.scratch import scratch
 
@@ -75,7 +77,8 @@ def recurrent_step_ref(y, a, b, a_log, dt_bias, state, num_k_heads: int, k_dim: 
 
 
 @triton.jit
-def _conv_step_kernel(X, WIN, W, Y, C, K: tl.constexpr, BLOCK: tl.constexpr):
+def _conv_step_kernel(X, WIN, W, Y, C, K: tl.constexpr, BLOCK: tl.constexpr, PDL: tl.constexpr = False):
+    pdl.enter(PDL)
     c = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
     m = c < C
     x = tl.load(X + c, mask=m, other=0.0)
@@ -113,7 +116,8 @@ def _delta_step(s, row, a, b, neg_a, dtb, h, ik, iv, GROUP: tl.constexpr, HK: tl
 
 @triton.jit
 def _recurrent_step_kernel(Y, A, B, ALOG, DTB, S, O, GROUP: tl.constexpr, HK: tl.constexpr,
-                           DK: tl.constexpr, DV: tl.constexpr, BV: tl.constexpr):
+                           DK: tl.constexpr, DV: tl.constexpr, BV: tl.constexpr, PDL: tl.constexpr = False):
+    pdl.enter(PDL)
     h = tl.program_id(0)
     ik = tl.arange(0, DK)
     iv = tl.program_id(1) * BV + tl.arange(0, BV)
@@ -134,7 +138,8 @@ def conv_step(x, window, weight):
         raise ValueError("conv_step: contiguous x [C], window [C, K-1], weight [C, K] expected")
     y = torch.empty(c, dtype=torch.float32, device=x.device)
     block = 512
-    _conv_step_kernel[(triton.cdiv(c, block),)](x, window, weight, y, c, K=k1 + 1, BLOCK=block)
+    _conv_step_kernel[(triton.cdiv(c, block),)](x, window, weight, y, c, K=k1 + 1, BLOCK=block,
+                                                PDL=pdl.flag(y), **pdl.launch_opts(y))
     return y
 
 
@@ -149,7 +154,8 @@ def recurrent_step(y, a, b, a_log, dt_bias, state, num_k_heads: int, k_dim: int,
     o = torch.empty(hv, v_dim, dtype=torch.float32, device=y.device)
     bv = min(STEP_BLOCK_V, v_dim)
     _recurrent_step_kernel[(hv, v_dim // bv)](y, a.contiguous(), b.contiguous(), a_log, dt_bias, state, o,
-                                              GROUP=hv // num_k_heads, HK=num_k_heads, DK=k_dim, DV=v_dim, BV=bv)
+                                              GROUP=hv // num_k_heads, HK=num_k_heads, DK=k_dim, DV=v_dim, BV=bv,
+                                              PDL=pdl.flag(y), **pdl.launch_opts(y))
     return o
 
 

@@ -32,6 +32,8 @@ from torch import nn
 import triton
 import triton.language as tl
 
+from treeflash.kernels import pdl
+
 from treeflash.kernels.norm import _interpreting, rmsnorm_ref
 from treeflash.kernels.scratch import scratch
 
@@ -40,9 +42,11 @@ from treeflash.kernels.scratch import scratch
 # default (an H200: 8B decode 204 -> 217 tokens/s, 27B 70 -> 73; docs/performance.md);
 # TREEFLASH_GEMV=0 keeps every projection on cuBLAS
 USE_GEMV = os.environ.get("TREEFLASH_GEMV", "1") != "0"
-# the residual add + RMSNorm after a decode step's o_proj / out_proj / down_proj run as that GEMV's
-# epilogue (`gemv_add_norm`, `project(..., defer=True)`); TREEFLASH_GEMV_NORM=0: the norm kernel
-NORM_EPILOGUE = os.environ.get("TREEFLASH_GEMV_NORM", "1") != "0"
+# the residual add + RMSNorm after a decode step's o_proj / out_proj / down_proj as that GEMV's
+# epilogue (`gemv_add_norm`, `project(..., defer=True)`). Off: exact, but slower on the H200 (8B
+# decode 218.4 -> 213.1-214.7 tokens/s: the last program's serial tail, ~5 us, costs more than the
+# norm's own launch, 2.6 us; docs/performance.md). TREEFLASH_GEMV_NORM=1 turns it on.
+NORM_EPILOGUE = os.environ.get("TREEFLASH_GEMV_NORM", "0") == "1"
 
 
 
@@ -75,17 +79,26 @@ def _gemv_kernel(
     K: tl.constexpr, HAS_BIAS: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
     SPLIT_K: tl.constexpr, K_SPLIT: tl.constexpr,
     NORM: tl.constexpr = False, UNIT: tl.constexpr = False, N_BLOCKS: tl.constexpr = 1, BLOCK_FULL: tl.constexpr = 1,
+    PDL: tl.constexpr = False,
 ):
     pid_n, s = tl.program_id(0), tl.program_id(1)
     rows = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     row_ok = rows < N
     w_rows = W + rows.to(tl.int64)[:, None] * K
     acc = tl.zeros((BLOCK_N, BLOCK_K), tl.float32)
+    # with PDL the first weight tile is read while the previous kernel (whose output is x) finishes
+    pdl.trigger(PDL)
+    k0 = s * K_SPLIT + tl.arange(0, BLOCK_K)
+    w0 = tl.load(w_rows + k0[None, :], mask=row_ok[:, None] & (k0 < K)[None, :], other=0.0)
+    pdl.wait(PDL)
     for i in tl.static_range(K_SPLIT // BLOCK_K):  # unrolled: every step's loads go out first
         k = s * K_SPLIT + i * BLOCK_K + tl.arange(0, BLOCK_K)
         k_ok = k < K
         x = tl.load(X + k, mask=k_ok, other=0.0).to(tl.float32)
-        w = tl.load(w_rows + k[None, :], mask=row_ok[:, None] & k_ok[None, :], other=0.0)
+        if i == 0:
+            w = w0
+        else:
+            w = tl.load(w_rows + k[None, :], mask=row_ok[:, None] & k_ok[None, :], other=0.0)
         acc += w.to(tl.float32) * x[None, :]
     part = tl.sum(acc, axis=1)  # [BLOCK_N]
     if SPLIT_K == 1:
@@ -205,7 +218,7 @@ def gemv(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None
             xv, weight, bias if bias is not None else weight, y, partials, tickets, n,
             y, y, y, y, y, 0.0,
             K=k, HAS_BIAS=bias is not None, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, SPLIT_K=split, K_SPLIT=k_split,
-            num_warps=cfg.num_warps,
+            num_warps=cfg.num_warps, PDL=pdl.flag(x), **pdl.launch_opts(x),
         )
         return y.reshape(*x.shape[:-1], n)
     residual, norm_weight, eps, unit_offset = norm
@@ -218,6 +231,7 @@ def gemv(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None
         residual, norm_weight, stream, normed, ticket, eps,
         K=k, HAS_BIAS=bias is not None, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, SPLIT_K=split, K_SPLIT=k_split,
         NORM=True, UNIT=unit_offset, N_BLOCKS=n_blocks, BLOCK_FULL=triton.next_power_of_2(n), num_warps=cfg.num_warps,
+        PDL=pdl.flag(x), **pdl.launch_opts(x),
     )
     return normed.reshape(*x.shape[:-1], n), stream.reshape(*x.shape[:-1], n)
 

@@ -11,6 +11,8 @@ import torch
 import triton
 import triton.language as tl
 
+from treeflash.kernels import pdl
+
 
 def rmsnorm_ref(x, weight, eps: float, unit_offset: bool = False, residual=None):
     """x: [T, N] -> (y [T, N], s [T, N]) where s = x + residual (or x)."""
@@ -30,7 +32,9 @@ def rmsnorm_gated_ref(x, gate, weight, eps: float, out_dtype=None):
 
 
 @triton.jit
-def _rmsnorm_kernel(X, R, W, Y, S, sx, sr, N, eps, HAS_RES: tl.constexpr, UNIT: tl.constexpr, BLOCK: tl.constexpr):
+def _rmsnorm_kernel(X, R, W, Y, S, sx, sr, N, eps, HAS_RES: tl.constexpr, UNIT: tl.constexpr, BLOCK: tl.constexpr,
+                    PDL: tl.constexpr = False):
+    pdl.enter(PDL)
     row = tl.program_id(0)
     cols = tl.arange(0, BLOCK)
     m = cols < N
@@ -48,7 +52,8 @@ def _rmsnorm_kernel(X, R, W, Y, S, sx, sr, N, eps, HAS_RES: tl.constexpr, UNIT: 
 
 
 @triton.jit
-def _rmsnorm_gated_kernel(X, G, W, Y, sx, sg, N, eps, BLOCK: tl.constexpr):
+def _rmsnorm_gated_kernel(X, G, W, Y, sx, sg, N, eps, BLOCK: tl.constexpr, PDL: tl.constexpr = False):
+    pdl.enter(PDL)
     row = tl.program_id(0)
     cols = tl.arange(0, BLOCK)
     m = cols < N
@@ -79,7 +84,8 @@ def rmsnorm(x, weight, eps: float, unit_offset: bool = False, residual=None):
     s = torch.empty_like(y) if residual is not None else y
     block = triton.next_power_of_2(n)
     _rmsnorm_kernel[(x2.shape[0],)](x2, r2, weight, y, s, x2.stride(0), r2.stride(0), n, eps,
-                                    HAS_RES=residual is not None, UNIT=unit_offset, BLOCK=block, num_warps=_row_warps(block))
+                                    HAS_RES=residual is not None, UNIT=unit_offset, BLOCK=block, num_warps=_row_warps(block),
+                                    PDL=pdl.flag(x), **pdl.launch_opts(x))
     return y.view(shape), (s.view(shape) if residual is not None else x)
 
 
@@ -93,7 +99,8 @@ def rmsnorm_gated(x, gate, weight, eps: float, out_dtype=None):
     _check_rows("rmsnorm_gated", x2, g2)
     y = torch.empty(x2.shape, dtype=out_dtype or x.dtype, device=x.device)
     n = x2.shape[1]
-    _rmsnorm_gated_kernel[(x2.shape[0],)](x2, g2, weight, y, x2.stride(0), g2.stride(0), n, eps, BLOCK=triton.next_power_of_2(n))
+    _rmsnorm_gated_kernel[(x2.shape[0],)](x2, g2, weight, y, x2.stride(0), g2.stride(0), n, eps, BLOCK=triton.next_power_of_2(n),
+                                          PDL=pdl.flag(x), **pdl.launch_opts(x))
     return y.view(shape)
 
 

@@ -25,6 +25,8 @@ import torch.nn.functional as F
 import triton
 import triton.language as tl
 
+from treeflash.kernels import pdl
+
 from treeflash.kernels import kv_formats as formats
 from treeflash.kernels.attention_launch import MAX_SPLITS, LaunchConfig, _next_pow2, launch_config, plan_splits
 from treeflash.kernels.kv_dequant import DEQ_IDS, _columns, _dequant, _load_raw
@@ -58,7 +60,9 @@ def _partial_kernel(
     FUSE_COMBINE: tl.constexpr, NUM_SPLITS: tl.constexpr, SKIP_EMPTY: tl.constexpr, GROUP: tl.constexpr, D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     BLOCKS_PER_SPLIT: tl.constexpr, FMT_K: tl.constexpr, FMT_V: tl.constexpr, DOT: tl.constexpr,
     PREFETCH: tl.constexpr, DEQ: tl.constexpr, C0: tl.constexpr, C1: tl.constexpr, C2: tl.constexpr, C3: tl.constexpr,
+    PDL: tl.constexpr = False,
 ):
+    pdl.enter(PDL)
     pid_m, kvh, split = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     num_heads = num_kv_heads * GROUP
     rows = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
@@ -167,8 +171,9 @@ def _merge_splits(m_ptr, l_ptr, acc_ptr, out_ptr, rows, row_ok, num_rows, D: tl.
 @triton.jit
 def _combine_kernel(
     m_ptr, l_ptr, acc_ptr, out_ptr, num_rows, num_splits,
-    D: tl.constexpr, D_CHUNK: tl.constexpr, SPLITS: tl.constexpr, SKIP_EMPTY: tl.constexpr,
+    D: tl.constexpr, D_CHUNK: tl.constexpr, SPLITS: tl.constexpr, SKIP_EMPTY: tl.constexpr, PDL: tl.constexpr = False,
 ):
+    pdl.enter(PDL)
     # program (row, chunk of D): out = sum_s w_s acc_s / sum_s w_s l_s, w_s = 2^(m_s - max m)
     row = tl.program_id(0).to(tl.int64)
     sp = tl.arange(0, SPLITS)
@@ -302,13 +307,13 @@ def _launch(q, k, v, vis, start, kv_len, key_mask, scale, num_splits, config, sl
         FUSE_COMBINE=fuse, NUM_SPLITS=splits if fuse else 1, SKIP_EMPTY=skip_empty,
         GROUP=group, D=head_dim, BLOCK_M=block_m, BLOCK_N=block_n, BLOCKS_PER_SPLIT=per_split,
         FMT_K=fmt_k, FMT_V=fmt_v, DOT=dot, PREFETCH=cfg.prefetch, DEQ=DEQ_IDS[cfg.dequant], C0=c0, C1=c1, C2=c2, C3=c3,
-        num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+        num_warps=cfg.num_warps, num_stages=cfg.num_stages, PDL=pdl.flag(q), **pdl.launch_opts(q),
     )
     if not fuse:
         chunk = min(COMBINE_CHUNK if splits <= 128 else COMBINE_CHUNK // 2, head_dim)
         _combine_kernel[(n * num_heads, head_dim // chunk)](
             m, l, acc, out, n * num_heads, splits, D=head_dim, D_CHUNK=chunk, SPLITS=_next_pow2(splits), SKIP_EMPTY=skip_empty,
-            num_warps=4,
+            num_warps=4, PDL=pdl.flag(q), **pdl.launch_opts(q),
         )
     return formats.unrotate(out).to(in_dtype) if rotated_out else out
 

@@ -7,6 +7,8 @@ import torch
 import triton
 import triton.language as tl
 
+from treeflash.kernels import pdl
+
 from treeflash.kernels.norm import _interpreting
 
 
@@ -65,9 +67,10 @@ def _norm_rotary_kernel(X, C, S, W, Y, sxt, sxh, H, eps, HAS_NORM: tl.constexpr,
 @triton.jit
 def _rotary_cache_kernel(Q, K, V, C, S, QW, KW, QO, KC, VC, SLOT, sqt, sqh, skt, skh, svt, svh, HQ, HKV, eps,
                          HAS_NORM: tl.constexpr, UNIT: tl.constexpr, D: tl.constexpr, HALF: tl.constexpr,
-                         REST: tl.constexpr, REST_BLOCK: tl.constexpr, D_BLOCK: tl.constexpr):
+                         REST: tl.constexpr, REST_BLOCK: tl.constexpr, D_BLOCK: tl.constexpr, PDL: tl.constexpr = False):
     # program (token t, head h): h < HQ a query head -> QO [T, HQ, D]; else KV head j = h - HQ:
     # its key (normed, rotated) and value go straight to the cache rows KC/VC [S, HKV, D] at SLOT[t]
+    pdl.enter(PDL)
     pid = tl.program_id(0)
     t = pid // (HQ + HKV)
     h = pid % (HQ + HKV)
@@ -133,5 +136,6 @@ def norm_rotary_into_cache(q, k, v, cos, sin, q_weight, k_weight, eps: float, un
         q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1), hq, hkv, eps,
         HAS_NORM=q_weight is not None, UNIT=unit_offset, D=d, HALF=half, REST=rest,
         REST_BLOCK=max(triton.next_power_of_2(max(rest, 1)), 16), D_BLOCK=triton.next_power_of_2(d),
+        PDL=pdl.flag(y), **pdl.launch_opts(y),
     )
     return y

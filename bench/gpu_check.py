@@ -79,9 +79,10 @@ def gemv_epilogue_check() -> dict:
     from treeflash.kernels import gemv
 
     model = tiny_model().cuda().fuse_projections(fused_rows=0)
-    saved = dict(gemv.TUNED), gemv.USE_GEMV, gemv.NORM_EPILOGUE
+    saved = dict(gemv.TUNED), gemv.USE_GEMV, gemv.NORM_EPILOGUE, dict(gemv.TUNED_SWIGLU)
     gemv.TUNED[(32, 32)] = gemv.GemvConfig(8, 32, 1, 4)
     gemv.TUNED[(32, 64)] = gemv.GemvConfig(8, 16, 2, 2)
+    gemv.TUNED_SWIGLU[(128, 32)] = gemv.GemvConfig(8, 16, 1, 2)  # gate_up [2 x 64, 32]
     ids = torch.randint(0, 61, (16,), device="cuda")
     prompt = ids[:10].tolist()
     try:
@@ -96,6 +97,8 @@ def gemv_epilogue_check() -> dict:
     finally:
         gemv.TUNED.clear()
         gemv.TUNED.update(saved[0])
+        gemv.TUNED_SWIGLU.clear()
+        gemv.TUNED_SWIGLU.update(saved[3])
         gemv.USE_GEMV, gemv.NORM_EPILOGUE = saved[1], saved[2]
     err = (got - ref).abs().max().item()
     return {"epilogue_calls": calls, "logits_max_abs_err": err, "graph_tokens_identical": tokens == ref_tokens,

@@ -4,6 +4,7 @@ configurations. Each configuration is first checked against gemv_reference.
 
     python bench/gpu_gemv.py --out bench/results/gpu_gemv.json
     python bench/gpu_gemv.py --projections 8b.o,8b.down --max-configs 8
+    python bench/gpu_gemv.py --projections 8b.swiglu,27b.swiglu --out bench/results/gpu_gemv_swiglu.json
 
 Timing as bench/gpu_linear.py: CUDA-graph replay (triton.testing.do_bench_cudagraph) of one call on
 each of several copies of the weight in turn (>= 256 MB per round, 5x the L2), so every byte comes
@@ -27,7 +28,9 @@ import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
 from bench.gpu_linear import bench, copy_bandwidth, weight_copies  # noqa: E402
-from treeflash.kernels.gemv import GemvConfig, gemv, gemv_config, gemv_reference  # noqa: E402
+from treeflash.kernels.activation import silu_mul  # noqa: E402
+from treeflash.kernels.gemv import (GemvConfig, TUNED_SWIGLU, gemv, gemv_config, gemv_reference, gemv_swiglu,  # noqa: E402
+                                    gemv_swiglu_reference)
 
 PROJECTIONS = {  # name: (N, K)
     "8b.qkv": (6144, 4096),
@@ -92,6 +95,43 @@ def run_projection(name: str, bw: float, max_configs: int, grid: str) -> dict:
     return out
 
 
+SWIGLU = {"8b.swiglu": (24576, 4096), "27b.swiglu": (34816, 5120)}  # gate_up [2I, K]
+SWIGLU_GRID = [(bn, bk, w) for bn in (2, 4, 8) for bk in (512, 1024, 2048) for w in (4, 8) if bn * bk <= 8192]
+
+
+def run_swiglu(name: str, bw: float) -> dict:
+    """gemv_swiglu (gate and up rows in one program, SiLU-mul in the epilogue) against cuBLAS on
+    gate_up followed by the silu_mul kernel: what the decode step's MLP input half costs either way."""
+    n, k = SWIGLU[name]
+    nbytes = n * k * 2
+    ws = weight_copies(n, k)
+    copies = len(ws)
+    x = torch.randn(1, k, device="cuda", dtype=torch.bfloat16)
+    ref = gemv_swiglu_reference(x, ws[0]).float()
+    scale = ref.abs().max().item()
+    out: dict = {"name": name, "N": n, "K": k, "swiglu": True, "weight_mb": nbytes / 1e6, "weight_copies": copies}
+
+    def timed(fn) -> dict:
+        def run():
+            for w in ws:
+                fn(w)
+        t = bench(run) / copies
+        return {"us": t * 1e6, "fraction": nbytes / t / bw}
+
+    out["cublas"] = timed(lambda w: silu_mul(F.linear(x, w)))
+    for bn, bk, warps in SWIGLU_GRID:
+        cfg = GemvConfig(bn, bk, 1, warps)
+        key = f"n{bn}_k{bk}_s1_w{warps}"
+        try:
+            y = gemv_swiglu(x, ws[0], config=cfg)
+            out[key] = {**timed(lambda w: gemv_swiglu(x, w, config=cfg)),
+                        "rel_err": (y.float() - ref).abs().max().item() / scale, "repeatable": True}
+        except Exception as e:  # record and go on
+            out[key] = {"error": f"{type(e).__name__}: {str(e)[:200]}"}
+    del ws
+    return out
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--projections", default="8b.qkv,8b.o,8b.down,27b.out,27b.down,8b.gate_up")
@@ -106,7 +146,7 @@ def main() -> None:
     print(f"copy bandwidth {bw / 1e9:.0f} GB/s", flush=True)
     t0 = time.perf_counter()
     for name in args.projections.split(","):
-        r = run_projection(name, bw, args.max_configs, args.grid)
+        r = run_swiglu(name, bw) if name in SWIGLU else run_projection(name, bw, args.max_configs, args.grid)
         result["runs"].append(r)
         ok = {key: v for key, v in r.items() if isinstance(v, dict) and "us" in v and key != "cublas"}
         bad = [key for key, v in ok.items() if v["rel_err"] > 2**-7 or not v["repeatable"]]

@@ -418,6 +418,8 @@ def main() -> None:
     p.add_argument("--gemv-table", default=None, help="with --gemv: take gemv's per-shape configurations from this bench/gpu_gemv.py JSON")
     p.add_argument("--gemv-norm", action=argparse.BooleanOptionalAction, default=None,
                    help="the residual add + RMSNorm as the epilogue of the decode step's o_proj/out_proj/down GEMVs (default: the library's, on)")
+    p.add_argument("--swiglu", action=argparse.BooleanOptionalAction, default=True,
+                   help="the decode step's gate_up + SiLU-mul as one GEMV for the shapes in gemv.TUNED_SWIGLU; --no-swiglu: cuBLAS + silu_mul")
     p.add_argument("--pdl", action=argparse.BooleanOptionalAction, default=None,
                    help="launch our Triton kernels with programmatic dependent launch (kernels/pdl.py; default: the library's, on)")
     p.add_argument("--no-static-end", action="store_true", help="graphed attention reads the whole cache buffer under the key mask")
@@ -447,7 +449,10 @@ def main() -> None:
     if gemv.USE_GEMV:
         if args.gemv_table:
             print("gemv table:", gemv.load_table(args.gemv_table), flush=True)
+        if not args.swiglu:
+            gemv.TUNED_SWIGLU.clear()
         args.gemv_tuned = {f"{n}x{k}": str(c) for (n, k), c in gemv.TUNED.items()}
+        args.gemv_swiglu_tuned = {f"{n}x{k}": str(c) for (n, k), c in gemv.TUNED_SWIGLU.items()}
     from treeflash.kernels import quant_attention
     if args.attn_fused_combine:
         quant_attention.FUSED_COMBINE = True

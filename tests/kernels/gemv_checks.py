@@ -40,13 +40,28 @@ def norm_cases(dtype) -> dict:
     return out
 
 
+def swiglu_cases(dtype) -> dict:
+    """gemv_swiglu against silu_mul(gemv_reference): ragged I and K tails."""
+    from treeflash.kernels.gemv import GemvConfig, gemv_swiglu, gemv_swiglu_reference
+
+    out = {}
+    for i, k, cfg in [(40, 96, (8, 32, 1, 4)), (33, 257, (4, 64, 1, 2)), (64, 1024, None)]:
+        x = torch.randn(1, k).to(dtype)
+        w = (torch.randn(2 * i, k) / k**0.5).to(dtype)
+        y = gemv_swiglu(x, w, config=GemvConfig(*cfg) if cfg else None)
+        ref = gemv_swiglu_reference(x, w)
+        assert y.shape == ref.shape == (1, i) and y.dtype == dtype
+        out[f"swiglu_i{i}_k{k}_{cfg}"] = [(y.float() - ref.float()).abs().max().item(), ref.float().abs().max().item(), True]
+    return out
+
+
 def main(dtype_name: str, mode: str = "gemv") -> None:
     from treeflash.kernels.gemv import GemvConfig, gemv, gemv_reference
 
     dtype = getattr(torch, dtype_name)
     torch.manual_seed(0)
-    if mode == "norm":
-        print(json.dumps(norm_cases(dtype)))
+    if mode in ("norm", "swiglu"):
+        print(json.dumps((norm_cases if mode == "norm" else swiglu_cases)(dtype)))
         return
     out = {}
     for n, k, bias, cfg in CASES:

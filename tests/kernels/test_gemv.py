@@ -28,6 +28,16 @@ def test_gemv_add_norm_matches_reference(dtype, rel):
         assert same, case
 
 
+@pytest.mark.parametrize("dtype,rel", [("float32", 1e-5), ("bfloat16", 2**-6)])
+def test_gemv_swiglu_matches_reference(dtype, rel):
+    """gate and up rows in one program, SiLU-mul in the epilogue; bf16: g and u round to bf16 first
+    on both sides, so only the fp32 summation order differs (one ulp of g or u at most)."""
+    errors = run_module("tests.kernels.gemv_checks", dtype, "swiglu")
+    assert len(errors) == 3
+    for case, (err, scale, _) in errors.items():
+        assert err <= rel * max(scale, 1.0), (case, err, scale)
+
+
 def test_gemv_rejects_bad_input():
     from treeflash.kernels import gemv as g
 

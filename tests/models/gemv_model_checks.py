@@ -39,6 +39,7 @@ def main() -> None:
     # the tiny shapes join the tuned table: o_proj / out_proj [32, 32], down [32, 64] (split-K 2)
     gemv.TUNED[(32, 32)] = gemv.GemvConfig(8, 32, 1, 4)
     gemv.TUNED[(32, 64)] = gemv.GemvConfig(8, 16, 2, 2)
+    gemv.TUNED_SWIGLU[(128, 32)] = gemv.GemvConfig(8, 16, 1, 2)  # gate_up [2 x 64, 32]
     ids = torch.randint(0, 61, (16,))
     with torch.no_grad():
         gemv.USE_GEMV = False

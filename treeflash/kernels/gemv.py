@@ -34,6 +34,7 @@ import triton.language as tl
 
 from treeflash.kernels import pdl
 
+from treeflash.kernels.activation import silu_mul, silu_mul_ref
 from treeflash.kernels.norm import _interpreting, rmsnorm_ref
 from treeflash.kernels.scratch import scratch
 
@@ -122,6 +123,40 @@ def _gemv_kernel(
                 _add_norm_tail(Y, R, NW, S, YN, TA, N, eps, N_BLOCKS, UNIT, BLOCK_FULL)
 
 
+@triton.jit
+def _gemv_swiglu_kernel(X, W, Y, I, K: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, STEPS: tl.constexpr,
+                        PDL: tl.constexpr = False):
+    """y[j] = silu(g_j) u_j for j in this program's BLOCK_N rows, g = W[:I] x and u = W[I:] x (W = [gate; up],
+    [2I, K]): both tiles of each step in one program, so no [2I] intermediate and no SiLU-mul launch.
+    g and u are rounded to the output dtype first, as the unfused path (gemv, then silu_mul) does."""
+    pid = tl.program_id(0)
+    rows = pid * BLOCK_N + tl.arange(0, BLOCK_N)
+    row_ok = rows < I
+    g_rows = W + rows.to(tl.int64)[:, None] * K
+    u_rows = W + (rows + I).to(tl.int64)[:, None] * K
+    acc_g = tl.zeros((BLOCK_N, BLOCK_K), tl.float32)
+    acc_u = tl.zeros((BLOCK_N, BLOCK_K), tl.float32)
+    pdl.trigger(PDL)
+    k0 = tl.arange(0, BLOCK_K)
+    g0 = tl.load(g_rows + k0[None, :], mask=row_ok[:, None] & (k0 < K)[None, :], other=0.0)
+    u0 = tl.load(u_rows + k0[None, :], mask=row_ok[:, None] & (k0 < K)[None, :], other=0.0)
+    pdl.wait(PDL)
+    for i in tl.static_range(STEPS):  # unrolled, as in _gemv_kernel
+        k = i * BLOCK_K + tl.arange(0, BLOCK_K)
+        k_ok = k < K
+        x = tl.load(X + k, mask=k_ok, other=0.0).to(tl.float32)
+        if i == 0:
+            wg, wu = g0, u0
+        else:
+            wg = tl.load(g_rows + k[None, :], mask=row_ok[:, None] & k_ok[None, :], other=0.0)
+            wu = tl.load(u_rows + k[None, :], mask=row_ok[:, None] & k_ok[None, :], other=0.0)
+        acc_g += wg.to(tl.float32) * x[None, :]
+        acc_u += wu.to(tl.float32) * x[None, :]
+    g = tl.sum(acc_g, axis=1).to(Y.dtype.element_ty).to(tl.float32)
+    u = tl.sum(acc_u, axis=1).to(Y.dtype.element_ty).to(tl.float32)
+    tl.store(Y + rows, (g / (1.0 + tl.exp(-g)) * u).to(Y.dtype.element_ty), mask=row_ok)
+
+
 @dataclass(frozen=True)
 class GemvConfig:
     block_n: int  # output rows per program
@@ -156,8 +191,16 @@ TUNED: dict[tuple[int, int], GemvConfig] = {  # bench/results/gpu_gemv.json (wid
 }
 
 
+# [2I, K] gate_up weight -> the SwiGLU GEMV's (block_n, block_k, 1, num_warps); block_n rows of gate
+# and of up per program. Shapes not listed keep cuBLAS + silu_mul.
+TUNED_SWIGLU: dict[tuple[int, int], GemvConfig] = {
+    (24576, 4096): GemvConfig(4, 1024, 1, 4),  # Qwen3-8B gate_up (first guess, before a sweep)
+    (34816, 5120): GemvConfig(4, 1024, 1, 4),  # Qwen3.5-27B gate_up (first guess, before a sweep)
+}
+
+
 def load_table(path: str, margin: float = 0.98) -> dict[str, str]:
-    """Replace TUNED's entries with a sweep's results (bench/gpu_gemv.py JSON): per projection, its
+    """Replace TUNED's (TUNED_SWIGLU's, for SwiGLU runs) entries with a sweep's results (bench/gpu_gemv.py JSON): per projection, its
     fastest configuration if that takes under `margin` x cuBLAS's time, else cuBLAS. Returns what
     was chosen, by (N, K)."""
     import json
@@ -165,16 +208,17 @@ def load_table(path: str, margin: float = 0.98) -> dict[str, str]:
     chosen = {}
     for run in json.loads(open(path).read())["runs"]:
         n, k = run["N"], run["K"]
+        table = TUNED_SWIGLU if run.get("swiglu") else TUNED
         timed = {name.split(" ")[0]: v["us"] for name, v in run.items()
                  if isinstance(v, dict) and "us" in v and name != "cublas" and v.get("repeatable", True)}
         best = min(timed, key=timed.get) if timed else None
         if best is not None and timed[best] < margin * run["cublas"]["us"]:
             bn, bk, sk, w = (int(part[1:]) for part in best.split("_"))
-            TUNED[(n, k)] = GemvConfig(bn, bk, sk, w)
-            chosen[f"{n}x{k}"] = f"{best} {timed[best]:.1f} us vs cublas {run['cublas']['us']:.1f}"
+            table[(n, k)] = GemvConfig(bn, bk, sk, w)
+            chosen[f"{n}x{k}" + (" swiglu" if run.get("swiglu") else "")] = f"{best} {timed[best]:.1f} us vs cublas {run['cublas']['us']:.1f}"
         else:
-            TUNED.pop((n, k), None)
-            chosen[f"{n}x{k}"] = f"cublas {run['cublas']['us']:.1f} us"
+            table.pop((n, k), None)
+            chosen[f"{n}x{k}" + (" swiglu" if run.get("swiglu") else "")] = f"cublas {run['cublas']['us']:.1f} us"
     return chosen
 
 
@@ -250,6 +294,37 @@ def gemv_add_norm(x: torch.Tensor, weight: torch.Tensor, residual: torch.Tensor,
     does; the last of them to finish (a ticket) adds the residual and norms the whole row. Saves
     the norm's own launch (2.6 us on the H200 for one 4096-wide row) for a ~1 us tail."""
     return gemv(x, weight, config=config, norm=(residual, norm_weight, eps, unit_offset))
+
+
+def gemv_swiglu_reference(x: torch.Tensor, gate_up: torch.Tensor) -> torch.Tensor:
+    """x [1, K], gate_up [2I, K] -> silu(x G^T) * (x U^T) [1, I], each projection rounded to x.dtype first."""
+    return silu_mul_ref(gemv_reference(x.reshape(1, -1), gate_up))
+
+
+def gemv_swiglu(x: torch.Tensor, gate_up: torch.Tensor, config: GemvConfig | None = None) -> torch.Tensor:
+    """The decode step's MLP input half in one launch: x [1, K], gate_up [2I, K] -> [1, I]."""
+    if not (x.is_cuda or _interpreting()):
+        return gemv_swiglu_reference(x, gate_up)
+    two_i, k = gate_up.shape
+    if two_i % 2 or x.numel() != k or not gate_up.is_contiguous() or not x.is_contiguous():
+        raise ValueError(f"gemv_swiglu: x [1, {k}] and a contiguous [2I, {k}] weight expected, got {tuple(x.shape)}")
+    cfg = config or TUNED_SWIGLU.get((two_i, k)) or GemvConfig(4, 1024, 1, 4)
+    if cfg.split_k != 1:
+        raise ValueError("gemv_swiglu: split_k must be 1")
+    i = two_i // 2
+    y = torch.empty(1, i, dtype=x.dtype, device=x.device)
+    _gemv_swiglu_kernel[(triton.cdiv(i, cfg.block_n),)](x, gate_up, y, i, K=k, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k,
+                                                        STEPS=triton.cdiv(k, cfg.block_k),
+                                                        num_warps=cfg.num_warps, PDL=pdl.flag(x), **pdl.launch_opts(x))
+    return y
+
+
+def swiglu(x: torch.Tensor, gate_up: torch.Tensor) -> torch.Tensor:
+    """silu_mul(linear(x, gate_up)); one row of a TUNED_SWIGLU shape on CUDA: gemv_swiglu."""
+    if (USE_GEMV and (x.is_cuda or _interpreting()) and x.dim() == 2 and x.shape[0] == 1
+            and tuple(gate_up.shape) in TUNED_SWIGLU and gate_up.is_contiguous() and x.is_contiguous()):
+        return gemv_swiglu(x, gate_up)
+    return silu_mul(linear(x, gate_up))
 
 
 def _takes_gemv(x: torch.Tensor, weight: torch.Tensor) -> bool:

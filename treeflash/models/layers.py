@@ -120,5 +120,5 @@ class MLP(nn.Module):
         if self.gate_up_int4 is not None:
             return self.down_proj(silu_mul(self.gate_up_int4(x)))
         if self.gate_up is not None:
-            return gemv.project(self.down_proj, silu_mul(gemv.linear(x, self.gate_up)), defer)
+            return gemv.project(self.down_proj, gemv.swiglu(x, self.gate_up), defer)
         return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))

@@ -33,7 +33,6 @@ import torch
 import triton
 import triton.language as tl
 
-from treeflash.kernels import pdl
 from treeflash.kernels.norm import _interpreting
 
 
@@ -150,12 +149,10 @@ def _gemv_kernel(
     X, W, NW, B, R, Y, M, N, stride_xm, stride_rm, stride_ym, eps,
     K: tl.constexpr, HAS_NORM: tl.constexpr, UNIT: tl.constexpr, HAS_BIAS: tl.constexpr,
     HAS_RES: tl.constexpr, SWIGLU: tl.constexpr,
-    BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, STEPS: tl.constexpr, PDL: tl.constexpr = False,
+    BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
 ):
     """One row (M == 1) with fp32 multiply-adds on CUDA cores: [BLOCK_N, BLOCK_K] partial sums in
-    registers, reduced over K once at the end. The K loop is unrolled (STEPS = cdiv(K, BLOCK_K)),
-    so every step's weight loads are issued before their multiply-adds, as in kernels/gemv.py;
-    with PDL the first weight tile is read before waiting for the previous kernel (x's producer)."""
+    registers, reduced over K once at the end."""
     pid_n = tl.program_id(0)
     rows = tl.arange(0, 1)
     cols = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -164,16 +161,7 @@ def _gemv_kernel(
     acc2 = tl.zeros((BLOCK_N, BLOCK_K), tl.float32)
     acc2_u = tl.zeros((BLOCK_N, BLOCK_K), tl.float32)
     ss2 = tl.zeros((BLOCK_K,), tl.float32)
-    pdl.trigger(PDL)
-    k0 = tl.arange(0, BLOCK_K)
-    wm0 = col_ok[:, None] & (k0 < K)[None, :]
-    w0 = tl.load(W + w_rows[:, None] + k0[None, :], mask=wm0, other=0.0)
-    if SWIGLU:
-        wu0 = tl.load(W + (w_rows + N * K)[:, None] + k0[None, :], mask=wm0, other=0.0)
-    else:
-        wu0 = w0
-    pdl.wait(PDL)
-    for kt in tl.static_range(STEPS):
+    for kt in range(0, tl.cdiv(K, BLOCK_K)):
         k = kt * BLOCK_K + tl.arange(0, BLOCK_K)
         k_ok = k < K
         x = tl.load(X + k, mask=k_ok, other=0.0).to(tl.float32)
@@ -182,16 +170,10 @@ def _gemv_kernel(
             x = x * _norm_weight(NW, k, k_ok, UNIT)
         x = x.to(W.dtype.element_ty).to(tl.float32)
         wm = col_ok[:, None] & k_ok[None, :]
-        if kt == 0:
-            w = w0
-        else:
-            w = tl.load(W + w_rows[:, None] + k[None, :], mask=wm, other=0.0)
+        w = tl.load(W + w_rows[:, None] + k[None, :], mask=wm, other=0.0)
         acc2 += w.to(tl.float32) * x[None, :]
         if SWIGLU:
-            if kt == 0:
-                wu = wu0
-            else:
-                wu = tl.load(W + (w_rows + N * K)[:, None] + k[None, :], mask=wm, other=0.0)
+            wu = tl.load(W + (w_rows + N * K)[:, None] + k[None, :], mask=wm, other=0.0)
             acc2_u += wu.to(tl.float32) * x[None, :]
     acc = tl.sum(acc2, axis=1)[None, :]
     acc_u = tl.sum(acc2_u, axis=1)[None, :]
@@ -211,20 +193,17 @@ class LinearConfig:
 
 
 def linear_config(m: int, n: int, k: int, swiglu: bool = False) -> LinearConfig:
-    """The fixed launch configuration for an [m, k] x [n, k]^T product (no autotuning). One row:
-    CUDA-core multiply-adds with kernels/gemv.py's tuned block sizes for that weight (gemv.TUNED,
-    TUNED_SWIGLU: H200 sweeps, bench/gpu_gemv.py), else 8 outputs x 1024 K per step, 4 warps.
-    Several rows (verify batches): tl.dot with 32 outputs x 128 K, measured slower than cuBLAS
-    (docs/performance.md), so the model sends only one-row steps here (FUSED_ROWS)."""
-    if m == 1:
-        from treeflash.kernels import gemv
-
-        tuned = gemv.TUNED_SWIGLU.get((2 * n, k)) if swiglu else gemv.TUNED.get((n, k))
-        if tuned is not None and tuned.split_k == 1:
-            return LinearConfig(1, tuned.block_n, tuned.block_k, tuned.num_warps, 1, fma=True)
-        return LinearConfig(1, 8, 1024 if k >= 1024 else max(16, triton.next_power_of_2(k)), 4, 1, fma=True)
+    """The fixed launch configuration for an [m, k] x [n, k]^T product (no autotuning): the best
+    of the H200 sweeps (bench/gpu_linear.py; bench/results/linear_probe/): one row on CUDA cores,
+    16 outputs x 512 K per step, 8 warps (the best for every narrow projection, each weight read
+    from memory); SwiGLU's paired gate/up rows through tl.dot 16 x 64 x 128; verify batches
+    through tl.dot with 32 outputs x 128 K. None of these beats cuBLAS by much: see
+    docs/performance.md before turning the fused layers on."""
+    if m == 1 and not swiglu:
+        return LinearConfig(1, 16, 512 if k >= 512 else max(16, triton.next_power_of_2(k)), 8, 3, fma=True)
     block_m = 16 if m <= 16 else (32 if m <= 32 else 64)
-    return LinearConfig(block_m, 32, 128 if k >= 128 else max(16, triton.next_power_of_2(k)), 4, 3)
+    block_n = 64 if swiglu and m == 1 else 32
+    return LinearConfig(block_m, block_n, 128 if k >= 128 else max(16, triton.next_power_of_2(k)), 4, 3)
 
 
 _DOT = {torch.float32: tl.float32, torch.float16: tl.float16, torch.bfloat16: tl.bfloat16}
@@ -265,8 +244,7 @@ def linear_fused(
             residual.stride(0) if residual is not None else 0, y.stride(0), eps,
             K=k, HAS_NORM=norm_weight is not None, UNIT=unit_offset, HAS_BIAS=bias is not None,
             HAS_RES=residual is not None, SWIGLU=swiglu, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k,
-            STEPS=triton.cdiv(k, cfg.block_k), num_warps=cfg.num_warps, num_stages=cfg.num_stages,
-            PDL=pdl.flag(x), **pdl.launch_opts(x),
+            num_warps=cfg.num_warps, num_stages=cfg.num_stages,
         )
         return y
     grid = (triton.cdiv(n, cfg.block_n), triton.cdiv(m, cfg.block_m))

@@ -18,11 +18,7 @@ from treeflash.models.config import FULL_ATTENTION, ModelConfig
 from treeflash.models.layers import MLP, RMSNorm, Rotary
 from treeflash.models.step import StepInput
 
-# one-row steps (decode) run forward_fused on CUDA in bf16/fp16: each RMSNorm inside the GEMV after it,
-# each residual add inside the GEMV before it, SwiGLU inside gate_up (kernels/linear.py's unrolled
-# one-row kernel, gemv.py's tuned block sizes, PDL); several rows (verify) stay on cuBLAS + the
-# small kernels, whose tl.dot alternative measured slower (docs/performance.md)
-FUSED_ROWS = 1
+FUSED_ROWS = 0  # off: measured slower than cuBLAS + the small kernels on the H200 (docs/performance.md)
 
 
 @dataclass

@@ -136,3 +136,49 @@ def test_held_out_prompts_are_never_trained_on():
     held_prompts = [prompt(held, i) for i in range(len(held)) if prompt(held, i)]
     assert held_prompts and all(held_prompts.count(p) == 3 for p in held_prompts)  # every answer of a held-out prompt
     assert not set(held_prompts) & {prompt(train, i) for i in range(len(train))}
+
+
+class _PromptWriter:
+    """A twin stand-in for self_prompts: answers every prompt with a fixed tail per call, finished or not."""
+
+    def __init__(self, tok, tails):
+        self.tok, self.tails, self.calls, self.n = tok, tails, [], 0
+
+    def generate(self, prompts, max_new_tokens, temperature, seed):
+        from treeflash.train.features import Generated
+
+        self.calls.append((len(prompts), temperature, seed))
+        out = []
+        for p in prompts:
+            tail, finished = self.tails[self.n % len(self.tails)]
+            self.n += 1
+            out.append(Generated(list(p), list(self.tok(tail, add_special_tokens=False)["input_ids"]), finished))
+        return out
+
+
+def test_self_prompts_are_the_targets_user_turns():
+    from treeflash.train.self_prompts import OPENERS, user_turn_prefix, self_prompts
+
+    loaded = _Loaded()
+    prefix = user_turn_prefix(loaded)
+    assert prefix.endswith("<|im_start|>user\n")  # the template's text before the user's words
+    tails = [(" a haiku about rain<|im_end|>", True), (" me how sorting works", False), ("!", True),
+             (" the difference of lists and tuples<|im_end|>", True)]
+    twin = _PromptWriter(loaded.tokenizer, tails + [(f" number {i} please<|im_end|>", True) for i in range(40)])
+    prompts, meta = self_prompts(twin, loaded, 12, seed=3, temperature=0.9, batch_size=8, progress=False)
+    assert len(prompts) == 12 and meta["written"] == 12
+    assert meta["unfinished"] >= 1 and meta["too_short"] >= 1  # " me how sorting works" (no end of turn), "!"
+    texts = [p.messages[0]["content"] for p in prompts]
+    assert len(set(texts)) == len(texts)  # no repeats
+    assert all(t.startswith(OPENERS) and len(t) >= 12 and "<|im_end|>" not in t for t in texts)
+    assert all(t == 0.9 for _, t, _ in twin.calls) and len({s for _, _, s in twin.calls}) == len(twin.calls)
+    assert all(p.name.startswith("self/") for p in prompts)
+
+
+def test_self_prompts_flag_is_checked():
+    from treeflash.cli.main import build_parser
+    from treeflash.cli.train_drafter import _check
+
+    args = build_parser().parse_args(["train-drafter", "--out", "x", "--self-prompts", "-1"])
+    with pytest.raises(InvalidRequestError, match="self-prompts"):
+        _check(args)

@@ -19,6 +19,7 @@ EXAMPLES = """examples:
   treeflash train-drafter --target ./Qwen3-8B --out ./q3-dflash --layers 5 --tokens 5000000 --steps 20000
   treeflash train-drafter --out ./smollm2-dflash --resume        # continue from the last checkpoint
   treeflash train-drafter --out ./smollm2-dflash --extra-passes 2 --tokens 3000000   # greedy answers, then 2 sampled rounds
+  treeflash train-drafter --out ./smollm2-dflash --self-prompts 6000   # + 6000 questions the target writes itself
   treeflash generate --draft dflash --draft-model ./smollm2-dflash --chat "Write quicksort in Python"
 """
 
@@ -41,6 +42,10 @@ def add_parser(sub) -> None:
     d.add_argument("--extra-passes", type=int, default=0,
                    help="after the first answers, answer the prompts again this many times, sampled (more distinct data)")
     d.add_argument("--extra-temperature", type=float, default=0.8, help="sampling temperature of the extra passes (default 0.8)")
+    d.add_argument("--self-prompts", type=int, default=0,
+                   help="also let the target write this many user prompts itself (sampled, started with short openers), "
+                        "answered like the others: more distinct prompts than the builtin list (default 0)")
+    d.add_argument("--self-prompt-temperature", type=float, default=1.0, help="sampling temperature of the self-written prompts (default 1.0)")
     d.add_argument("--gen-time-limit", type=float, default=None, help="stop generating after this many seconds")
     d.add_argument("--generate-only", action="store_true",
                    help="stop once the data is saved (DIR/train/data.safetensors); train later with --resume")
@@ -148,6 +153,8 @@ def _check(args: argparse.Namespace) -> None:
         raise InvalidRequestError("--lr must be > 0, --temperature and --gamma >= 0", "lr")
     if args.extra_passes < 0 or args.extra_temperature <= 0:
         raise InvalidRequestError("--extra-passes must be >= 0 and --extra-temperature > 0", "extra_passes")
+    if args.self_prompts < 0 or args.self_prompt_temperature <= 0:
+        raise InvalidRequestError("--self-prompts must be >= 0 and --self-prompt-temperature > 0", "self_prompts")
 
 
 def _dataset(args, loaded, twin, work: Path, progress: bool):
@@ -161,10 +168,27 @@ def _dataset(args, loaded, twin, work: Path, progress: bool):
         data = read_data(args.data, loaded, args.max_len)
     else:
         prompts = load_prompts(args.prompts, args.seed)
+        time_limit, own_meta = args.gen_time_limit, None
+        if args.self_prompts:  # a quarter of the generation time at most goes to writing them
+            import random
+            import time
+
+            from treeflash.train.self_prompts import self_prompts
+
+            t0 = time.perf_counter()
+            own, own_meta = self_prompts(twin, loaded, args.self_prompts, args.seed, args.self_prompt_temperature,
+                                         batch_size=args.gen_batch_size,
+                                         time_limit_s=None if time_limit is None else 0.25 * time_limit, progress=progress)
+            if time_limit is not None:
+                time_limit = max(1.0, time_limit - (time.perf_counter() - t0))
+            prompts = prompts + own
+            random.Random(args.seed).shuffle(prompts)  # a token budget samples both kinds
         data = generate_dataset(twin, loaded, prompts, args.tokens, args.max_new_tokens, args.gen_batch_size, args.max_len,
-                                args.temperature, args.gen_time_limit, progress, args.seed,
+                                args.temperature, time_limit, progress, args.seed,
                                 args.extra_passes, args.extra_temperature)
         data.meta["prompts"] = args.prompts
+        if own_meta is not None:
+            data.meta["self_prompts"] = own_meta
     data.save(path)
     return data
 

@@ -21,12 +21,15 @@ import torch
 import triton
 import triton.language as tl
 
+from treeflash.kernels import pdl
+
 from treeflash.kernels.norm import _interpreting
 
 
 
 @triton.jit
-def _commit_rows_kernel(K, V, DEST, SRC, N, ROW: tl.constexpr, P: tl.constexpr, BLOCK: tl.constexpr):
+def _commit_rows_kernel(K, V, DEST, SRC, N, ROW: tl.constexpr, P: tl.constexpr, BLOCK: tl.constexpr, PDL: tl.constexpr = False):
+    pdl.enter(PDL)
     col = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
     ok = col < ROW
     buf = K if tl.program_id(1) == 0 else V
@@ -56,7 +59,8 @@ def commit_rows(k: torch.Tensor, v: torch.Tensor, dest: torch.Tensor, src: torch
     if dest.shape != src.shape or dest.dim() != 1 or n.numel() != 1:
         raise ValueError("commit_rows: dest and src [P], n [1] expected")
     block = min(1024, triton.next_power_of_2(row))
-    _commit_rows_kernel[(triton.cdiv(row, block), 2)](k, v, dest, src, n, ROW=row, P=dest.shape[0], BLOCK=block)
+    _commit_rows_kernel[(triton.cdiv(row, block), 2)](k, v, dest, src, n, ROW=row, P=dest.shape[0], BLOCK=block,
+                                                        PDL=pdl.flag(k), **pdl.launch_opts(k))
 
 
 @triton.jit
@@ -70,7 +74,8 @@ def _conv_column(WIN, X, ROWS, j: tl.constexpr, c, ok, stride_x, K1: tl.constexp
 
 
 @triton.jit
-def _conv_commit_kernel(WIN, X, ROWS, C, stride_x, K1: tl.constexpr, BLOCK: tl.constexpr):
+def _conv_commit_kernel(WIN, X, ROWS, C, stride_x, K1: tl.constexpr, BLOCK: tl.constexpr, PDL: tl.constexpr = False):
+    pdl.enter(PDL)
     c = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
     ok = c < C
     # every new column is loaded before any is stored (the window is rewritten in place); K1 <= 4
@@ -105,4 +110,5 @@ def conv_window_commit(window: torch.Tensor, inputs: torch.Tensor, rows: torch.T
     if not 1 <= k1 <= 4:
         raise ValueError(f"conv_window_commit: conv kernels of 2-5 taps, got {k1 + 1}")
     block = 512
-    _conv_commit_kernel[(triton.cdiv(c, block),)](window, inputs, rows, c, inputs.stride(0), K1=k1, BLOCK=block)
+    _conv_commit_kernel[(triton.cdiv(c, block),)](window, inputs, rows, c, inputs.stride(0), K1=k1, BLOCK=block,
+                                                  PDL=pdl.flag(window), **pdl.launch_opts(window))

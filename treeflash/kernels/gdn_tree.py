@@ -25,6 +25,8 @@ import torch
 import triton
 import triton.language as tl
 
+from treeflash.kernels import pdl
+
 from treeflash.kernels.gdn_decode import STEP_BLOCK_V, _delta_step, recurrent_step_ref
 from treeflash.kernels.norm import _interpreting
 
@@ -74,7 +76,8 @@ def recurrent_path_ref(y, a, b, a_log, dt_bias, state, path, path_len, num_k_hea
 
 
 @triton.jit
-def _tree_conv_kernel(X, WIN, W, PAR, Y, C, K: tl.constexpr, BLOCK: tl.constexpr):
+def _tree_conv_kernel(X, WIN, W, PAR, Y, C, K: tl.constexpr, BLOCK: tl.constexpr, PDL: tl.constexpr = False):
+    pdl.enter(PDL)
     i = tl.program_id(0)
     c = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
     m = c < C
@@ -96,11 +99,12 @@ def _tree_conv_kernel(X, WIN, W, PAR, Y, C, K: tl.constexpr, BLOCK: tl.constexpr
 @triton.jit
 def _tree_prep_kernel(Y, A, B, ALOG, DTB, PAR, MASK, QK, GB, PATH, NPATH, KIDS, NKIDS, HV, C, stride_mask,
                       T: tl.constexpr, TP: tl.constexpr, GROUP: tl.constexpr, GP: tl.constexpr, HK: tl.constexpr,
-                      DK: tl.constexpr):
+                      DK: tl.constexpr, PDL: tl.constexpr = False):
     """Program (j, kh), j in [0, T]: for node j < T and k head kh, the normalized q (scaled) and k, and
     for its GROUP v heads the decay e^g and beta: everything of a step that does not touch the state.
     Programs (j, 0) also lay out the tree for walk program j, which serves node p = j - 1 (-1: the
     committed prefix): PATH[j] = p's root -> p path (NPATH[j] nodes), KIDS[j] = p's leaf children."""
+    pdl.enter(PDL)
     j = tl.program_id(0)
     kh = tl.program_id(1)
     if j < T:
@@ -176,13 +180,14 @@ def _walk_kid(s, i, QO, KO, VO, GB, O, h, HV, C, ik, iv, HK: tl.constexpr, DK: t
 @triton.jit
 def _tree_walk_kernel(QK, GB, Y, S0, PATH, NPATH, KIDS, NKIDS, O, HV, C, TP: tl.constexpr, GROUP: tl.constexpr,
                       HK: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr, BV: tl.constexpr,
-                      KSPLIT: tl.constexpr, BOUNDED: tl.constexpr):
+                      KSPLIT: tl.constexpr, BOUNDED: tl.constexpr, PDL: tl.constexpr = False):
     """Program (h, v block, j): if node p = j - 1 has leaf children, walk root -> p with the state tile
     in registers (one delta step per node from the prepared q, k, e^g, beta, the next node's vectors
     loading while this node's step runs; outputs written), then the leaf children's outputs from p's
     state, one at a time (a leaf's state is never needed): padding nodes (leaf children of the root)
     cost two reductions each. KSPLIT programs (r = 0 .. KSPLIT-1) share p's leaf children (each walks
     the path). BOUNDED (the interpreter, which cannot loop to a loaded bound): loops run to TP, guarded."""
+    pdl.enter(PDL)
     h = tl.program_id(0)
     j = tl.program_id(2) // KSPLIT
     r = tl.program_id(2) % KSPLIT
@@ -220,7 +225,8 @@ def _tree_walk_kernel(QK, GB, Y, S0, PATH, NPATH, KIDS, NKIDS, O, HV, C, TP: tl.
 
 @triton.jit
 def _recurrent_path_kernel(Y, A, B, ALOG, DTB, S, PATH, LEN, HV, C, P: tl.constexpr, GROUP: tl.constexpr,
-                           HK: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr, BV: tl.constexpr):
+                           HK: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr, BV: tl.constexpr, PDL: tl.constexpr = False):
+    pdl.enter(PDL)
     h = tl.program_id(0)
     ik = tl.arange(0, DK)
     iv = tl.program_id(1) * BV + tl.arange(0, BV)
@@ -246,7 +252,8 @@ def tree_conv(x, window, weight, parents):
         raise ValueError("tree_conv: contiguous x [T, C], window [C, K-1], weight [C, K] expected")
     y = torch.empty(t, c, dtype=torch.float32, device=x.device)
     block = 512
-    _tree_conv_kernel[(t, triton.cdiv(c, block))](x, window, weight, parents, y, c, K=weight.shape[1], BLOCK=block)
+    _tree_conv_kernel[(t, triton.cdiv(c, block))](x, window, weight, parents, y, c, K=weight.shape[1], BLOCK=block,
+                                                 PDL=pdl.flag(y), **pdl.launch_opts(y))
     return y
 
 
@@ -286,11 +293,12 @@ def tree_recurrent(y, a, b, a_log, dt_bias, state, parents, tree_mask, num_k_hea
     npath, nkids = ints[2 * (t + 1) * tp : 2 * (t + 1) * tp + t + 1], ints[2 * (t + 1) * tp + t + 1 :]
     _tree_prep_kernel[(t + 1, num_k_heads)](y, a, b, a_log, dt_bias, parents, tree_mask, qk, gb, path, npath, kids, nkids,
                                             hv, c, tree_mask.stride(0), T=t, TP=tp, GROUP=group,
-                                            GP=triton.next_power_of_2(group), HK=num_k_heads, DK=k_dim)
+                                            GP=triton.next_power_of_2(group), HK=num_k_heads, DK=k_dim,
+                                            PDL=pdl.flag(y), **pdl.launch_opts(y))
     ksplit = kids_split or TREE_KIDS_SPLIT
     _tree_walk_kernel[(hv, v_dim // bv, (t + 1) * ksplit)](qk, gb, y, state, path, npath, kids, nkids, o, hv, c, TP=tp, GROUP=group,
                                                 HK=num_k_heads, DK=k_dim, DV=v_dim, BV=bv, KSPLIT=ksplit,
-                                                BOUNDED=_interpreting(), num_warps=warps)
+                                                BOUNDED=_interpreting(), num_warps=warps, PDL=pdl.flag(y), **pdl.launch_opts(y))
     return o
 
 
@@ -306,4 +314,5 @@ def recurrent_path(y, a, b, a_log, dt_bias, state, path, path_len, num_k_heads: 
     hv = state.shape[0]
     bv = min(STEP_BLOCK_V, v_dim)
     _recurrent_path_kernel[(hv, v_dim // bv)](y, a, b, a_log, dt_bias, state, path, path_len, hv, y.shape[1],
-                                              P=path.shape[0], GROUP=hv // num_k_heads, HK=num_k_heads, DK=k_dim, DV=v_dim, BV=bv)
+                                              P=path.shape[0], GROUP=hv // num_k_heads, HK=num_k_heads, DK=k_dim, DV=v_dim, BV=bv,
+                                              PDL=pdl.flag(y), **pdl.launch_opts(y))

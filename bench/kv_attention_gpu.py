@@ -161,7 +161,8 @@ SWEEP_SKIP = {
 
 
 def sweep_names(kt: str, vt: str, everything: bool = False) -> list[str]:
-    """default, then the VARIANTS worth timing on a K/V pair (flat only where neither side is q4_0/tq3_0)."""
+    """default, then the VARIANTS worth timing on a K/V pair (flat only where neither side is q4_0/tq3_0;
+    the int8 q.k variants only on a q8_0 K, flat ones only where V is not q4_0/tq3_0)."""
     names = ["default"]
     for name in launch.VARIANTS:
         if everything:
@@ -169,6 +170,10 @@ def sweep_names(kt: str, vt: str, everything: bool = False) -> list[str]:
         elif name in SWEEP_SKIP and SWEEP_SKIP[name](kt, vt):
             continue
         elif name.startswith("flat") and ({kt, vt} & {"q4_0", "tq3_0"}):
+            continue
+        elif launch.VARIANTS[name].get("k_int8") and (  # int8 q.k: q8_0 K only (else it is the plain variant)
+            kt != "q8_0" or (launch.VARIANTS[name]["dequant"] == "flat" and vt in ("q4_0", "tq3_0"))
+        ):
             continue
         else:
             names.append(name)
@@ -202,6 +207,9 @@ def sweep_variant(k: Planes, v: Planes, context: int, name: str, args, dtype, ve
 
         row["max_rel_err_decode"] = rel_err(decode(), qa.quant_attention_reference(q1.float(), k, v, context - 1, None, scale))
         errs = [row["max_rel_err_decode"]]
+        if verify and cfg1.k_int8 and k.name == "q8_0":  # int8 q.k against its own numerics (informational, not gated)
+            ref8 = qa.quant_attention_int8k_reference(q1.float(), k, v, context - 1, None, scale)
+            row["max_rel_err_decode_int8k_ref"] = rel_err(decode(), ref8)
         if verify:  # the first context only: each check compiles one more kernel
             ref = qa.quant_attention_masked_reference(q1.float(), k, v, key_mask, scale)
             row["max_rel_err_static"] = rel_err(decode_static(), ref)

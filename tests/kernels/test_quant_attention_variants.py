@@ -1,6 +1,8 @@
 """Every launch variant of the compressed-cache attention (attention_launch.VARIANTS: dequantization
 scheme x keys per step x warps x prefetch) equals dequantize + SDPA: decode and tree verify, both
-entry points, every format pair, lengths that leave a masked tail (TRITON_INTERPRET=1).
+entry points, every format pair, lengths that leave a masked tail (TRITON_INTERPRET=1). The int8
+q.k variants (k_int8) on a q8_0 K equal their own reference (the query quantized to int8) and stay
+within INT8K_REL_TOL of dequantize + SDPA; on any other K they are the dequant path.
 
 Run by pytest through a subprocess (the interpreter must be switched on before triton is
 imported); `python -m tests.kernels.test_quant_attention_variants` prints the JSON of results."""
@@ -18,6 +20,7 @@ import pytest
 ROOT = Path(__file__).resolve().parents[2]
 FORMATS = ("bf16", "q8_0", "q4_0", "tq3_0")
 TREE = [-1, 0, 0, 1, 2, 2, 4]  # siblings 1/2 and 4/5 must not see each other
+INT8K_REL_TOL = 2e-2  # k_int8 vs dequantize + SDPA, max |error| / max |reference| (the query's quantization)
 
 
 def _cases() -> dict[str, tuple]:
@@ -28,10 +31,13 @@ def _cases() -> dict[str, tuple]:
     pairs = [(a, b) for a in FORMATS for b in FORMATS if "bf16" != a or b != "bf16"]
     cases = {}
     for vi, name in enumerate(VARIANTS):
-        for pi, (a, b) in enumerate(pairs):
+        int8k = VARIANTS[name].get("k_int8", False)
+        # k_int8: q8_0 K with every V, and one other K (the dequant path it falls back to)
+        for pi, (a, b) in enumerate([(a, b) for a, b in pairs if a == "q8_0" or (a, b) == ("tq3_0", "q8_0")] if int8k else pairs):
             mode = "decode" if (vi + pi) % 2 else "verify"
             cases[f"{name}_{mode}_{a}_{b}"] = (name, a, b, mode)
-        cases[f"{name}_masked_decode_tq3_0_q4_0"] = (name, "tq3_0", "q4_0", "masked_decode")
+        masked_k = "q8_0" if int8k else "tq3_0"
+        cases[f"{name}_masked_decode_{masked_k}_q4_0"] = (name, masked_k, "q4_0", "masked_decode")
         cases[f"{name}_masked_verify_q8_0_tq3_0"] = (name, "q8_0", "tq3_0", "masked_verify")
     # more than 128 splits (the combine kernel's narrower chunks), 16 keys a step
     cases["flat_n32_w4_p4_splits_decode_q8_0_tq3_0"] = ("flat_n32_w4_p4", "q8_0", "tq3_0", "splits_decode")
@@ -44,7 +50,7 @@ def check(variant: str, fmt_k: str, fmt_v: str, mode: str) -> None:
 
     from tests.kernels.interpret_checks import _planes, _tree_mask
     from treeflash.kernels import quant_attention as qa
-    from treeflash.kernels.attention_launch import variant_config
+    from treeflash.kernels.attention_launch import VARIANTS, variant_config
 
     heads, kv_heads, d = 6, 2, 64
     num_new = 1 if mode.endswith("decode") else len(TREE)
@@ -61,17 +67,23 @@ def check(variant: str, fmt_k: str, fmt_v: str, mode: str) -> None:
         import dataclasses
 
         config = dataclasses.replace(config, block_n=16)
+    int8k = VARIANTS[variant].get("k_int8", False) and fmt_k == "q8_0"
     if mode.startswith("masked"):
         key_mask = torch.rand(num_new, length) < 0.6
         key_mask[:, 0] = True
         out = qa.quant_attention_masked(q, k, v, key_mask, d**-0.5, num_splits=splits, config=config)
         ref = qa.quant_attention_masked_reference(q, k, v, key_mask, d**-0.5)
+        ref8 = qa.quant_attention_masked_int8k_reference(q, k, v, key_mask, d**-0.5) if int8k else ref
     else:
         mask = None if num_new == 1 else _tree_mask(TREE)
         out = qa.quant_attention(q, k, v, start, mask, d**-0.5, num_splits=splits, config=config)
         ref = qa.quant_attention_reference(q, k, v, start, mask, d**-0.5)
-    err = (out - ref).abs().max().item()
-    assert err < 1e-5, f"max error {err:.3g}"
+        ref8 = qa.quant_attention_int8k_reference(q, k, v, start, mask, d**-0.5) if int8k else ref
+    err = (out - ref8).abs().max().item()
+    assert err < 1e-5, f"max error {err:.3g}" + (" (against the int8 q.k reference)" if int8k else "")
+    if int8k:
+        rel = ((out - ref).abs().max() / ref.abs().max()).item()
+        assert rel < INT8K_REL_TOL, f"int8 q.k: max relative error {rel:.3g} against dequantize + SDPA"
 
 
 def main() -> None:

@@ -32,6 +32,10 @@ class LaunchConfig:
     programs_per_sm: int  # split-K target: splits ~ programs_per_sm * SMs / (m_tiles * kv_heads)
     prefetch: bool = True  # load block i + 1's bytes before block i's math (hides memory latency)
     dequant: str = "blocks_fast"  # a key of DEQ_IDS: how compressed blocks become [BLOCK_N, D] floats
+    # q8_0 K only: q.k on int8 tensor cores (the query quantized per 32 values, raw K codes into
+    # tl.dot(int8, int8) -> int32 per block, both scales applied to the block's partial scores); K is
+    # never dequantized, `dequant` then applies to V alone. Other K types ignore it (the dequant path)
+    k_int8: bool = False
 
     def __post_init__(self):
         if self.dequant not in DEQ_IDS:
@@ -51,6 +55,12 @@ VARIANTS: dict[str, dict] = {
     # more programs per SM (splits ~ programs_per_sm * SMs / programs per split): no faster so far
     "flat_n32_w4_p4": dict(dequant="flat", block_n=32, num_warps=4, prefetch=False, programs_per_sm=4),
     "fast_n32_w4_pf_p4": dict(dequant="blocks_fast", block_n=32, num_warps=4, prefetch=True, programs_per_sm=4),
+    # q8_0 K: q.k on int8 tensor cores (k_int8; not yet measured on the GPU, docs/kv.md), V by `dequant`
+    # (flat: q8_0 V's best; blocks_fast + prefetch: tq3_0/q4_0 V's); any other K runs the dequant path.
+    # 64 keys a step take 8 warps: with 4 the sm_90 compile spills at head_dim 256 (offline ptxas)
+    "int8k_n32_w4": dict(k_int8=True, dequant="flat", block_n=32, num_warps=4, prefetch=False),
+    "int8k_n32_w4_pf": dict(k_int8=True, dequant="blocks_fast", block_n=32, num_warps=4, prefetch=True),
+    "int8k_n64_w8": dict(k_int8=True, dequant="flat", block_n=64, num_warps=8, prefetch=False),
 }
 
 

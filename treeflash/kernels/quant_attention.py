@@ -15,6 +15,11 @@ time in registers, and keeps an online softmax (m, l, acc) that it writes out un
 tq3_0 keys are stored rotated, so queries are rotated the same way (R is orthonormal: q.k is
 unchanged); tq3_0 values are stored rotated, so the output is accumulated rotated and
 un-rotated once at the end.
+
+q8_0 keys under LaunchConfig.k_int8 (opt-in, the int8k_* launch variants) are never dequantized:
+the query is quantized once per program to int8 per 32 values, q.k runs as int8 dots per block
+(int32, exact) with both scales applied to the partial scores; `quant_attention_int8k_reference`
+has these numerics (docs/kv.md).
 """
 
 from __future__ import annotations
@@ -29,8 +34,8 @@ from treeflash.kernels import pdl
 
 from treeflash.kernels import kv_formats as formats
 from treeflash.kernels.attention_launch import MAX_SPLITS, LaunchConfig, _next_pow2, launch_config, plan_splits
-from treeflash.kernels.kv_dequant import DEQ_IDS, _columns, _dequant, _load_raw
-from treeflash.kernels.kv_quant import Planes
+from treeflash.kernels.kv_dequant import DEQ_IDS, _columns, _dequant, _load_q8_blocks, _load_raw
+from treeflash.kernels.kv_quant import Planes, _round_half_away, _safe_inverse
 from treeflash.kernels.norm import _interpreting
 from treeflash.kernels.scratch import scratch
 
@@ -53,6 +58,48 @@ def _dot(a, b, DOT: tl.constexpr):
 
 
 @triton.jit
+def _quantize_query(q_rows, row_ok, scale, D: tl.constexpr):
+    """The query tile [BLOCK_M, D] as D/32 int8 blocks (k_int8): a tuple of code tiles [BLOCK_M, 32]
+    int8 and a tuple of fp32 scales [BLOCK_M] times `scale`. Per row and block d = max|x| / 127,
+    code = round half away (x / d), as the q8_0 cache quantizer does (kv_quant._q8_0_kernel), but d
+    stays fp32. `int8_query_reference` is the plain-torch twin."""
+    NB: tl.constexpr = D // 32
+    codes = ()
+    scales = ()
+    for blk in tl.static_range(NB):
+        x = tl.load(q_rows[:, None] + blk * 32 + tl.arange(0, 32)[None, :], mask=row_ok[:, None], other=0.0).to(tl.float32)
+        d = tl.max(tl.abs(x), axis=1) / 127.0
+        codes = codes + (_round_half_away(x * _safe_inverse(d)[:, None]).to(tl.int8),)
+        scales = scales + (d * scale,)
+    return codes, scales
+
+
+@triton.jit
+def _int8_scores(q_codes, q_scales, k_codes, k_scales, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, D: tl.constexpr):
+    """[BLOCK_M, BLOCK_N] fp32 scores = sum over blocks of int8 dot (int32, exact) * q scale * k scale.
+    The interpreter runs tl.dot(int8, int8, out_dtype=int32) exactly (numpy); on sm_80+ it is
+    mma.sync m16n8k32 s8 (the offline sm_90 compile). int32 -> fp32 is exact: |dot| <= 127^2 * 32."""
+    NB: tl.constexpr = D // 32
+    s = tl.zeros((BLOCK_M, BLOCK_N), tl.float32)
+    for blk in tl.static_range(NB):
+        part = tl.dot(q_codes[blk], tl.trans(k_codes[blk]), out_dtype=tl.int32)
+        s += part.to(tl.float32) * q_scales[blk][:, None] * k_scales[blk].to(tl.float32)[None, :]
+    return s
+
+
+@triton.jit
+def _load_k(scale_ptr, code_ptr, keys, kvh, num_kv_heads, ok, FMT: tl.constexpr, D: tl.constexpr, DEQ: tl.constexpr,
+            K_INT8: tl.constexpr):
+    """K's bytes for the dequant path (_load_raw), or (K_INT8) per-block int8 codes and scales."""
+    if K_INT8:
+        a, s = _load_q8_blocks(scale_ptr, code_ptr, keys, kvh, num_kv_heads, ok, D)
+        b = ok
+    else:
+        a, b, s = _load_raw(scale_ptr, code_ptr, keys, kvh, num_kv_heads, ok, FMT, D, DEQ)
+    return a, b, s
+
+
+@triton.jit
 def _partial_kernel(
     q_ptr, ks_ptr, kc_ptr, vs_ptr, vc_ptr, mask_ptr, end_ptr, m_ptr, l_ptr, acc_ptr, out_ptr, ticket_ptr,
     start, num_tokens, kv_len, end_idx, num_kv_heads, scale_log2, stride_qt, stride_qh,
@@ -60,7 +107,7 @@ def _partial_kernel(
     FUSE_COMBINE: tl.constexpr, NUM_SPLITS: tl.constexpr, SKIP_EMPTY: tl.constexpr, GROUP: tl.constexpr, D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     BLOCKS_PER_SPLIT: tl.constexpr, FMT_K: tl.constexpr, FMT_V: tl.constexpr, DOT: tl.constexpr,
     PREFETCH: tl.constexpr, DEQ: tl.constexpr, C0: tl.constexpr, C1: tl.constexpr, C2: tl.constexpr, C3: tl.constexpr,
-    PDL: tl.constexpr = False,
+    PDL: tl.constexpr = False, K_INT8: tl.constexpr = False,
 ):
     pdl.enter(PDL)
     pid_m, kvh, split = tl.program_id(0), tl.program_id(1), tl.program_id(2)
@@ -71,10 +118,13 @@ def _partial_kernel(
     h = kvh * GROUP + rows % GROUP
     # q.k and p.v only need K's (V's) columns in one consistent order: load q in K's unpack
     # order, and store the output from V's unpack order
-    q_cols = _columns(FMT_K, D, DEQ)
     q_rows = q_ptr + t * stride_qt + h * stride_qh
-    q = tl.load(q_rows[:, None] + q_cols[None, :], mask=row_ok[:, None], other=0.0)
-    q = q.to(DOT)
+    if K_INT8:  # q8_0 K, scores on int8 tensor cores: the query quantized once, scale_log2 in its scales
+        q_codes, q_scales = _quantize_query(q_rows, row_ok, scale_log2, D)
+    else:
+        q_cols = _columns(FMT_K, D, DEQ)
+        q = tl.load(q_rows[:, None] + q_cols[None, :], mask=row_ok[:, None], other=0.0)
+        q = q.to(DOT)
     m_i = tl.full((BLOCK_M,), -1.0e30, tl.float32)  # finite: a fully masked block leaves no NaN
     l_i = tl.zeros((BLOCK_M,), tl.float32)
     acc = tl.zeros((BLOCK_M, D), tl.float32)
@@ -91,7 +141,7 @@ def _partial_kernel(
     # (scores -inf: alpha 1, p 0)
     keys = first + tl.arange(0, BLOCK_N)
     # PREFETCH: the next block's bytes are loaded (into registers) before this block's math
-    ka, kb, ks = _load_raw(ks_ptr, kc_ptr, keys, kvh, num_kv_heads, keys < end, FMT_K, D, DEQ)
+    ka, kb, ks = _load_k(ks_ptr, kc_ptr, keys, kvh, num_kv_heads, keys < end, FMT_K, D, DEQ, K_INT8)
     va, vb, vs = _load_raw(vs_ptr, vc_ptr, keys, kvh, num_kv_heads, keys < end, FMT_V, D, DEQ)
     for b in range(0, n_blocks if DYN_LOOP else BLOCKS_PER_SPLIT):
         keys = first + b * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -99,11 +149,14 @@ def _partial_kernel(
         nxt = keys + BLOCK_N
         nxt_ok = (nxt < end) & (b + 1 < n_blocks)
         if PREFETCH:
-            ka2, kb2, ks2 = _load_raw(ks_ptr, kc_ptr, nxt, kvh, num_kv_heads, nxt_ok, FMT_K, D, DEQ)
+            ka2, kb2, ks2 = _load_k(ks_ptr, kc_ptr, nxt, kvh, num_kv_heads, nxt_ok, FMT_K, D, DEQ, K_INT8)
         else:
-            ka, kb, ks = _load_raw(ks_ptr, kc_ptr, keys, kvh, num_kv_heads, key_ok, FMT_K, D, DEQ)
-        k = _dequant(ka, kb, ks, FMT_K, BLOCK_N, D, C0, C1, C2, C3, DEQ)
-        s = _dot(q, tl.trans(k), DOT) * scale_log2  # [BLOCK_M, BLOCK_N]
+            ka, kb, ks = _load_k(ks_ptr, kc_ptr, keys, kvh, num_kv_heads, key_ok, FMT_K, D, DEQ, K_INT8)
+        if K_INT8:
+            s = _int8_scores(q_codes, q_scales, ka, ks, BLOCK_M, BLOCK_N, D)  # [BLOCK_M, BLOCK_N], log2 domain
+        else:
+            k = _dequant(ka, kb, ks, FMT_K, BLOCK_N, D, C0, C1, C2, C3, DEQ)
+            s = _dot(q, tl.trans(k), DOT) * scale_log2  # [BLOCK_M, BLOCK_N]
         if KEY_MASK:  # mask [T, kv_len] over every slot (static mode)
             m2 = row_ok[:, None] & key_ok[None, :]
             visible = tl.load(mask_ptr + t[:, None] * kv_len + keys[None, :], mask=m2, other=0) != 0
@@ -307,7 +360,8 @@ def _launch(q, k, v, vis, start, kv_len, key_mask, scale, num_splits, config, sl
         FUSE_COMBINE=fuse, NUM_SPLITS=splits if fuse else 1, SKIP_EMPTY=skip_empty,
         GROUP=group, D=head_dim, BLOCK_M=block_m, BLOCK_N=block_n, BLOCKS_PER_SPLIT=per_split,
         FMT_K=fmt_k, FMT_V=fmt_v, DOT=dot, PREFETCH=cfg.prefetch, DEQ=DEQ_IDS[cfg.dequant], C0=c0, C1=c1, C2=c2, C3=c3,
-        num_warps=cfg.num_warps, num_stages=cfg.num_stages, PDL=pdl.flag(q), **pdl.launch_opts(q),
+        num_warps=cfg.num_warps, num_stages=cfg.num_stages, PDL=pdl.flag(q), K_INT8=cfg.k_int8 and k.name == "q8_0",
+        **pdl.launch_opts(q),
     )
     if not fuse:
         chunk = min(COMBINE_CHUNK if splits <= 128 else COMBINE_CHUNK // 2, head_dim)
@@ -362,3 +416,55 @@ def quant_attention_masked_reference(
         attn_mask=key_mask, scale=scale, enable_gqa=keys.shape[1] != q.shape[1],
     )
     return out.transpose(0, 1)
+
+
+# ---------------------------------------------------------------- reference: int8 q.k (LaunchConfig.k_int8)
+
+
+def int8_query_reference(q: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """q [T, H, D] -> (codes [T, H, D/32, 32] int8, scales [T, H, D/32] fp32): the query as the k_int8
+    kernel quantizes it (per 32 values d = max|x| / 127, code = round half away (x / d), in fp32)."""
+    xb = q.float().unflatten(-1, (q.shape[-1] // formats.BLOCK, formats.BLOCK))
+    d = xb.abs().amax(-1) / 127.0
+    inv = torch.where(d == 0, torch.zeros_like(d), 1.0 / torch.where(d == 0, torch.ones_like(d), d))
+    return formats.round_half_away(xb * inv.unsqueeze(-1)).to(torch.int8), d
+
+
+def _int8_attention(q: torch.Tensor, k: Planes, v: Planes, mask: torch.Tensor | None, scale: float) -> torch.Tensor:
+    """k_int8 numerics in float64 (exact up to the final cast): scores = scale * sum over blocks of
+    (int8 q codes . int8 K codes) * q scale * K scale; softmax; p . dequantized V. mask: [T, S] bool."""
+    if k.name != "q8_0":
+        raise ValueError(f"int8 q.k needs a q8_0 K cache, got {k.name}")
+    n, num_heads, head_dim = q.shape
+    length = mask.shape[-1] if mask is not None else k.codes.shape[0]
+    kv_heads = k.codes.shape[1]
+    nb = head_dim // formats.BLOCK
+    qc, qd = int8_query_reference(q)  # [T, H, NB, 32], [T, H, NB]; head h = kv head * G + g
+    qc = qc.double().unflatten(1, (kv_heads, num_heads // kv_heads))  # [T, Hkv, G, NB, 32]
+    qd = qd.double().unflatten(1, (kv_heads, num_heads // kv_heads))
+    kc = k.codes[:length].double().unflatten(-1, (nb, formats.BLOCK))  # [S, Hkv, NB, 32]
+    part = torch.einsum("tkgbi,skbi->kgtsb", qc, kc)  # integers: exact
+    kd = k.scales[:length].double().permute(1, 2, 0)  # [Hkv, NB, S]
+    scores = torch.einsum("kgtsb,tkgb,kbs->kgts", part, qd, kd) * scale
+    if mask is not None:
+        scores = scores.masked_fill(~mask.to(q.device), float("-inf"))
+    p = torch.softmax(scores, dim=-1)  # [Hkv, G, T, S]
+    values = dequantize_planes(v, length, torch.float64)  # [S, Hkv, D]
+    return torch.einsum("kgts,skd->tkgd", p, values).flatten(1, 2).to(q.dtype)
+
+
+def quant_attention_int8k_reference(
+    q: torch.Tensor, k: Planes, v: Planes, start: int, tree_mask: torch.Tensor | None, scale: float
+) -> torch.Tensor:
+    """Plain torch, `quant_attention`'s contract with k_int8's numerics (q8_0 K only): the query
+    quantized per block to int8, integer dots with K's codes, both scales. Differs from
+    `quant_attention_reference` by the query's quantization alone."""
+    n = q.shape[0]
+    return _int8_attention(q, k, v, visibility(n, start, tree_mask, q.device), scale)
+
+
+def quant_attention_masked_int8k_reference(
+    q: torch.Tensor, k: Planes, v: Planes, key_mask: torch.Tensor, scale: float
+) -> torch.Tensor:
+    """Plain torch, `quant_attention_masked`'s contract with k_int8's numerics."""
+    return _int8_attention(q, k, v, key_mask, scale)

@@ -50,3 +50,23 @@ def test_model_prefill_through_the_fla_contract_equals_the_reference(monkeypatch
     assert len(calls) == 2  # both linear-attention layers
     torch.testing.assert_close(out, ref, atol=1e-5, rtol=1e-5)
     torch.testing.assert_close(nxt, ref_nxt, atol=1e-5, rtol=1e-5)
+
+
+def test_a_failing_fla_falls_back_to_the_reference_with_a_warning(monkeypatch):
+    import pytest
+
+    model = tiny_model()
+    ids = torch.randint(0, 61, (30,))
+
+    def broken(*a, **kw):
+        raise RuntimeError("triton mismatch")
+
+    with torch.no_grad():
+        ref = model(StepInput.plain(ids, 0), model.new_cache(64)).logits
+        monkeypatch.setattr(gdn_chunk, "USE_FLA", True)
+        monkeypatch.setattr(gdn_chunk, "_fla_chunk", lambda: broken)
+        monkeypatch.setattr(gdn_chunk, "available", lambda x: gdn_chunk.USE_FLA)
+        with pytest.warns(RuntimeWarning, match="falls back"):
+            out = model(StepInput.plain(ids, 0), model.new_cache(64)).logits
+    assert gdn_chunk.USE_FLA is False  # once failed, not tried again
+    torch.testing.assert_close(out, ref, atol=1e-6, rtol=1e-6)

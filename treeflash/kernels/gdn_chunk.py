@@ -40,6 +40,17 @@ def available(x: torch.Tensor) -> bool:
     return USE_FLA and x.is_cuda and _fla_chunk() is not None
 
 
+def disable(error: BaseException) -> None:
+    """fla failed (e.g. its kernels do not compile against this triton): warn once and use the
+    reference from now on, rather than failing every prefill."""
+    global USE_FLA
+    import warnings
+
+    USE_FLA = False
+    warnings.warn(f"flash-linear-attention failed ({type(error).__name__}: {error}); Gated DeltaNet prefill "
+                  "falls back to the torch reference", RuntimeWarning, stacklevel=3)
+
+
 def chunk_gated_delta(
     q: torch.Tensor,  # [T, Hk, Dk] raw conv outputs (normalized inside), any float dtype
     k: torch.Tensor,  # [T, Hk, Dk] raw conv outputs

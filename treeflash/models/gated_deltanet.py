@@ -229,13 +229,17 @@ class GatedDeltaNet(nn.Module):
             return recurrent_step(y, a[0], b[0], self.A_log, self.dt_bias, cache.state, *dims)[None]
         conv_out, window = causal_conv(mixed, cache.conv, weight)
         cache.conv.copy_(window)
+        o = None
         if gdn_chunk.available(conv_out):  # flash-linear-attention's chunked kernels
             q, k, v = conv_out.split([self.key_dim, self.key_dim, self.value_dim], dim=-1)
             n = conv_out.shape[0]
-            o, state = gdn_chunk.chunk_gated_delta(
-                q.reshape(n, self.num_k_heads, self.k_head_dim), k.reshape(n, self.num_k_heads, self.k_head_dim),
-                v.reshape(n, self.num_v_heads, self.v_head_dim), *self._gates(a, b), cache.state, mixed.dtype)
-        else:
+            try:
+                o, state = gdn_chunk.chunk_gated_delta(
+                    q.reshape(n, self.num_k_heads, self.k_head_dim), k.reshape(n, self.num_k_heads, self.k_head_dim),
+                    v.reshape(n, self.num_v_heads, self.v_head_dim), *self._gates(a, b), cache.state, mixed.dtype)
+            except Exception as e:  # noqa: BLE001 - a third-party kernel: fall back, say so once
+                gdn_chunk.disable(e)
+        if o is None:
             o, state = delta_rule_chunked(*self._heads(conv_out), *self._gates(a, b), cache.state)
         cache.state.copy_(state)
         return o

@@ -54,6 +54,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import torch  # noqa: E402
+from torch.nn.attention.bias import CausalBias  # noqa: E402
 
 from bench.kv_quality_variants import NOROT, _no_rotation, _split_pair, variant  # noqa: E402,F401 (tests use the helpers)
 from treeflash.kernels import kv_formats as formats  # noqa: E402
@@ -78,9 +79,12 @@ def default_text(max_chars: int) -> str:
 
 
 def fast_attention(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, mask: torch.Tensor | None, scale: float) -> torch.Tensor:
-    """Drop-in for attention_reference: q [T, H, D], keys/values [S, Hkv, D], mask [T, S] bool or None -> [T, H, D]."""
+    """Drop-in for attention_reference: q [T, H, D], keys/values [S, Hkv, D], mask [T, S] bool, None or a
+    lower-right causal bias (a prefill chunk: query i sees keys up to S - T + i) -> [T, H, D]."""
     t, h, d = q.shape
     s, hkv = keys.shape[0], keys.shape[1]
+    if isinstance(mask, CausalBias):
+        mask = torch.ones(t, s, dtype=torch.bool, device=q.device).tril(s - t)
     g = h // hkv
     qg = (q * scale).reshape(t, hkv, g, d).permute(1, 2, 0, 3).reshape(hkv, g * t, d)  # [Hkv, G*T, D]
     scores = torch.bmm(qg, keys.permute(1, 2, 0))  # [Hkv, G*T, S]

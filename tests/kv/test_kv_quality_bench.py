@@ -46,6 +46,11 @@ def test_fast_attention_matches_reference():
         mask = build_mask(t, start, None, q.device)
         ref = attention_reference(q, k, v, mask, 0.2)
         assert torch.allclose(bench.fast_attention(q, k, v, mask, 0.2), ref, atol=1e-6, rtol=1e-5)
+        if t > 1:  # what a dense cache's prefill chunk passes now
+            from torch.nn.attention.bias import causal_lower_right
+
+            bias = causal_lower_right(t, start + t)
+            assert torch.allclose(bench.fast_attention(q, k, v, bias, 0.2), ref, atol=1e-6, rtol=1e-5)
 
 
 def test_no_rotation_variant_and_pairs():

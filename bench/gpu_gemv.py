@@ -60,15 +60,17 @@ def candidates(n: int, k: int, grid: str = "wide", sms: int = 132) -> list[GemvC
     return out
 
 
-def run_projection(name: str, bw: float, max_configs: int, grid: str) -> dict:
-    n, k = PROJECTIONS[name]
+def _sweep(name: str, n: int, k: int, bw: float, reference, baseline, kernel, cfgs: list[GemvConfig],
+           default: GemvConfig | None = None, **meta) -> dict:
+    """Time `baseline(x, w)` ("cublas") and `kernel(x, w, config=cfg)` for each configuration, every
+    weight byte from memory, each configuration first checked against `reference` and for repeatability."""
     nbytes = n * k * 2
     ws = weight_copies(n, k)
     copies = len(ws)
     x = torch.randn(1, k, device="cuda", dtype=torch.bfloat16)
-    ref = gemv_reference(x, ws[0]).float()
+    ref = reference(x, ws[0]).float()
     scale = ref.abs().max().item()
-    out: dict = {"name": name, "N": n, "K": k, "weight_mb": nbytes / 1e6, "weight_copies": copies}
+    out: dict = {"name": name, "N": n, "K": k, **meta, "weight_mb": nbytes / 1e6, "weight_copies": copies}
 
     def timed(fn) -> dict:
         def run():
@@ -77,22 +79,26 @@ def run_projection(name: str, bw: float, max_configs: int, grid: str) -> dict:
         t = bench(run) / copies
         return {"us": t * 1e6, "fraction": nbytes / t / bw}
 
-    out["cublas"] = timed(lambda w: F.linear(x, w))
-    default = gemv_config(n, k) or GemvConfig(8, 512, 1, 4)
-    others = [c for c in candidates(n, k, grid) if c != default]
-    random.Random(0).shuffle(others)  # a spread over the grid, the same every run
-    cfgs = [default] + others[: max_configs - 1]
+    out["cublas"] = timed(lambda w: baseline(x, w))
     for cfg in cfgs:
         key = f"n{cfg.block_n}_k{cfg.block_k}_s{cfg.split_k}_w{cfg.num_warps}" + (" (default)" if cfg == default else "")
         try:
-            y = gemv(x, ws[0], config=cfg)
+            y = kernel(x, ws[0], config=cfg)
             err = (y.float() - ref).abs().max().item() / scale
-            same = bool(torch.equal(y, gemv(x, ws[0], config=cfg)))
-            out[key] = {**timed(lambda w: gemv(x, w, config=cfg)), "rel_err": err, "repeatable": same}
+            same = bool(torch.equal(y, kernel(x, ws[0], config=cfg)))
+            out[key] = {**timed(lambda w: kernel(x, w, config=cfg)), "rel_err": err, "repeatable": same}
         except Exception as e:  # record and go on
             out[key] = {"error": f"{type(e).__name__}: {str(e)[:200]}"}
     del ws
     return out
+
+
+def run_projection(name: str, bw: float, max_configs: int, grid: str) -> dict:
+    n, k = PROJECTIONS[name]
+    default = gemv_config(n, k) or GemvConfig(8, 512, 1, 4)
+    others = [c for c in candidates(n, k, grid) if c != default]
+    random.Random(0).shuffle(others)  # a spread over the grid, the same every run
+    return _sweep(name, n, k, bw, gemv_reference, F.linear, gemv, [default] + others[: max_configs - 1], default)
 
 
 SWIGLU = {"8b.swiglu": (24576, 4096), "27b.swiglu": (34816, 5120)}  # gate_up [2I, K]
@@ -103,33 +109,8 @@ def run_swiglu(name: str, bw: float) -> dict:
     """gemv_swiglu (gate and up rows in one program, SiLU-mul in the epilogue) against cuBLAS on
     gate_up followed by the silu_mul kernel: what the decode step's MLP input half costs either way."""
     n, k = SWIGLU[name]
-    nbytes = n * k * 2
-    ws = weight_copies(n, k)
-    copies = len(ws)
-    x = torch.randn(1, k, device="cuda", dtype=torch.bfloat16)
-    ref = gemv_swiglu_reference(x, ws[0]).float()
-    scale = ref.abs().max().item()
-    out: dict = {"name": name, "N": n, "K": k, "swiglu": True, "weight_mb": nbytes / 1e6, "weight_copies": copies}
-
-    def timed(fn) -> dict:
-        def run():
-            for w in ws:
-                fn(w)
-        t = bench(run) / copies
-        return {"us": t * 1e6, "fraction": nbytes / t / bw}
-
-    out["cublas"] = timed(lambda w: silu_mul(F.linear(x, w)))
-    for bn, bk, warps in SWIGLU_GRID:
-        cfg = GemvConfig(bn, bk, 1, warps)
-        key = f"n{bn}_k{bk}_s1_w{warps}"
-        try:
-            y = gemv_swiglu(x, ws[0], config=cfg)
-            out[key] = {**timed(lambda w: gemv_swiglu(x, w, config=cfg)),
-                        "rel_err": (y.float() - ref).abs().max().item() / scale, "repeatable": True}
-        except Exception as e:  # record and go on
-            out[key] = {"error": f"{type(e).__name__}: {str(e)[:200]}"}
-    del ws
-    return out
+    cfgs = [GemvConfig(bn, bk, 1, w) for bn, bk, w in SWIGLU_GRID]
+    return _sweep(name, n, k, bw, gemv_swiglu_reference, lambda x, w: silu_mul(F.linear(x, w)), gemv_swiglu, cfgs, swiglu=True)
 
 
 def main() -> None:

@@ -38,7 +38,7 @@ def silu_mul(gate_up):
     i = two_i // 2
     y = torch.empty((t, i), dtype=gate_up.dtype, device=gate_up.device)
     block = 1024
-    _silu_mul_kernel[(t, triton.cdiv(i, block))](gate_up, y, i, BLOCK=block, PDL=pdl.flag(y), **pdl.launch_opts(y))
+    _silu_mul_kernel[(t, triton.cdiv(i, block))](gate_up, y, i, BLOCK=block, **pdl.kwargs(y))
     return y
 
 
@@ -73,5 +73,5 @@ def sigmoid_gate(x, gate):
     y = torch.empty_like(x)
     block = 1024
     _sigmoid_gate_kernel[(t, triton.cdiv(n, block))](x, gate, y, gate.stride(0), gate.stride(1), n, D=gate.shape[2], BLOCK=block,
-                                                         PDL=pdl.flag(y), **pdl.launch_opts(y))
+                                                         **pdl.kwargs(y))
     return y

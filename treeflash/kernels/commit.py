@@ -60,7 +60,7 @@ def commit_rows(k: torch.Tensor, v: torch.Tensor, dest: torch.Tensor, src: torch
         raise ValueError("commit_rows: dest and src [P], n [1] expected")
     block = min(1024, triton.next_power_of_2(row))
     _commit_rows_kernel[(triton.cdiv(row, block), 2)](k, v, dest, src, n, ROW=row, P=dest.shape[0], BLOCK=block,
-                                                        PDL=pdl.flag(k), **pdl.launch_opts(k))
+                                                        **pdl.kwargs(k))
 
 
 @triton.jit
@@ -111,4 +111,4 @@ def conv_window_commit(window: torch.Tensor, inputs: torch.Tensor, rows: torch.T
         raise ValueError(f"conv_window_commit: conv kernels of 2-5 taps, got {k1 + 1}")
     block = 512
     _conv_commit_kernel[(triton.cdiv(c, block),)](window, inputs, rows, c, inputs.stride(0), K1=k1, BLOCK=block,
-                                                  PDL=pdl.flag(window), **pdl.launch_opts(window))
+                                                  **pdl.kwargs(window))

@@ -139,7 +139,7 @@ def conv_step(x, window, weight):
     y = torch.empty(c, dtype=torch.float32, device=x.device)
     block = 512
     _conv_step_kernel[(triton.cdiv(c, block),)](x, window, weight, y, c, K=k1 + 1, BLOCK=block,
-                                                PDL=pdl.flag(y), **pdl.launch_opts(y))
+                                                **pdl.kwargs(y))
     return y
 
 
@@ -155,7 +155,7 @@ def recurrent_step(y, a, b, a_log, dt_bias, state, num_k_heads: int, k_dim: int,
     bv = min(STEP_BLOCK_V, v_dim)
     _recurrent_step_kernel[(hv, v_dim // bv)](y, a.contiguous(), b.contiguous(), a_log, dt_bias, state, o,
                                               GROUP=hv // num_k_heads, HK=num_k_heads, DK=k_dim, DV=v_dim, BV=bv,
-                                              PDL=pdl.flag(y), **pdl.launch_opts(y))
+                                              **pdl.kwargs(y))
     return o
 
 

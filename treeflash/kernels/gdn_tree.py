@@ -253,7 +253,7 @@ def tree_conv(x, window, weight, parents):
     y = torch.empty(t, c, dtype=torch.float32, device=x.device)
     block = 512
     _tree_conv_kernel[(t, triton.cdiv(c, block))](x, window, weight, parents, y, c, K=weight.shape[1], BLOCK=block,
-                                                 PDL=pdl.flag(y), **pdl.launch_opts(y))
+                                                 **pdl.kwargs(y))
     return y
 
 
@@ -294,11 +294,11 @@ def tree_recurrent(y, a, b, a_log, dt_bias, state, parents, tree_mask, num_k_hea
     _tree_prep_kernel[(t + 1, num_k_heads)](y, a, b, a_log, dt_bias, parents, tree_mask, qk, gb, path, npath, kids, nkids,
                                             hv, c, tree_mask.stride(0), T=t, TP=tp, GROUP=group,
                                             GP=triton.next_power_of_2(group), HK=num_k_heads, DK=k_dim,
-                                            PDL=pdl.flag(y), **pdl.launch_opts(y))
+                                            **pdl.kwargs(y))
     ksplit = kids_split or TREE_KIDS_SPLIT
     _tree_walk_kernel[(hv, v_dim // bv, (t + 1) * ksplit)](qk, gb, y, state, path, npath, kids, nkids, o, hv, c, TP=tp, GROUP=group,
                                                 HK=num_k_heads, DK=k_dim, DV=v_dim, BV=bv, KSPLIT=ksplit,
-                                                BOUNDED=_interpreting(), num_warps=warps, PDL=pdl.flag(y), **pdl.launch_opts(y))
+                                                BOUNDED=_interpreting(), num_warps=warps, **pdl.kwargs(y))
     return o
 
 
@@ -315,4 +315,4 @@ def recurrent_path(y, a, b, a_log, dt_bias, state, path, path_len, num_k_heads: 
     bv = min(STEP_BLOCK_V, v_dim)
     _recurrent_path_kernel[(hv, v_dim // bv)](y, a, b, a_log, dt_bias, state, path, path_len, hv, y.shape[1],
                                               P=path.shape[0], GROUP=hv // num_k_heads, HK=num_k_heads, DK=k_dim, DV=v_dim, BV=bv,
-                                              PDL=pdl.flag(y), **pdl.launch_opts(y))
+                                              **pdl.kwargs(y))

@@ -257,26 +257,24 @@ def gemv(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None
         tickets = scratch("gemv.tickets", x.device, n_blocks, torch.int32, minimum=1 << 16)
     else:
         partials, tickets = y, y  # unused
-    if norm is None:
-        _gemv_kernel[(n_blocks, split)](
-            xv, weight, bias if bias is not None else weight, y, partials, tickets, n,
-            y, y, y, y, y, 0.0,
-            K=k, HAS_BIAS=bias is not None, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, SPLIT_K=split, K_SPLIT=k_split,
-            num_warps=cfg.num_warps, PDL=pdl.flag(x), **pdl.launch_opts(x),
-        )
-        return y.reshape(*x.shape[:-1], n)
-    residual, norm_weight, eps, unit_offset = norm
-    if residual.numel() != n or not residual.is_contiguous() or norm_weight.shape != (n,):
-        raise ValueError(f"gemv_add_norm: residual must be contiguous with {n} values and the norm weight [{n}]")
-    stream, normed = torch.empty_like(y), torch.empty_like(y)
-    ticket = scratch("gemv.norm_ticket", x.device, 1, torch.int32, minimum=16)
+    if norm is None:  # the NORM arguments are unused
+        residual = norm_weight = stream = normed = ticket = y
+        eps, unit_offset = 0.0, False
+    else:
+        residual, norm_weight, eps, unit_offset = norm
+        if residual.numel() != n or not residual.is_contiguous() or norm_weight.shape != (n,):
+            raise ValueError(f"gemv_add_norm: residual must be contiguous with {n} values and the norm weight [{n}]")
+        stream, normed = torch.empty_like(y), torch.empty_like(y)
+        ticket = scratch("gemv.norm_ticket", x.device, 1, torch.int32, minimum=16)
     _gemv_kernel[(n_blocks, split)](
         xv, weight, bias if bias is not None else weight, y, partials, tickets, n,
         residual, norm_weight, stream, normed, ticket, eps,
         K=k, HAS_BIAS=bias is not None, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, SPLIT_K=split, K_SPLIT=k_split,
-        NORM=True, UNIT=unit_offset, N_BLOCKS=n_blocks, BLOCK_FULL=triton.next_power_of_2(n), num_warps=cfg.num_warps,
-        PDL=pdl.flag(x), **pdl.launch_opts(x),
+        NORM=norm is not None, UNIT=unit_offset, N_BLOCKS=n_blocks if norm is not None else 1,
+        BLOCK_FULL=triton.next_power_of_2(n) if norm is not None else 1, num_warps=cfg.num_warps, **pdl.kwargs(x),
     )
+    if norm is None:
+        return y.reshape(*x.shape[:-1], n)
     return normed.reshape(*x.shape[:-1], n), stream.reshape(*x.shape[:-1], n)
 
 
@@ -306,8 +304,9 @@ def gemv_swiglu(x: torch.Tensor, gate_up: torch.Tensor, config: GemvConfig | Non
     if not (x.is_cuda or _interpreting()):
         return gemv_swiglu_reference(x, gate_up)
     two_i, k = gate_up.shape
-    if two_i % 2 or x.numel() != k or not gate_up.is_contiguous() or not x.is_contiguous():
+    if two_i % 2 or x.numel() != k or not gate_up.is_contiguous():
         raise ValueError(f"gemv_swiglu: x [1, {k}] and a contiguous [2I, {k}] weight expected, got {tuple(x.shape)}")
+    x = x.reshape(k).contiguous()
     cfg = config or TUNED_SWIGLU.get((two_i, k)) or GemvConfig(4, 1024, 1, 4)
     if cfg.split_k != 1:
         raise ValueError("gemv_swiglu: split_k must be 1")
@@ -315,21 +314,21 @@ def gemv_swiglu(x: torch.Tensor, gate_up: torch.Tensor, config: GemvConfig | Non
     y = torch.empty(1, i, dtype=x.dtype, device=x.device)
     _gemv_swiglu_kernel[(triton.cdiv(i, cfg.block_n),)](x, gate_up, y, i, K=k, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k,
                                                         STEPS=triton.cdiv(k, cfg.block_k),
-                                                        num_warps=cfg.num_warps, PDL=pdl.flag(x), **pdl.launch_opts(x))
+                                                        num_warps=cfg.num_warps, **pdl.kwargs(x))
     return y
 
 
 def swiglu(x: torch.Tensor, gate_up: torch.Tensor) -> torch.Tensor:
     """silu_mul(linear(x, gate_up)); one row of a TUNED_SWIGLU shape on CUDA: gemv_swiglu."""
-    if (USE_GEMV and (x.is_cuda or _interpreting()) and x.dim() == 2 and x.shape[0] == 1
-            and tuple(gate_up.shape) in TUNED_SWIGLU and gate_up.is_contiguous() and x.is_contiguous()):
+    if _takes_gemv(x, gate_up, TUNED_SWIGLU):
         return gemv_swiglu(x, gate_up)
     return silu_mul(linear(x, gate_up))
 
 
-def _takes_gemv(x: torch.Tensor, weight: torch.Tensor) -> bool:
+def _takes_gemv(x: torch.Tensor, weight: torch.Tensor, table: dict = TUNED) -> bool:
+    """One row on CUDA (or the interpreter) with a weight shape in `table`, gemv on."""
     return (USE_GEMV and (x.is_cuda or _interpreting()) and x.dim() == 2 and x.shape[0] == 1
-            and tuple(weight.shape) in TUNED and weight.is_contiguous())
+            and tuple(weight.shape) in table and weight.is_contiguous())
 
 
 def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:

@@ -85,7 +85,7 @@ def rmsnorm(x, weight, eps: float, unit_offset: bool = False, residual=None):
     block = triton.next_power_of_2(n)
     _rmsnorm_kernel[(x2.shape[0],)](x2, r2, weight, y, s, x2.stride(0), r2.stride(0), n, eps,
                                     HAS_RES=residual is not None, UNIT=unit_offset, BLOCK=block, num_warps=_row_warps(block),
-                                    PDL=pdl.flag(x), **pdl.launch_opts(x))
+                                    **pdl.kwargs(x))
     return y.view(shape), (s.view(shape) if residual is not None else x)
 
 
@@ -100,7 +100,7 @@ def rmsnorm_gated(x, gate, weight, eps: float, out_dtype=None):
     y = torch.empty(x2.shape, dtype=out_dtype or x.dtype, device=x.device)
     n = x2.shape[1]
     _rmsnorm_gated_kernel[(x2.shape[0],)](x2, g2, weight, y, x2.stride(0), g2.stride(0), n, eps, BLOCK=triton.next_power_of_2(n),
-                                          PDL=pdl.flag(x), **pdl.launch_opts(x))
+                                          **pdl.kwargs(x))
     return y.view(shape)
 
 

@@ -11,7 +11,7 @@ anything is not. Every PDL kernel waits before it ends, so the ordering stays tr
 two launches back has completed once the one before has).
 
 Kernels opt in with a `PDL: tl.constexpr` argument, call `enter(PDL)` (trigger, then wait) at
-their start or `trigger` / `wait` around their prefetch, and are launched with `**launch_opts(x)`.
+their start or `trigger` / `wait` around their prefetch, and are launched with `**kwargs(x)`.
 Off on the CPU, under the Triton interpreter (it cannot run the inline PTX), before sm_90, with a
 triton older than 3.3 (no griddepcontrol helpers), and with TREEFLASH_PDL=0. A kernel without PDL
 (cuBLAS, torch's) after or before one of ours simply serializes as usual.
@@ -47,9 +47,9 @@ def flag(x: torch.Tensor) -> bool:
     return ENABLED and _HAVE_GDC and x.is_cuda and not _INTERPRET and _supported(x.device.index or 0)
 
 
-def launch_opts(x: torch.Tensor) -> dict:
-    """The launch keyword for a PDL kernel on x's device ({} where PDL is off)."""
-    return {"launch_pdl": True} if flag(x) else {}
+def kwargs(x: torch.Tensor) -> dict:
+    """The launch keywords of a PDL kernel on x's device: its PDL constexpr, and launch_pdl where on."""
+    return {"PDL": True, "launch_pdl": True} if flag(x) else {"PDL": False}
 
 
 @triton.jit

@@ -360,14 +360,13 @@ def _launch(q, k, v, vis, start, kv_len, key_mask, scale, num_splits, config, sl
         FUSE_COMBINE=fuse, NUM_SPLITS=splits if fuse else 1, SKIP_EMPTY=skip_empty,
         GROUP=group, D=head_dim, BLOCK_M=block_m, BLOCK_N=block_n, BLOCKS_PER_SPLIT=per_split,
         FMT_K=fmt_k, FMT_V=fmt_v, DOT=dot, PREFETCH=cfg.prefetch, DEQ=DEQ_IDS[cfg.dequant], C0=c0, C1=c1, C2=c2, C3=c3,
-        num_warps=cfg.num_warps, num_stages=cfg.num_stages, PDL=pdl.flag(q), K_INT8=cfg.k_int8 and k.name == "q8_0",
-        **pdl.launch_opts(q),
+        num_warps=cfg.num_warps, num_stages=cfg.num_stages, K_INT8=cfg.k_int8 and k.name == "q8_0", **pdl.kwargs(q),
     )
     if not fuse:
         chunk = min(COMBINE_CHUNK if splits <= 128 else COMBINE_CHUNK // 2, head_dim)
         _combine_kernel[(n * num_heads, head_dim // chunk)](
             m, l, acc, out, n * num_heads, splits, D=head_dim, D_CHUNK=chunk, SPLITS=_next_pow2(splits), SKIP_EMPTY=skip_empty,
-            num_warps=4, PDL=pdl.flag(q), **pdl.launch_opts(q),
+            num_warps=4, **pdl.kwargs(q),
         )
     return formats.unrotate(out).to(in_dtype) if rotated_out else out
 

@@ -136,6 +136,6 @@ def norm_rotary_into_cache(q, k, v, cos, sin, q_weight, k_weight, eps: float, un
         q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1), hq, hkv, eps,
         HAS_NORM=q_weight is not None, UNIT=unit_offset, D=d, HALF=half, REST=rest,
         REST_BLOCK=max(triton.next_power_of_2(max(rest, 1)), 16), D_BLOCK=triton.next_power_of_2(d),
-        PDL=pdl.flag(y), **pdl.launch_opts(y),
+        **pdl.kwargs(y),
     )
     return y

@@ -3,6 +3,8 @@
 On the CPU the static code runs without graph capture (use_graphs=False): same slots, key masks,
 padding nodes, packed inputs and commit, so a bug there shows up here."""
 
+import contextlib
+
 import pytest
 import torch
 
@@ -59,3 +61,47 @@ def test_pipelined_greedy_decode(arch):
     while len(out) < 20:
         out.extend(logged.step())
     assert out == refs[1][:20]
+
+
+def test_capture_graph_collects_no_garbage_while_capturing(monkeypatch):
+    """A dead cycle holding an earlier runner's graphs must not be freed inside a capture (it would
+    destroy those graphs mid-capture and invalidate it): capture_graph turns the collector off for
+    the capture only, and back on after it, also when the captured function raises."""
+    import gc
+
+    from treeflash.models import runner as runner_mod
+
+    seen = []
+
+    class FakeGraphCtx:
+        def __init__(self, graph, pool=None):
+            pass
+
+        def __enter__(self):
+            seen.append(("enter", gc.isenabled()))
+
+        def __exit__(self, *exc):
+            seen.append(("exit", gc.isenabled()))
+
+    class FakeStream:
+        def wait_stream(self, other):
+            pass
+
+    monkeypatch.setattr(torch.cuda, "Stream", FakeStream)
+    monkeypatch.setattr(torch.cuda, "stream", lambda s: contextlib.nullcontext())
+    monkeypatch.setattr(torch.cuda, "current_stream", lambda: FakeStream())
+    monkeypatch.setattr(torch.cuda, "CUDAGraph", lambda: object())
+    monkeypatch.setattr(torch.cuda, "graph", FakeGraphCtx)
+    assert gc.isenabled()
+    calls = []
+    graph, out = runner_mod.capture_graph(lambda: calls.append(gc.isenabled()) or 7, pool=None, warmups=2)
+    assert out == 7 and calls == [True, True, False]  # warm-ups collect as usual; the capture does not
+    assert seen == [("enter", False), ("exit", False)] and gc.isenabled()
+
+    def boom():
+        if not gc.isenabled():
+            raise RuntimeError("capture failed")
+
+    with pytest.raises(RuntimeError, match="capture failed"):
+        runner_mod.capture_graph(boom, pool=None, warmups=0)
+    assert gc.isenabled()

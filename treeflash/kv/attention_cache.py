@@ -80,15 +80,32 @@ def attention_reference(
     (`causal_lower_right(T, S)`: query i sees keys up to S - T + i; SDPA then runs its fused causal
     kernels instead of materializing a [T, S] mask, which also kept it off the flash backend: a
     32K-token prefill of the 8B shape took 17 s in 4096-token chunks)."""
+    # [1, H, T, D]: SDPA's fused kernels (flash, memory-efficient, cuDNN) take only 4-D inputs; 3-D
+    # ones always ran its math path (fp32 scores materialized: a 32K prefill of the 8B shape, 17.5 s)
     out = F.scaled_dot_product_attention(
-        q.transpose(0, 1),
-        keys.transpose(0, 1),
-        values.transpose(0, 1),
+        q.transpose(0, 1)[None],
+        keys.transpose(0, 1)[None],
+        values.transpose(0, 1)[None],
         attn_mask=mask,
         scale=scale,
         enable_gqa=keys.shape[1] != q.shape[1],
     )
-    return out.transpose(0, 1)
+    return out[0].transpose(0, 1)
+
+
+def new_token_attention(
+    q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, start: int, tree_mask: torch.Tensor | None, scale: float
+) -> torch.Tensor:
+    """Attention of T new tokens at `start` over keys/values [start + T, Hkv, D] (theirs included):
+    a prefill chunk (no tree mask, T > 1) through SDPA's fused lower-right causal kernels, K/V heads
+    repeated since those take no GQA; a tree (or one token) under its explicit visibility mask."""
+    n = q.shape[0]
+    if tree_mask is None and n > 1:  # a prefill chunk: causal, aligned to the end of the keys
+        if keys.shape[1] != q.shape[1]:
+            group = q.shape[1] // keys.shape[1]
+            keys, values = keys.repeat_interleave(group, dim=1), values.repeat_interleave(group, dim=1)
+        return attention_reference(q, keys, values, causal_lower_right(n, start + n), scale)
+    return attention_reference(q, keys, values, build_mask(n, start, tree_mask, q.device), scale)
 
 
 def grouped_attention(
@@ -125,15 +142,7 @@ class DenseAttentionCache:
         n = q.shape[0]
         self.k[start : start + n] = k.to(self.k.dtype)
         self.v[start : start + n] = v.to(self.v.dtype)
-        keys = self.k[: start + n].to(q.dtype)
-        values = self.v[: start + n].to(q.dtype)
-        if tree_mask is None and n > 1:  # a prefill chunk: causal, aligned to the end of the keys
-            if keys.shape[1] != q.shape[1]:  # heads repeated: the fused lower-right kernels take no GQA
-                group = q.shape[1] // keys.shape[1]
-                keys, values = keys.repeat_interleave(group, dim=1), values.repeat_interleave(group, dim=1)
-            return attention_reference(q, keys, values, causal_lower_right(n, start + n), scale)
-        mask = build_mask(n, start, tree_mask, q.device)
-        return attention_reference(q, keys, values, mask, scale)
+        return new_token_attention(q, self.k[: start + n].to(q.dtype), self.v[: start + n].to(q.dtype), start, tree_mask, scale)
 
     def attend_static(self, q, k, v, slots, key_mask, scale):
         self.k.index_copy_(0, slots, k.to(self.k.dtype))

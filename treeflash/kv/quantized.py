@@ -19,7 +19,7 @@ import torch
 
 from treeflash.kernels import kv_formats as formats
 from treeflash.kv import attention_cache
-from treeflash.kv.attention_cache import attention_reference, build_mask
+from treeflash.kv.attention_cache import attention_reference, new_token_attention
 
 if TYPE_CHECKING:
     from treeflash.kv.cache import CacheSpec
@@ -123,7 +123,7 @@ class QuantizedAttentionCache:
             return quant_attention(q, self.k.planes(), self.v.planes(), start, tree_mask, scale)
         keys = self.k.read(start + n, q.dtype)
         values = self.v.read(start + n, q.dtype)
-        return attention_reference(q, keys, values, build_mask(n, start, tree_mask, q.device), scale)
+        return new_token_attention(q, keys, values, start, tree_mask, scale)
 
     def attend_static(self, q, k, v, slots, key_mask, scale):
         # slots: [T] long, key_mask: [T, max_len] bool; fixed shapes, no host sync on the kernel path

@@ -7,6 +7,7 @@ Both expose the same two calls the decoder needs: `forward(step, ...)` and `comm
 
 from __future__ import annotations
 
+import gc
 from dataclasses import dataclass
 
 import torch
@@ -46,8 +47,18 @@ def capture_graph(fn, pool, warmups: int = 2):
             fn()
     torch.cuda.current_stream().wait_stream(stream)
     graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph, pool=pool):
-        out = fn()
+    # no garbage collection while capturing: torch no longer collects before a capture, and a dead
+    # cycle holding an earlier runner's graphs, freed mid-capture, destroys them inside the capture
+    # ("operation not permitted when stream is capturing") and invalidates it (gpu_check's qwen3_5
+    # DFlash drafter capture failed so after earlier decoders' runners became garbage; alone it passes)
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        with torch.cuda.graph(graph, pool=pool):
+            out = fn()
+    finally:
+        if enabled:
+            gc.enable()
     return graph, out
 
 

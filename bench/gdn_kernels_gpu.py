@@ -1,7 +1,8 @@
 """Gated DeltaNet verify/decode kernels at the Qwen3.5-27B shape (16 k heads, 48 v heads, 128 x 128 fp32
 state): each tree_recurrent variant against the plain-torch reference, the commit path bitwise against
 decode steps, then median times (triton.testing.do_bench) for chain-32, a random 32-node tree, a
-DDTree-like tree (32 nodes, depth ~6), chain-8 and a 128-node bucket of 20 real + 108 padding nodes.
+DDTree-like tree (32 nodes, depth ~6), chain-8/16/64, a 64-node DDTree-like tree (depth ~12) and a
+128-node bucket of 20 real + 108 padding nodes: the walks (chunk=False) against the chunked form.
 A failing variant is recorded, not fatal. Writes JSON to --out and prints a table.
 
     python bench/gdn_kernels_gpu.py --out gdn_kernels.json                 # the default sweep
@@ -51,7 +52,8 @@ def ddtree(n: int, depth: int, rng: random.Random) -> list[int]:
 def trees() -> dict[str, list[int]]:
     rng = random.Random(0)
     return {"chain32": list(range(-1, 31)), "tree32": [-1] + [rng.randrange(i) for i in range(1, 32)],
-            "ddtree32": ddtree(32, 6, rng), "chain8": list(range(-1, 7)),
+            "ddtree32": ddtree(32, 6, rng), "chain8": list(range(-1, 7)), "chain16": list(range(-1, 15)),
+            "chain64": list(range(-1, 63)), "ddtree64": ddtree(64, 12, rng),
             "pad128": [-1] + [rng.randrange(i) for i in range(1, 20)] + [0] * 108}
 
 
@@ -72,7 +74,8 @@ def main() -> None:
     torch.manual_seed(0)
     t0 = time.time()
     res: dict = {"shape": dict(hk=HK, hv=HV, dk=DK, dv=DV), "defaults": dict(block_v=gdn_tree.TREE_BLOCK_V,
-                 warps=gdn_tree.TREE_WARPS, kids_split=gdn_tree.TREE_KIDS_SPLIT), "tree": {}, "decode": {}, "errors": {}}
+                 warps=gdn_tree.TREE_WARPS, kids_split=gdn_tree.TREE_KIDS_SPLIT, chunk_max=gdn_tree.TREE_CHUNK_MAX,
+                 chunk_block_v=gdn_tree.TREE_CHUNK_BLOCK_V, chunk_warps=gdn_tree.TREE_CHUNK_WARPS), "tree": {}, "decode": {}, "errors": {}}
 
     variants = {"default": {}}
     if not args.no_sweep:
@@ -83,6 +86,12 @@ def main() -> None:
         variants["bv16_w2_ksplit8"] = dict(block_v=16, num_warps=2, kids_split=8)
         variants["bv64_w4"] = dict(block_v=64, num_warps=4)
         variants["bv64_w2"] = dict(block_v=64, num_warps=2)
+        for v in list(variants):  # the walks above; the default is the chunked form up to TREE_CHUNK_MAX nodes
+            if v != "default":
+                variants[v]["chunk"] = False
+        variants["walk_default"] = dict(chunk=False)
+        for bv, w in ((16, 2), (16, 4), (32, 4), (32, 8), (64, 4), (64, 8)):
+            variants[f"chunk_bv{bv}_w{w}"] = dict(block_v=bv, num_warps=w, chunk=True)
 
     for name, par in trees().items():
         t = len(par)

@@ -162,8 +162,12 @@ def check_gdn_tree() -> dict:
     trees = (("chain", [-1, 0, 1, 2, 3], [0, 1, 2]), ("tree", [-1, 0, 0, 1, 2, 2, 5, 3, 0], [0, 2, 5, 6]),
              ("root", [-1], [0]), ("padded", [-1, 0, 1, 0, 0, 0], [0, 1, 2]),  # padding nodes: children of the root
              ("padded_many", [-1, 0, 1, 2] + [0] * 20, [0, 1, 2, 3]),  # more leaf children than one block (16)
-             ("two_roots", [-1, -1, 0, 1, 1, 2], [1, 3]))  # leaf children of the committed prefix
-    variants = {"bv8": dict(block_v=8), "w2": dict(num_warps=2), "ksplit2": dict(kids_split=2), "ksplit3": dict(kids_split=3)}
+             ("two_roots", [-1, -1, 0, 1, 1, 2], [1, 3]),  # leaf children of the committed prefix
+             ("deep40", list(range(-1, 29)) + [3, 3, 30, 10, 33, 0, -1, 36, 37, 28], list(range(0, 29))))  # 64-row chunk tiles
+    # walks (chunk=False) and the chunked form (chunk=True; the default for these sizes)
+    variants = {"walk": dict(chunk=False), "walk_bv8": dict(block_v=8, chunk=False), "walk_w2": dict(num_warps=2, chunk=False),
+                "walk_ksplit2": dict(kids_split=2, chunk=False), "walk_ksplit3": dict(kids_split=3, chunk=False),
+                "chunk": dict(chunk=True), "chunk_bv16_w2": dict(block_v=16, num_warps=2, chunk=True)}
     for name, parents, path in trees:
         t = len(parents)
         par = torch.tensor(parents)
@@ -176,7 +180,7 @@ def check_gdn_tree() -> dict:
         orf = tree_recurrent_ref(yr, a, b, alog, dtb, s0, par, hk, dk, dv)
         out[f"conv_{name}"] = (y - yr).abs().max().item()
         out[f"recurrent_{name}"] = (o - orf).abs().max().item()
-        if name in ("tree", "padded_many"):
+        if name in ("tree", "padded_many", "deep40"):
             for vname, kw in variants.items():
                 ov = tree_recurrent(yr, a, b, alog, dtb, s0, par, tree_mask_of(parents, t), hk, dk, dv, **kw)
                 out[f"recurrent_{name}_{vname}"] = (ov - orf).abs().max().item()

@@ -21,6 +21,8 @@ index order, are its root-to-node path.
 
 from __future__ import annotations
 
+import os
+
 import torch
 import triton
 import triton.language as tl
@@ -35,6 +37,11 @@ TREE_WARPS = 2  # H200 sweep: 32 x 2 warps fastest (chain-32 35 us, 32-node tree
 # Measured on the H200 and removed (docs/performance.md): the walk without the next node's prefetch
 # (slower), leaf children as [CB, DK] x [DK, BV] dot products (slower but on all-padding buckets),
 # and the one-launch kernel with a walk per leaf (slower on trees and padding).
+# trees of up to this many nodes take the chunked form (_tree_chunk_kernel: a few fp32 dots instead of a
+# walk of one dependent step per path node); 0: always the walks. TREEFLASH_TREE_CHUNK overrides.
+TREE_CHUNK_MAX = int(os.environ.get("TREEFLASH_TREE_CHUNK", "64"))
+TREE_CHUNK_BLOCK_V = 32
+TREE_CHUNK_WARPS = 4
 TREE_KIDS_SPLIT = 1  # programs sharing one node's leaf children; H200 sweep (bench/results/gdn_kernels_gpu.json): 1 fastest on chains and trees (chain-32 35 us, DDTree-32 28 us vs 46 us with 4), 2 on a 128 bucket of padding (90 vs 101 us)
 
 
@@ -224,6 +231,50 @@ def _tree_walk_kernel(QK, GB, Y, S0, PATH, NPATH, KIDS, NKIDS, O, HV, C, TP: tl.
 
 
 @triton.jit
+def _tree_chunk_kernel(QK, GB, Y, S0, MASK, O, T, HV, C, stride_mask, TP: tl.constexpr, LOG2_TP: tl.constexpr,
+                       GROUP: tl.constexpr, HK: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr, BV: tl.constexpr,
+                       PDL: tl.constexpr = False):
+    """Program (h, v block): every node of the tree at once, in the delta rule's chunked (WY) form with
+    the ancestor mask M ([t, i] = i is t or an ancestor of t) in place of the causal one. With
+    G_t = sum of log e^g over t's root -> t path, Gam[t, i] = e^(G_t - G_i) on M:
+        u = (I + A)^-1 diag(beta) (V - e^G K S0),   A = strict(M) * Gam * (K K^T) * beta[:, None]
+        o = e^G Q S0 + (M * Gam * (Q K^T)) u
+    A is strictly lower triangular (parents precede children), so (I + A)^-1 = (I - A)(I + A^2)(I + A^4)...
+    (LOG2_TP factors) exactly. Every product in fp32 (ieee dots)."""
+    pdl.enter(PDL)
+    h = tl.program_id(0)
+    kh = h // GROUP
+    it = tl.arange(0, TP)
+    ik = tl.arange(0, DK)
+    iv = tl.program_id(1) * BV + tl.arange(0, BV)
+    live = it < T
+    q = tl.load(QK + (it[:, None] * 2 * HK + kh) * DK + ik[None, :], mask=live[:, None], other=0.0)  # [TP, DK]
+    k = tl.load(QK + (it[:, None] * 2 * HK + HK + kh) * DK + ik[None, :], mask=live[:, None], other=0.0)
+    dec = tl.load(GB + (it * HV + h) * 2, mask=live, other=1.0)
+    beta = tl.load(GB + (it * HV + h) * 2 + 1, mask=live, other=0.0)
+    anc = tl.load(MASK + it[:, None] * stride_mask + it[None, :], mask=live[:, None] & live[None, :], other=0) != 0
+    g = tl.log(tl.maximum(dec, 1e-38))  # e^g underflowed to 0: -87, a factor of ~1e-38 where the walk has 0
+    big_g = tl.sum(tl.where(anc, g[None, :], 0.0), axis=1)  # [TP]
+    gam = tl.where(anc, tl.exp(big_g[:, None] - big_g[None, :]), 0.0)  # [TP, TP]
+    kk = tl.dot(k, tl.trans(k), input_precision="ieee")
+    qk = tl.dot(q, tl.trans(k), input_precision="ieee")
+    eye = it[:, None] == it[None, :]
+    a = tl.where(eye, 0.0, gam * kk) * beta[:, None]
+    inv = tl.where(eye, 1.0, 0.0) - a
+    power = a
+    for _ in tl.static_range(LOG2_TP - 1):
+        power = tl.dot(power, power, input_precision="ieee")
+        inv = inv + tl.dot(inv, power, input_precision="ieee")
+    s0 = tl.load(S0 + h * DK * DV + ik[:, None] * DV + iv[None, :])  # [DK, BV]
+    v = tl.load(Y + it[:, None] * C + 2 * HK * DK + h * DV + iv[None, :], mask=live[:, None], other=0.0)  # [TP, BV]
+    eg = tl.exp(big_g)
+    w = beta[:, None] * (v - eg[:, None] * tl.dot(k, s0, input_precision="ieee"))
+    u = tl.dot(inv, w, input_precision="ieee")
+    o = eg[:, None] * tl.dot(q, s0, input_precision="ieee") + tl.dot(gam * qk, u, input_precision="ieee")
+    tl.store(O + (it[:, None] * HV + h) * DV + iv[None, :], o, mask=live[:, None])
+
+
+@triton.jit
 def _recurrent_path_kernel(Y, A, B, ALOG, DTB, S, PATH, LEN, HV, C, P: tl.constexpr, GROUP: tl.constexpr,
                            HK: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr, BV: tl.constexpr, PDL: tl.constexpr = False):
     pdl.enter(PDL)
@@ -268,11 +319,13 @@ def _check_step_inputs(name, y, a, b, state, num_k_heads, k_dim, v_dim) -> None:
 
 
 def tree_recurrent(y, a, b, a_log, dt_bias, state, parents, tree_mask, num_k_heads: int, k_dim: int, v_dim: int, *,
-                   block_v: int | None = None, num_warps: int | None = None, kids_split: int | None = None):
+                   block_v: int | None = None, num_warps: int | None = None, kids_split: int | None = None,
+                   chunk: bool | None = None):
     """y: [T, conv_dim] fp32, a, b: [T, Hv], state: [Hv, Dk, Dv] fp32 (unchanged), parents: [T] long,
     tree_mask: [T, T] bool ([i, j] = j is i or an ancestor of i; rows may be strided) -> o [T, Hv, Dv] fp32.
     Two launches: a parallel prep (normalized q, k, gates, each walk's path and leaf children), then the
-    walks. The keyword arguments pick a variant (benchmarks); None = the module defaults."""
+    walks, or (chunk: trees of up to TREE_CHUNK_MAX nodes by default) every node at once in the chunked
+    form. The keyword arguments pick a variant (benchmarks); None = the module defaults."""
     if not (y.is_cuda or _interpreting()):
         return tree_recurrent_ref(y, a, b, a_log, dt_bias, state, parents, num_k_heads, k_dim, v_dim)
     _check_step_inputs("tree_recurrent", y, a, b, state, num_k_heads, k_dim, v_dim)
@@ -295,6 +348,13 @@ def tree_recurrent(y, a, b, a_log, dt_bias, state, parents, tree_mask, num_k_hea
                                             hv, c, tree_mask.stride(0), T=t, TP=tp, GROUP=group,
                                             GP=triton.next_power_of_2(group), HK=num_k_heads, DK=k_dim,
                                             **pdl.kwargs(y))
+    if chunk if chunk is not None else t <= TREE_CHUNK_MAX:
+        tpc = max(16, tp)  # tl.dot tiles: 16 rows at least
+        bvc = min(block_v or TREE_CHUNK_BLOCK_V, v_dim)
+        _tree_chunk_kernel[(hv, v_dim // bvc)](qk, gb, y, state, tree_mask, o, t, hv, c, tree_mask.stride(0), TP=tpc,
+                                               LOG2_TP=tpc.bit_length() - 1, GROUP=group, HK=num_k_heads, DK=k_dim,
+                                               DV=v_dim, BV=bvc, num_warps=num_warps or TREE_CHUNK_WARPS, **pdl.kwargs(y))
+        return o
     ksplit = kids_split or TREE_KIDS_SPLIT
     _tree_walk_kernel[(hv, v_dim // bv, (t + 1) * ksplit)](qk, gb, y, state, path, npath, kids, nkids, o, hv, c, TP=tp, GROUP=group,
                                                 HK=num_k_heads, DK=k_dim, DV=v_dim, BV=bv, KSPLIT=ksplit,

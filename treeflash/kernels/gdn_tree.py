@@ -253,7 +253,9 @@ def _tree_chunk_kernel(QK, GB, Y, S0, MASK, O, T, HV, C, stride_mask, TP: tl.con
     dec = tl.load(GB + (it * HV + h) * 2, mask=live, other=1.0)
     beta = tl.load(GB + (it * HV + h) * 2 + 1, mask=live, other=0.0)
     anc = tl.load(MASK + it[:, None] * stride_mask + it[None, :], mask=live[:, None] & live[None, :], other=0) != 0
-    g = tl.log(tl.maximum(dec, 1e-38))  # e^g underflowed to 0: -87, a factor of ~1e-38 where the walk has 0
+    # e^g underflowed to 0: a factor of 1e-30 where the walk has 0 (a literal below fp32's normal range
+    # would make this fp64, and the dots fp64 MMAs that do not compile)
+    g = tl.log(tl.maximum(dec, 1e-30)).to(tl.float32)
     big_g = tl.sum(tl.where(anc, g[None, :], 0.0), axis=1)  # [TP]
     gam = tl.where(anc, tl.exp(big_g[:, None] - big_g[None, :]), 0.0)  # [TP, TP]
     kk = tl.dot(k, tl.trans(k), input_precision="ieee")

@@ -69,6 +69,8 @@ def main() -> None:
     ap.add_argument("--block-v", type=int, nargs="*", default=[16, 32])
     ap.add_argument("--warps", type=int, nargs="*", default=[1, 2, 4])
     ap.add_argument("--no-sweep", action="store_true", help="time the library default only")
+    ap.add_argument("--trees", nargs="*", default=None, help="only these trees (chain32 ddtree32 ...)")
+    ap.add_argument("--variants", nargs="*", default=None, help="only these variants (default walk_default chunk_bv32_w4 ...)")
     args = ap.parse_args()
     dev = "cuda"
     torch.manual_seed(0)
@@ -93,7 +95,11 @@ def main() -> None:
         for bv, w in ((16, 2), (16, 4), (32, 4), (32, 8), (64, 4), (64, 8)):
             variants[f"chunk_bv{bv}_w{w}"] = dict(block_v=bv, num_warps=w, chunk=True)
 
+    if args.variants:
+        variants = {k: v for k, v in variants.items() if k in args.variants}
     for name, par in trees().items():
+        if args.trees and name not in args.trees:
+            continue
         t = len(par)
         pt = torch.tensor(par, device=dev)
         y = torch.randn(t, C, device=dev)
@@ -111,6 +117,7 @@ def main() -> None:
                 err = (o - ref).abs().max().item() / scale
                 us = bench(lambda: tree_recurrent(y, a, b, alog, dtb, s0, pt, m, HK, DK, DV, **kw))
                 row[vname] = dict(us=round(us, 2), rel_err=err, ok=bool(err < 1e-5))
+                print(f"[{time.time() - t0:5.1f}s] {name:10s} {vname:20s} {us:8.1f} us  rel err {err:.1e}", flush=True)
             except Exception as e:  # noqa: BLE001 -- record and go on
                 res["errors"][f"{name}/{vname}"] = repr(e)[:300]
         # commit path bitwise equal to decode steps along the deepest leaf's path
@@ -123,35 +130,36 @@ def main() -> None:
             recurrent_step(y[i], a[i], b[i], alog, dtb, s2, HK, DK, DV)
         res["tree"][name]["commit_vs_decode_bitwise"] = bool(torch.equal(s1, s2))
 
-    # decode step: conv_step + recurrent_step (two launches), against references
-    x = torch.randn(C, device=dev, dtype=torch.bfloat16)
-    win, w = torch.randn(C, K - 1, device=dev, dtype=torch.bfloat16), torch.randn(C, K, device=dev, dtype=torch.bfloat16)
-    a1, b1 = torch.randn(HV, device=dev), torch.randn(HV, device=dev)
-    alog, dtb = torch.randn(HV, device=dev) * 0.3, torch.randn(HV, device=dev)
-    s = torch.randn(HV, DK, DV, device=dev) * 0.1
-    w1, w2, sa, sb = win.clone(), win.clone(), s.clone(), s.clone()
-    yk = conv_step(x, w1, w)
-    yr = conv_step_ref(x, w2, w)
-    ok = (yk - yr).abs().max().item()
-    o1 = recurrent_step(yk, a1, b1, alog, dtb, sa, HK, DK, DV)
-    o2 = recurrent_step_ref(yr, a1, b1, alog, dtb, sb, HK, DK, DV)
-    res["decode"]["two_kernels_err"] = max(ok, (o1 - o2).abs().max().item() / o2.abs().max().item())
-    ws, ss = win.clone(), s.clone()
-    res["decode"]["two_kernels_us"] = round(bench(lambda: recurrent_step(conv_step(x, ws, w), a1, b1, alog, dtb, ss, HK, DK, DV)), 2)
-    res["decode"]["conv_step_us"] = round(bench(lambda: conv_step(x, ws, w)), 2)
-    yk2 = yk.clone()
-    res["decode"]["recurrent_step_us"] = round(bench(lambda: recurrent_step(yk2, a1, b1, alog, dtb, ss, HK, DK, DV)), 2)
-    # the fused decode step (one launch): bit for bit against the two kernels over 16 consecutive steps
-    # (outputs, window, state), then its time
-    wa, wb, sa, sb = win.clone(), win.clone(), s.clone(), s.clone()
-    same = True
-    for _ in range(16):
-        xs, ak, bk = torch.randn(C, device=dev, dtype=torch.bfloat16), torch.randn(HV, device=dev), torch.randn(HV, device=dev)
-        o1 = recurrent_step(conv_step(xs, wa, w), ak, bk, alog, dtb, sa, HK, DK, DV)
-        o2 = decode_step(xs, wb, w, ak, bk, alog, dtb, sb, HK, DK, DV)
-        same &= torch.equal(o1, o2) and torch.equal(wa, wb) and torch.equal(sa, sb)
-    res["decode"]["fused_bitwise"] = bool(same)
-    res["decode"]["fused_us"] = round(bench(lambda: decode_step(x, ws, w, a1, b1, alog, dtb, ss, HK, DK, DV)), 2)
+    if not args.trees:  # the decode kernels too (the full run)
+        # decode step: conv_step + recurrent_step (two launches), against references
+        x = torch.randn(C, device=dev, dtype=torch.bfloat16)
+        win, w = torch.randn(C, K - 1, device=dev, dtype=torch.bfloat16), torch.randn(C, K, device=dev, dtype=torch.bfloat16)
+        a1, b1 = torch.randn(HV, device=dev), torch.randn(HV, device=dev)
+        alog, dtb = torch.randn(HV, device=dev) * 0.3, torch.randn(HV, device=dev)
+        s = torch.randn(HV, DK, DV, device=dev) * 0.1
+        w1, w2, sa, sb = win.clone(), win.clone(), s.clone(), s.clone()
+        yk = conv_step(x, w1, w)
+        yr = conv_step_ref(x, w2, w)
+        ok = (yk - yr).abs().max().item()
+        o1 = recurrent_step(yk, a1, b1, alog, dtb, sa, HK, DK, DV)
+        o2 = recurrent_step_ref(yr, a1, b1, alog, dtb, sb, HK, DK, DV)
+        res["decode"]["two_kernels_err"] = max(ok, (o1 - o2).abs().max().item() / o2.abs().max().item())
+        ws, ss = win.clone(), s.clone()
+        res["decode"]["two_kernels_us"] = round(bench(lambda: recurrent_step(conv_step(x, ws, w), a1, b1, alog, dtb, ss, HK, DK, DV)), 2)
+        res["decode"]["conv_step_us"] = round(bench(lambda: conv_step(x, ws, w)), 2)
+        yk2 = yk.clone()
+        res["decode"]["recurrent_step_us"] = round(bench(lambda: recurrent_step(yk2, a1, b1, alog, dtb, ss, HK, DK, DV)), 2)
+        # the fused decode step (one launch): bit for bit against the two kernels over 16 consecutive steps
+        # (outputs, window, state), then its time
+        wa, wb, sa, sb = win.clone(), win.clone(), s.clone(), s.clone()
+        same = True
+        for _ in range(16):
+            xs, ak, bk = torch.randn(C, device=dev, dtype=torch.bfloat16), torch.randn(HV, device=dev), torch.randn(HV, device=dev)
+            o1 = recurrent_step(conv_step(xs, wa, w), ak, bk, alog, dtb, sa, HK, DK, DV)
+            o2 = decode_step(xs, wb, w, ak, bk, alog, dtb, sb, HK, DK, DV)
+            same &= torch.equal(o1, o2) and torch.equal(wa, wb) and torch.equal(sa, sb)
+        res["decode"]["fused_bitwise"] = bool(same)
+        res["decode"]["fused_us"] = round(bench(lambda: decode_step(x, ws, w, a1, b1, alog, dtb, ss, HK, DK, DV)), 2)
     res["wall_s"] = round(time.time() - t0, 1)
 
     Path(args.out).write_text(json.dumps(res, indent=1))

@@ -39,7 +39,7 @@ TREE_WARPS = 2  # H200 sweep: 32 x 2 warps fastest (chain-32 35 us, 32-node tree
 # and the one-launch kernel with a walk per leaf (slower on trees and padding).
 # trees of up to this many nodes take the chunked form (_tree_chunk_kernel: a few fp32 dots instead of a
 # walk of one dependent step per path node); 0: always the walks. TREEFLASH_TREE_CHUNK overrides.
-TREE_CHUNK_MAX = int(os.environ.get("TREEFLASH_TREE_CHUNK", "64"))
+TREE_CHUNK_MAX = int(os.environ.get("TREEFLASH_TREE_CHUNK", "32"))
 TREE_CHUNK_BLOCK_V = 32
 TREE_CHUNK_WARPS = 4
 TREE_KIDS_SPLIT = 1  # programs sharing one node's leaf children; H200 sweep (bench/results/gdn_kernels_gpu.json): 1 fastest on chains and trees (chain-32 35 us, DDTree-32 28 us vs 46 us with 4), 2 on a 128 bucket of padding (90 vs 101 us)
@@ -350,7 +350,7 @@ def tree_recurrent(y, a, b, a_log, dt_bias, state, parents, tree_mask, num_k_hea
                                             hv, c, tree_mask.stride(0), T=t, TP=tp, GROUP=group,
                                             GP=triton.next_power_of_2(group), HK=num_k_heads, DK=k_dim,
                                             **pdl.kwargs(y))
-    if chunk if chunk is not None else t <= TREE_CHUNK_MAX:
+    if (chunk if chunk is not None else t <= TREE_CHUNK_MAX) and k_dim >= 16:  # tl.dot: K >= 16
         tpc = max(16, tp)  # tl.dot tiles: 16 rows at least
         bvc = min(block_v or TREE_CHUNK_BLOCK_V, v_dim)
         _tree_chunk_kernel[(hv, v_dim // bvc)](qk, gb, y, state, tree_mask, o, t, hv, c, tree_mask.stride(0), TP=tpc,

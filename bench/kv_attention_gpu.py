@@ -186,8 +186,10 @@ def sweep_variant(k: Planes, v: Planes, context: int, name: str, args, dtype, ve
     group = heads // args.kv_heads
     row = {"k_type": k.name, "v_type": v.name, "context": context, "variant": name}
     try:
-        cfg1 = launch.launch_config(head_dim, group) if name == "default" else launch.variant_config(name, head_dim, group)
-        cfgv = launch.launch_config(head_dim, VERIFY_NODES * group)
+        # "default": what quant_attention picks for this pair (the q8_0/q8_0 and dense choices included)
+        pair = dict(dense_kv=k.name not in qa.FMT_IDS and v.name not in qa.FMT_IDS, q8_kv=k.name == v.name == "q8_0")
+        cfg1 = launch.launch_config(head_dim, group, **pair) if name == "default" else launch.variant_config(name, head_dim, group)
+        cfgv = launch.launch_config(head_dim, VERIFY_NODES * group, **pair)
         if name != "default":
             cfgv = launch.variant_config(name, head_dim, VERIFY_NODES * group)
         row["config"] = {"decode": vars_of(cfg1), "verify16": vars_of(cfgv)}

@@ -37,9 +37,13 @@ TREE_WARPS = 2  # H200 sweep: 32 x 2 warps fastest (chain-32 35 us, 32-node tree
 # Measured on the H200 and removed (docs/performance.md): the walk without the next node's prefetch
 # (slower), leaf children as [CB, DK] x [DK, BV] dot products (slower but on all-padding buckets),
 # and the one-launch kernel with a walk per leaf (slower on trees and padding).
-# trees of up to this many nodes take the chunked form (_tree_chunk_kernel: a few fp32 dots instead of a
-# walk of one dependent step per path node); 0: always the walks. TREEFLASH_TREE_CHUNK overrides.
-TREE_CHUNK_MAX = int(os.environ.get("TREEFLASH_TREE_CHUNK", "32"))
+# trees of up to this many nodes take the chunked form (_tree_chunk_kernel: a few dots instead of a walk
+# of one dependent step per path node); 0: always the walks. TREEFLASH_TREE_CHUNK overrides. Off: on
+# the H200 (bench/results/gdn_tree_chunk_ieee.json) the form with ieee fp32 dots took 412 us on chain-32
+# (walk 37 us; 58 us at 16 v columns a program) and 18.1 us on chain-16 (walk 19.7 us); the tf32x3
+# dots it has now are not measured yet (python bench/gdn_kernels_gpu.py --trees chain16 chain32 ddtree32
+# --variants default walk_default chunk_bv16_w4 chunk_bv16_w2 chunk_bv32_w8).
+TREE_CHUNK_MAX = int(os.environ.get("TREEFLASH_TREE_CHUNK", "0"))
 TREE_CHUNK_BLOCK_V = 32
 TREE_CHUNK_WARPS = 4
 TREE_KIDS_SPLIT = 1  # programs sharing one node's leaf children; H200 sweep (bench/results/gdn_kernels_gpu.json): 1 fastest on chains and trees (chain-32 35 us, DDTree-32 28 us vs 46 us with 4), 2 on a 128 bucket of padding (90 vs 101 us)

@@ -167,6 +167,7 @@ def check_gdn_tree() -> dict:
     # walks (chunk=False) and the chunked form (chunk=True; the default for these sizes)
     variants = {"walk": dict(chunk=False), "walk_bv8": dict(block_v=8, chunk=False), "walk_w2": dict(num_warps=2, chunk=False),
                 "walk_ksplit2": dict(kids_split=2, chunk=False), "walk_ksplit3": dict(kids_split=3, chunk=False),
+                "walk_outsplit": dict(chunk=False, out_split=True), "walk_outsplit_bv8": dict(chunk=False, out_split=True, block_v=8),
                 "chunk": dict(chunk=True), "chunk_bv16_w2": dict(block_v=16, num_warps=2, chunk=True)}
     for name, parents, path in trees:
         t = len(parents)

@@ -46,6 +46,10 @@ TREE_WARPS = 2  # H200 sweep: 32 x 2 warps fastest (chain-32 35 us, 32-node tree
 TREE_CHUNK_MAX = int(os.environ.get("TREEFLASH_TREE_CHUNK", "0"))
 TREE_CHUNK_BLOCK_V = 32
 TREE_CHUNK_WARPS = 4
+# the walk's output from the decayed old state (one dependent reduction per node instead of two:
+# _walk_step); not measured on a GPU yet, so off (bench/gdn_kernels_gpu.py: walk_outsplit variants);
+# TREEFLASH_TREE_OUT_SPLIT=1 turns it on (gpu_speed A/B)
+TREE_OUT_SPLIT = os.environ.get("TREEFLASH_TREE_OUT_SPLIT", "0") == "1"
 TREE_KIDS_SPLIT = 1  # programs sharing one node's leaf children; H200 sweep (bench/results/gdn_kernels_gpu.json): 1 fastest on chains and trees (chain-32 35 us, DDTree-32 28 us vs 46 us with 4), 2 on a 128 bucket of padding (90 vs 101 us)
 
 
@@ -158,22 +162,31 @@ def _walk_load(QO, KO, VO, GB, i, h, HV, C, ik, iv, HK: tl.constexpr, DK: tl.con
 
 
 @triton.jit
-def _walk_step(s, q, k, v, dec, beta, optr):
-    """The delta step of `_delta_step`, from prepared q, k, e^g, beta; stores the output at optr."""
+def _walk_step(s, q, k, v, dec, beta, optr, OUT_SPLIT: tl.constexpr):
+    """The delta step of `_delta_step`, from prepared q, k, e^g, beta; stores the output at optr.
+    OUT_SPLIT: the output from the decayed old state, o = (e^g S)^T q + (q . k) u with
+    u = beta (v - (e^g S)^T k), so its reduction runs beside pred's instead of after the update (one
+    dependent reduction per path node instead of two; rounding differs from the decode step's)."""
     s = s * dec
     pred = tl.sum(s * k[:, None], axis=0)
-    s = s + k[:, None] * (beta * (v - pred))[None, :]
-    tl.store(optr, tl.sum(s * q[:, None], axis=0))
+    if OUT_SPLIT:
+        sq = tl.sum(s * q[:, None], axis=0)
+        u = beta * (v - pred)
+        tl.store(optr, sq + tl.sum(q * k, axis=0) * u)
+        s = s + k[:, None] * u[None, :]
+    else:
+        s = s + k[:, None] * (beta * (v - pred))[None, :]
+        tl.store(optr, tl.sum(s * q[:, None], axis=0))
     return s
 
 
 @triton.jit
 def _walk_prefetch_node(s, d, n, i, q, k, v, dec, beta, PATH, QO, KO, VO, GB, O, h, HV, C, ik, iv, HK: tl.constexpr,
-                        DK: tl.constexpr, DV: tl.constexpr):
+                        DK: tl.constexpr, DV: tl.constexpr, OUT_SPLIT: tl.constexpr):
     """Step path node d (already loaded) after issuing the loads of node d + 1."""
     i_n = tl.load(PATH + d + 1, mask=d + 1 < n, other=0)
     q_n, k_n, v_n, d_n, b_n = _walk_load(QO, KO, VO, GB, i_n, h, HV, C, ik, iv, HK, DK)
-    s = _walk_step(s, q, k, v, dec, beta, O + (i * HV + h) * DV + iv)
+    s = _walk_step(s, q, k, v, dec, beta, O + (i * HV + h) * DV + iv, OUT_SPLIT)
     return s, i_n, q_n, k_n, v_n, d_n, b_n
 
 
@@ -191,7 +204,8 @@ def _walk_kid(s, i, QO, KO, VO, GB, O, h, HV, C, ik, iv, HK: tl.constexpr, DK: t
 @triton.jit
 def _tree_walk_kernel(QK, GB, Y, S0, PATH, NPATH, KIDS, NKIDS, O, HV, C, TP: tl.constexpr, GROUP: tl.constexpr,
                       HK: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr, BV: tl.constexpr,
-                      KSPLIT: tl.constexpr, BOUNDED: tl.constexpr, PDL: tl.constexpr = False):
+                      KSPLIT: tl.constexpr, BOUNDED: tl.constexpr, PDL: tl.constexpr = False,
+                      OUT_SPLIT: tl.constexpr = False):
     """Program (h, v block, j): if node p = j - 1 has leaf children, walk root -> p with the state tile
     in registers (one delta step per node from the prepared q, k, e^g, beta, the next node's vectors
     loading while this node's step runs; outputs written), then the leaf children's outputs from p's
@@ -219,11 +233,11 @@ def _tree_walk_kernel(QK, GB, Y, S0, PATH, NPATH, KIDS, NKIDS, O, HV, C, TP: tl.
             for d in range(0, TP):
                 if d < n:
                     s, i, q, k, v, dec, beta = _walk_prefetch_node(s, d, n, i, q, k, v, dec, beta, P, QO, KO, VO, GB, O,
-                                                                   h, HV, C, ik, iv, HK, DK, DV)
+                                                                   h, HV, C, ik, iv, HK, DK, DV, OUT_SPLIT)
         else:
             for d in range(0, n):
                 s, i, q, k, v, dec, beta = _walk_prefetch_node(s, d, n, i, q, k, v, dec, beta, P, QO, KO, VO, GB, O,
-                                                               h, HV, C, ik, iv, HK, DK, DV)
+                                                               h, HV, C, ik, iv, HK, DK, DV, OUT_SPLIT)
         KD = KIDS + j * TP  # one child at a time (every KSPLIT-th, from r): o_c from p's state
         if BOUNDED:
             for e in range(0, TP):
@@ -327,7 +341,7 @@ def _check_step_inputs(name, y, a, b, state, num_k_heads, k_dim, v_dim) -> None:
 
 def tree_recurrent(y, a, b, a_log, dt_bias, state, parents, tree_mask, num_k_heads: int, k_dim: int, v_dim: int, *,
                    block_v: int | None = None, num_warps: int | None = None, kids_split: int | None = None,
-                   chunk: bool | None = None):
+                   chunk: bool | None = None, out_split: bool | None = None):
     """y: [T, conv_dim] fp32, a, b: [T, Hv], state: [Hv, Dk, Dv] fp32 (unchanged), parents: [T] long,
     tree_mask: [T, T] bool ([i, j] = j is i or an ancestor of i; rows may be strided) -> o [T, Hv, Dv] fp32.
     Two launches: a parallel prep (normalized q, k, gates, each walk's path and leaf children), then the
@@ -365,7 +379,8 @@ def tree_recurrent(y, a, b, a_log, dt_bias, state, parents, tree_mask, num_k_hea
     ksplit = kids_split or TREE_KIDS_SPLIT
     _tree_walk_kernel[(hv, v_dim // bv, (t + 1) * ksplit)](qk, gb, y, state, path, npath, kids, nkids, o, hv, c, TP=tp, GROUP=group,
                                                 HK=num_k_heads, DK=k_dim, DV=v_dim, BV=bv, KSPLIT=ksplit,
-                                                BOUNDED=_interpreting(), num_warps=warps, **pdl.kwargs(y))
+                                                BOUNDED=_interpreting(), num_warps=warps,
+                                                OUT_SPLIT=TREE_OUT_SPLIT if out_split is None else out_split, **pdl.kwargs(y))
     return o
 
 

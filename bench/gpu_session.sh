@@ -1,22 +1,26 @@
 #!/usr/bin/env bash
 # One H200 call that checks and measures the state of the GPU path, each stage with its own time
-# limit so the whole fits the device's 600 s per call (about 7-8 minutes):
+# limit so the whole fits the device's 600 s per call (about 8-9 minutes with the default stages):
 #
 #   bash bench/gpu_session.sh            # writes into $OUT (default out/gpu_session)
+#   STAGES="check kv" bash bench/gpu_session.sh
 #
-# 1. correctness   bench/gpu_check.py                    -> gpu_check.json   (<= 150 s)
-# 2. speed         bench/gpu_speed.py, both shapes, decode + verify 1/32 + prefill 4K/32K
-#                                                        -> gpu_speed.json   (<= 240 s)
-# 3. KV attention  bench/kv_attention_gpu.py --sweep over the q8_0-K pairs (the int8 q.k variants
-#                  among them)                           -> kv_attention_sweep.json (<= 170 s)
+# check      bench/gpu_check.py                                     -> gpu_check.json     (<= 150 s)
+# gdn        bench/gdn_kernels_gpu.py: the Gated DeltaNet verify walk against its OUT_SPLIT variants
+#            and the chunked (tf32x3) form on chain-16/32 and DDTree-32      -> gdn_kernels.json (<= 90 s)
+# verify_ab  bench/gpu_speed.py at the 27B shape, decode + verify 1/32, with the chunked form
+#            (TREEFLASH_TREE_CHUNK=32) and with the OUT_SPLIT walk     -> verify_chunk.json,
+#            verify_outsplit.json (<= 60 s each; the speed stage is the default to compare with)
+# speed      bench/gpu_speed.py, both shapes, decode + verify 1/32 + prefill 4K/32K -> gpu_speed.json (<= 170 s)
+# kv         bench/kv_attention_gpu.py --sweep over the q8_0-K pairs -> kv_attention_sweep.json (<= 170 s)
 # Wheels in .whl/ (flash-linear-attention, fla-core, einops) are installed offline into /tmp/site
-# and put on the path for stages 2-3 only: gpu_check compares against transformers, which would
-# route its own Gated DeltaNet to fla if it could import it.
-# Environment: STAGES (default "check speed kv"), OUT.
+# and put on the path for the stages after check only: gpu_check compares against transformers,
+# which would route its own Gated DeltaNet to fla if it could import it.
+# Environment: STAGES (default "check gdn verify_ab speed"), OUT.
 set -u -o pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-out/gpu_session}
-STAGES=${STAGES:-check speed kv}
+STAGES=${STAGES:-check gdn verify_ab speed}
 mkdir -p "$OUT"
 T0=$(date +%s)
 log() { echo "[gpu-session $(( $(date +%s) - T0 ))s] $*" | tee -a "$OUT/progress.log"; }
@@ -33,9 +37,25 @@ for stage in $STAGES; do
       log "gpu_check"
       timeout 150 python3 bench/gpu_check.py --out "$OUT/gpu_check.json" > "$OUT/gpu_check.log" 2>&1
       log "gpu_check rc=$? $(grep -E 'GPU CHECK' "$OUT/gpu_check.log" || echo 'no verdict: see gpu_check.log')" ;;
+    gdn)
+      log "gdn_kernels (walk, OUT_SPLIT walk, chunked form)"
+      timeout 90 python3 bench/gdn_kernels_gpu.py --trees chain16 chain32 ddtree32 --variants default walk_default \
+        walk_outsplit_bv32_w1 walk_outsplit_bv32_w2 walk_outsplit_bv16_w2 chunk_bv16_w2 chunk_bv16_w4 chunk_bv32_w4 chunk_bv32_w8 \
+        --out "$OUT/gdn_kernels.json" > "$OUT/gdn_kernels.log" 2>&1
+      log "gdn_kernels rc=$?"
+      grep -E "^\[" "$OUT/gdn_kernels.log" | tee -a "$OUT/progress.log" ;;
+    verify_ab)
+      for v in "chunk TREEFLASH_TREE_CHUNK=32" "outsplit TREEFLASH_TREE_OUT_SPLIT=1"; do
+        set -- $v
+        log "gpu_speed 27B verify with $2"
+        env "$2" PYTHONPATH=$SITE timeout 60 python3 bench/gpu_speed.py --shapes qwen3.5-27b --buckets 1,32 --prefill "" \
+          --drafter-layers 0 --decode-tokens 32 --out "$OUT/verify_$1.json" > "$OUT/verify_$1.log" 2>&1
+        log "rc=$?"
+        grep -E "decode|nodes" "$OUT/verify_$1.log" | tee -a "$OUT/progress.log"
+      done ;;
     speed)
       log "gpu_speed"
-      PYTHONPATH=$SITE timeout 240 python3 bench/gpu_speed.py --shapes qwen3.5-27b,qwen3-8b --buckets 1,32 \
+      PYTHONPATH=$SITE timeout 170 python3 bench/gpu_speed.py --shapes qwen3.5-27b,qwen3-8b --buckets 1,32 \
         --prefill 4096,32768 --drafter-layers 0 --decode-tokens 64 --out "$OUT/gpu_speed.json" > "$OUT/gpu_speed.log" 2>&1
       log "gpu_speed rc=$?"
       grep -E "copy bandwidth|decode|32 nodes|prefill" "$OUT/gpu_speed.log" | tee -a "$OUT/progress.log" ;;
@@ -45,7 +65,7 @@ for stage in $STAGES; do
         --sweep-budget-s 150 --out "$OUT/kv_attention_sweep.json" > "$OUT/kv_attention.log" 2>&1
       log "kv_attention rc=$?"
       tail -n 25 "$OUT/kv_attention.log" | tee -a "$OUT/progress.log" ;;
-    *) log "unknown stage $stage (check, speed, kv)" ;;
+    *) log "unknown stage $stage (check, gdn, verify_ab, speed, kv)" ;;
   esac
 done
 log "done"

@@ -192,6 +192,16 @@ def check_gdn_tree() -> dict:
             o3 = tree_recurrent(y3, a3, b3, al3, dt3, s3_0, par, tree_mask_of(parents, t), hk, dk, dv)
             out[f"recurrent_{name}_group3"] = (o3 - tree_recurrent_ref(y3, a3, b3, al3, dt3, s3_0, par, hk, dk, dv)).abs().max().item()
 
+        if name == "deep40":  # k heads of 64: the chunked form sums K K^T, Q K^T, K S0, Q S0 over two 32-wide slices
+            dk2, c2 = 64, 2 * hk * 64 + hv * dv
+            y2, a2, b2 = torch.randn(t, c2), torch.randn(t, hv), torch.randn(t, hv)
+            y2[:, : 2 * hk * dk2] /= dk2**0.5  # unit-ish q, k as the model's normalization gives
+            al2, dt2, s2_0 = torch.randn(hv), torch.randn(hv), torch.randn(hv, dk2, dv)
+            ref2 = tree_recurrent_ref(y2, a2, b2, al2, dt2, s2_0, par, hk, dk2, dv)
+            for vname, kw in (("chunk", dict(chunk=True)), ("walk", dict(chunk=False))):
+                o2 = tree_recurrent(y2, a2, b2, al2, dt2, s2_0, par, tree_mask_of(parents, t), hk, dk2, dv, **kw)
+                out[f"recurrent_{name}_dk64_{vname}"] = ((o2 - ref2).abs().max() / ref2.abs().max()).item()
+
         # commit: the path kernel (path padded past its length, as in the commit graph) against its
         # reference, and bit for bit against plain decode steps over the same rows
         padded = torch.tensor(path + [path[-1]] * (t - len(path)))

@@ -250,8 +250,8 @@ def _tree_walk_kernel(QK, GB, Y, S0, PATH, NPATH, KIDS, NKIDS, O, HV, C, TP: tl.
 
 @triton.jit
 def _tree_chunk_kernel(QK, GB, Y, S0, MASK, O, T, HV, C, stride_mask, TP: tl.constexpr, LOG2_TP: tl.constexpr,
-                       GROUP: tl.constexpr, HK: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr, BV: tl.constexpr,
-                       PDL: tl.constexpr = False):
+                       GROUP: tl.constexpr, HK: tl.constexpr, DK: tl.constexpr, DKC: tl.constexpr, DV: tl.constexpr,
+                       BV: tl.constexpr, PDL: tl.constexpr = False):
     """Program (h, v block): every node of the tree at once, in the delta rule's chunked (WY) form with
     the ancestor mask M ([t, i] = i is t or an ancestor of t) in place of the causal one. With
     G_t = sum of log e^g over t's root -> t path, Gam[t, i] = e^(G_t - G_i) on M:
@@ -264,21 +264,31 @@ def _tree_chunk_kernel(QK, GB, Y, S0, MASK, O, T, HV, C, stride_mask, TP: tl.con
     h = tl.program_id(0)
     kh = h // GROUP
     it = tl.arange(0, TP)
-    ik = tl.arange(0, DK)
     iv = tl.program_id(1) * BV + tl.arange(0, BV)
     live = it < T
-    q = tl.load(QK + (it[:, None] * 2 * HK + kh) * DK + ik[None, :], mask=live[:, None], other=0.0)  # [TP, DK]
-    k = tl.load(QK + (it[:, None] * 2 * HK + HK + kh) * DK + ik[None, :], mask=live[:, None], other=0.0)
     dec = tl.load(GB + (it * HV + h) * 2, mask=live, other=1.0)
     beta = tl.load(GB + (it * HV + h) * 2 + 1, mask=live, other=0.0)
     anc = tl.load(MASK + it[:, None] * stride_mask + it[None, :], mask=live[:, None] & live[None, :], other=0) != 0
+    # K K^T, Q K^T, K S0, Q S0 over DKC-wide slices of the key dimension (small register tiles)
+    kk = tl.zeros((TP, TP), tl.float32)
+    qk = tl.zeros((TP, TP), tl.float32)
+    ks0 = tl.zeros((TP, BV), tl.float32)
+    qs0 = tl.zeros((TP, BV), tl.float32)
+    for c in tl.static_range(DK // DKC):
+        ic = c * DKC + tl.arange(0, DKC)
+        q = tl.load(QK + (it[:, None] * 2 * HK + kh) * DK + ic[None, :], mask=live[:, None], other=0.0)  # [TP, DKC]
+        k = tl.load(QK + (it[:, None] * 2 * HK + HK + kh) * DK + ic[None, :], mask=live[:, None], other=0.0)
+        s0 = tl.load(S0 + h * DK * DV + ic[:, None] * DV + iv[None, :])  # [DKC, BV]
+        kt = tl.trans(k)
+        kk = tl.dot(k, kt, acc=kk, input_precision="tf32x3")
+        qk = tl.dot(q, kt, acc=qk, input_precision="tf32x3")
+        ks0 = tl.dot(k, s0, acc=ks0, input_precision="tf32x3")
+        qs0 = tl.dot(q, s0, acc=qs0, input_precision="tf32x3")
     # e^g underflowed to 0: a factor of 1e-30 where the walk has 0 (a literal below fp32's normal range
     # would make this fp64, and the dots fp64 MMAs that do not compile)
     g = tl.log(tl.maximum(dec, 1e-30)).to(tl.float32)
     big_g = tl.sum(tl.where(anc, g[None, :], 0.0), axis=1)  # [TP]
     gam = tl.where(anc, tl.exp(big_g[:, None] - big_g[None, :]), 0.0)  # [TP, TP]
-    kk = tl.dot(k, tl.trans(k), input_precision="tf32x3")
-    qk = tl.dot(q, tl.trans(k), input_precision="tf32x3")
     eye = it[:, None] == it[None, :]
     a = tl.where(eye, 0.0, gam * kk) * beta[:, None]
     inv = tl.where(eye, 1.0, 0.0) - a
@@ -286,12 +296,11 @@ def _tree_chunk_kernel(QK, GB, Y, S0, MASK, O, T, HV, C, stride_mask, TP: tl.con
     for _ in tl.static_range(LOG2_TP - 1):
         power = tl.dot(power, power, input_precision="tf32x3")
         inv = inv + tl.dot(inv, power, input_precision="tf32x3")
-    s0 = tl.load(S0 + h * DK * DV + ik[:, None] * DV + iv[None, :])  # [DK, BV]
     v = tl.load(Y + it[:, None] * C + 2 * HK * DK + h * DV + iv[None, :], mask=live[:, None], other=0.0)  # [TP, BV]
     eg = tl.exp(big_g)
-    w = beta[:, None] * (v - eg[:, None] * tl.dot(k, s0, input_precision="tf32x3"))
+    w = beta[:, None] * (v - eg[:, None] * ks0)
     u = tl.dot(inv, w, input_precision="tf32x3")
-    o = eg[:, None] * tl.dot(q, s0, input_precision="tf32x3") + tl.dot(gam * qk, u, input_precision="tf32x3")
+    o = eg[:, None] * qs0 + tl.dot(gam * qk, u, input_precision="tf32x3")
     tl.store(O + (it[:, None] * HV + h) * DV + iv[None, :], o, mask=live[:, None])
 
 
@@ -369,12 +378,12 @@ def tree_recurrent(y, a, b, a_log, dt_bias, state, parents, tree_mask, num_k_hea
                                             hv, c, tree_mask.stride(0), T=t, TP=tp, GROUP=group,
                                             GP=triton.next_power_of_2(group), HK=num_k_heads, DK=k_dim,
                                             **pdl.kwargs(y))
-    if (chunk if chunk is not None else t <= TREE_CHUNK_MAX) and k_dim >= 16:  # tl.dot: K >= 16
+    if (chunk if chunk is not None else t <= TREE_CHUNK_MAX) and k_dim >= 16 and k_dim % min(32, k_dim) == 0:  # tl.dot: K >= 16
         tpc = max(16, tp)  # tl.dot tiles: 16 rows at least
         bvc = min(block_v or TREE_CHUNK_BLOCK_V, v_dim)
         _tree_chunk_kernel[(hv, v_dim // bvc)](qk, gb, y, state, tree_mask, o, t, hv, c, tree_mask.stride(0), TP=tpc,
                                                LOG2_TP=tpc.bit_length() - 1, GROUP=group, HK=num_k_heads, DK=k_dim,
-                                               DV=v_dim, BV=bvc, num_warps=num_warps or TREE_CHUNK_WARPS, **pdl.kwargs(y))
+                                               DKC=min(32, k_dim), DV=v_dim, BV=bvc, num_warps=num_warps or TREE_CHUNK_WARPS, **pdl.kwargs(y))
         return o
     ksplit = kids_split or TREE_KIDS_SPLIT
     _tree_walk_kernel[(hv, v_dim // bv, (t + 1) * ksplit)](qk, gb, y, state, path, npath, kids, nkids, o, hv, c, TP=tp, GROUP=group,

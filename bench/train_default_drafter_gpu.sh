@@ -15,7 +15,8 @@
 #   4. check   the same token identity in fp32 (64 tokens; bf16 near-ties can flip between batch shapes).
 # Environment: GEN_LIMIT (s, default 100), TRAIN_LIMIT (s, default 140), EXTRA_PASSES (sampled rounds after the greedy
 # one, default 0), SELF_PROMPTS (prompts the target writes itself, default 0) and GEN_BATCH (prompts per generate call,
-# default 768: the host-bound HF generate gains from more) change the training stage;
+# default 768: the host-bound HF generate gains from more) and GEN_STATIC=1 (--gen-static: one padded shape on a
+# static cache, compiled by transformers; not yet measured) change the training stage;
 # TRAIN_TIMEOUT has to follow a longer TRAIN_LIMIT.
 # Writes into $OUT (default out/train_default_drafter): report.json (rewritten after every stage),
 # drafter/, train_summary.json, train_log.jsonl, data_meta.json, eval.json, eval_fp32.json, *.log.
@@ -76,6 +77,7 @@ else
               --gen-time-limit "${GEN_LIMIT:-100}" --steps 3000 --batch-size 32 --blocks-per-seq 32 --lr 1e-3 --eval-every 100
               --checkpoint-every 250 --time-limit "${TRAIN_LIMIT:-140}" --extra-passes "${EXTRA_PASSES:-0}"
               --self-prompts "${SELF_PROMPTS:-0}")
+  [ "${GEN_STATIC:-0}" = 1 ] && TRAIN_ARGS+=(--gen-static)
   EVAL_ARGS=(--max-tokens 256 --time-limit 100)
   CHECK_ARGS=(--max-tokens 64 --budgets 22 --dtype float32)
   SHARD_MB=12

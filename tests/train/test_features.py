@@ -35,3 +35,36 @@ def test_twin_features_and_greedy_answers_equal_the_target(arch):
         want, _ = decode(target, prompt, 12)
         n = len(got.response_ids)
         assert got.response_ids == want[:n] and (got.finished or n == 12)
+
+
+@pytest.mark.parametrize("arch", ["qwen3", "qwen3_5"])
+def test_twin_static_shape_generation_equals_dynamic(arch):
+    """Every call padded to one (batch, width) shape on a static cache (what transformers compiles on
+    CUDA) gives the same greedy answers as the dynamic cache; prompts that do not fit go dynamic."""
+    _, target = make_pair(arch, num_hidden_layers=2)
+    g = torch.Generator().manual_seed(5)
+    prompts = [torch.randint(1, 96, (n,), generator=g).tolist() for n in (9, 4, 13)]
+    dynamic = TargetTwin(target, (0,), eos_ids=(96,), pad_id=0)
+    static = TargetTwin(target, (0,), eos_ids=(96,), pad_id=0, static_shape=(4, 16))
+    want = dynamic.generate(prompts, 10)
+    got = static.generate(prompts, 10)
+    assert [x.response_ids for x in got] == [x.response_ids for x in want]
+    assert [x.finished for x in got] == [x.finished for x in want] and static.static_shape == (4, 16)
+    too_wide = [list(range(1, 20))]
+    assert static.generate(too_wide, 5)[0].response_ids == dynamic.generate(too_wide, 5)[0].response_ids
+
+
+def test_twin_static_failure_falls_back_to_dynamic_with_a_warning(monkeypatch):
+    _, target = make_pair("qwen3", num_hidden_layers=2)
+    twin = TargetTwin(target, (0,), eos_ids=(96,), pad_id=0, static_shape=(2, 8))
+    real = twin._generate
+
+    def fail_static(prompts, new, temp, seed, width=None):
+        if width is not None:
+            raise RuntimeError("no compile here")
+        return real(prompts, new, temp, seed)
+
+    monkeypatch.setattr(twin, "_generate", fail_static)
+    with pytest.warns(UserWarning, match="static cache failed"):
+        out = twin.generate([[5, 6, 7]], 4)
+    assert len(out) == 1 and twin.static_shape is None

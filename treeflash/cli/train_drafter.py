@@ -47,6 +47,10 @@ def add_parser(sub) -> None:
                         "answered like the others: more distinct prompts than the builtin list (default 0)")
     d.add_argument("--self-prompt-temperature", type=float, default=1.0, help="sampling temperature of the self-written prompts (default 1.0)")
     d.add_argument("--gen-time-limit", type=float, default=None, help="stop generating after this many seconds")
+    d.add_argument("--gen-static", action="store_true",
+                   help="pad every generate call to one shape (--gen-batch-size prompts, the longest prompt --max-len allows) "
+                        "on a static KV cache, which transformers compiles on CUDA; falls back to the dynamic cache "
+                        "with a warning if that fails (default: off, not yet measured on a GPU)")
     d.add_argument("--generate-only", action="store_true",
                    help="stop once the data is saved (DIR/train/data.safetensors); train later with --resume")
     t = p.add_argument_group("training")
@@ -99,7 +103,12 @@ def run(args: argparse.Namespace) -> int:
     dcfg = drafter_config(target.config, layers, block_size, mask_id)
     eos = set(loaded.config.eos_token_ids) | ({tok.eos_token_id} if tok.eos_token_id is not None else set())
     pad = tok.pad_token_id if tok.pad_token_id is not None else min(eos or {0})
-    twin = TargetTwin(target, dcfg.target_layer_ids, tuple(sorted(eos)), pad)
+    static = None
+    if getattr(args, "gen_static", False):
+        from treeflash.train.data import max_prompt_len
+
+        static = (args.gen_batch_size, max_prompt_len(args.max_len, args.max_new_tokens))
+    twin = TargetTwin(target, dcfg.target_layer_ids, tuple(sorted(eos)), pad, static_shape=static)
     work.mkdir(parents=True, exist_ok=True)
     run_file.write_text(json.dumps({"target": loaded.source, "layers": layers, "block_size": block_size, "mask_token_id": mask_id,
                                     "target_layer_ids": list(dcfg.target_layer_ids), "argv": sys.argv[1:]}, indent=2))

@@ -85,6 +85,11 @@ def from_sequences(seqs: list[tuple[list[int], int]], meta: dict | None = None) 
     return Dataset(torch.tensor(flat, dtype=torch.int32), offsets, torch.tensor([r for _, r in seqs], dtype=torch.long), meta or {})
 
 
+def max_prompt_len(max_len: int, max_new_tokens: int) -> int:
+    """The longest prompt generation takes: room is left for max_new_tokens (at most half of max_len)."""
+    return max_len - min(max_new_tokens, max_len // 2)
+
+
 def generate_dataset(
     twin,  # features.TargetTwin
     loaded,  # LoadedModel: the tokenizer and chat template
@@ -107,7 +112,7 @@ def generate_dataset(
     from tqdm.auto import tqdm
 
     t0 = time.perf_counter()
-    max_prompt = max_len - min(max_new_tokens, max_len // 2)
+    max_prompt = max_prompt_len(max_len, max_new_tokens)
     seqs: list[tuple[list[int], int]] = []
     counts: dict[str, int] = {}
     by_pass: list[int] = []
@@ -127,7 +132,8 @@ def generate_dataset(
                 stop = True
                 break  # the next batch would end past the limit
             t_batch = time.perf_counter()
-            new = min(max_new_tokens, max_len - max(len(ids) for _, ids in batch))
+            longest = max_prompt if getattr(twin, "static_shape", None) else max(len(ids) for _, ids in batch)
+            new = min(max_new_tokens, max_len - longest)  # with a static shape: the same for every call
             outs = twin.generate([ids for _, ids in batch], new, temp, seed + 1_000_003 * pass_i + len(seqs))
             last_batch_s = time.perf_counter() - t_batch
             for (p, _), g in zip(batch, outs):

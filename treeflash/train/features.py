@@ -14,6 +14,7 @@ after the final norm (transformers' `hidden_states[-1]`).
 
 from __future__ import annotations
 
+import warnings
 from dataclasses import dataclass
 
 import torch
@@ -69,9 +70,13 @@ class Generated:
 
 
 class TargetTwin:
-    def __init__(self, target: CausalLM, capture_layers: tuple[int, ...], eos_ids: tuple[int, ...], pad_id: int):
+    def __init__(self, target: CausalLM, capture_layers: tuple[int, ...], eos_ids: tuple[int, ...], pad_id: int,
+                 static_shape: tuple[int, int] | None = None):
         self.target, self.capture_layers = target, tuple(capture_layers)
         self.eos_ids, self.pad_id = tuple(eos_ids), int(pad_id)
+        # (batch, prompt width): every `generate` call padded to this one shape with a static KV cache,
+        # which transformers compiles on CUDA (one compile for the whole run); None: dynamic cache
+        self.static_shape = static_shape
         self.hf = _build_twin(target)
         self.num_layers = target.config.num_layers
         bad = [i for i in self.capture_layers if not 0 <= i < self.num_layers]
@@ -84,10 +89,25 @@ class TargetTwin:
 
     @torch.no_grad()
     def generate(self, prompts: list[list[int]], max_new_tokens: int, temperature: float = 0.0, seed: int = 0) -> list[Generated]:
-        """One batched `generate` over left-padded prompts; greedy at temperature 0."""
+        """One batched `generate` over left-padded prompts; greedy at temperature 0. With static_shape
+        (and prompts that fit it) the call is padded to that shape, rows repeating the first prompt,
+        and runs on a static cache; if that fails the twin says so once and goes on dynamically."""
+        shape = self.static_shape
+        if shape is not None and len(prompts) <= shape[0] and max(len(p) for p in prompts) <= shape[1]:
+            try:
+                padded = list(prompts) + [prompts[0]] * (shape[0] - len(prompts))
+                return self._generate(padded, max_new_tokens, temperature, seed, width=shape[1])[: len(prompts)]
+            except Exception as e:  # noqa: BLE001 - transformers' compile path: fall back, say why
+                warnings.warn(f"train-drafter: generation with a static cache failed ({type(e).__name__}: {e}); "
+                              "going on with a dynamic cache")
+                self.static_shape = None
+        return self._generate(prompts, max_new_tokens, temperature, seed)
+
+    def _generate(self, prompts, max_new_tokens, temperature, seed, width: int | None = None) -> list[Generated]:
         from transformers import GenerationConfig
 
-        width = max(len(p) for p in prompts)
+        static = width is not None
+        width = width or max(len(p) for p in prompts)
         ids = torch.full((len(prompts), width), self.pad_id, dtype=torch.long)
         mask = torch.zeros_like(ids)
         for i, p in enumerate(prompts):
@@ -102,6 +122,7 @@ class TargetTwin:
             top_p=None,
             eos_token_id=list(self.eos_ids) or None,
             pad_token_id=self.pad_id,
+            **({"cache_implementation": "static"} if static else {}),
         )
         if sampled:
             torch.manual_seed(seed)

@@ -55,13 +55,47 @@ def swiglu_cases(dtype) -> dict:
     return out
 
 
+def norm_in_cases(dtype) -> dict:
+    """The norm prologue (gemv_norm_in, gemv_swiglu(norm_in=...)) against norm-then-project references:
+    output and stream, ragged N and K, a bias, unit offset, several n-blocks (one writes the stream)."""
+    from treeflash.kernels.gemv import GemvConfig, gemv_norm_in, gemv_norm_in_reference, gemv_swiglu, gemv_swiglu_reference
+    from treeflash.kernels.norm import rmsnorm, rmsnorm_ref
+
+    out = {}
+    for n, k, cfg, unit, bias in [(40, 96, (8, 32, 1, 4), False, False), (33, 257, (8, 64, 1, 2), True, True),
+                                  (64, 1024, (16, 256, 1, 4), False, False)]:
+        x, r = torch.randn(1, k).to(dtype), torch.randn(1, k).to(dtype)
+        w = (torch.randn(n, k) / k**0.5).to(dtype)
+        nw = (torch.rand(k) + 0.5).to(dtype)
+        b = torch.randn(n).to(dtype) if bias else None
+        y, stream = gemv_norm_in(x, w, r, nw, 1e-6, unit, bias=b, config=GemvConfig(*cfg))
+        ref_y, ref_s = gemv_norm_in_reference(x, w, r, nw, 1e-6, unit, bias=b)
+        assert y.shape == ref_y.shape == (1, n) and stream.shape == ref_s.shape == (1, k) and y.dtype == dtype
+        # the stream is the norm kernel's, bit for bit (the kernel, not rmsnorm_ref: the interpreter's
+        # fp32 -> bf16 cast truncates where torch rounds to nearest)
+        kernel_s = rmsnorm(x, nw, 1e-6, unit, r)[1]
+        same = torch.equal(stream, kernel_s)
+        out[f"norm_in_n{n}_k{k}_{cfg}_unit{unit}_bias{bias}"] = [
+            (y.float() - ref_y.float()).abs().max().item(), ref_y.float().abs().max().item(), bool(same)]
+        i = n  # gate_up [2I, K]
+        gu = (torch.randn(2 * i, k) / k**0.5).to(dtype)
+        sy, sstream = gemv_swiglu(x, gu, config=GemvConfig(cfg[0], cfg[1], 1, cfg[3]), norm_in=(r, nw, 1e-6, unit))
+        # against the unfused kernels (norm, then gemv_swiglu) in bf16: the interpreter's truncating
+        # casts then fall on both sides; fp32 against the plain reference
+        normed = rmsnorm(x, nw, 1e-6, unit, r)[0] if dtype == torch.bfloat16 else rmsnorm_ref(x, nw, 1e-6, unit, r)[0]
+        ref = gemv_swiglu(normed, gu, config=GemvConfig(cfg[0], cfg[1], 1, cfg[3])) if dtype == torch.bfloat16 else gemv_swiglu_reference(normed, gu)
+        out[f"swiglu_norm_in_i{i}_k{k}_{cfg}_unit{unit}"] = [
+            (sy.float() - ref.float()).abs().max().item(), ref.float().abs().max().item(), bool(torch.equal(sstream, kernel_s))]
+    return out
+
+
 def main(dtype_name: str, mode: str = "gemv") -> None:
     from treeflash.kernels.gemv import GemvConfig, gemv, gemv_reference
 
     dtype = getattr(torch, dtype_name)
     torch.manual_seed(0)
-    if mode in ("norm", "swiglu"):
-        print(json.dumps((norm_cases if mode == "norm" else swiglu_cases)(dtype)))
+    if mode in ("norm", "swiglu", "norm_in"):
+        print(json.dumps({"norm": norm_cases, "swiglu": swiglu_cases, "norm_in": norm_in_cases}[mode](dtype)))
         return
     out = {}
     for n, k, bias, cfg in CASES:

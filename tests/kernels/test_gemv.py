@@ -38,6 +38,18 @@ def test_gemv_swiglu_matches_reference(dtype, rel):
         assert err <= rel * max(scale, 1.0), (case, err, scale)
 
 
+@pytest.mark.parametrize("dtype,rel", [("float32", 1e-5), ("bfloat16", 2**-6)])
+def test_gemv_norm_prologue_matches_norm_then_project(dtype, rel):
+    """The residual add + RMSNorm as the prologue of gemv and gemv_swiglu: the stream bit for bit as
+    the norm kernel writes it; the output within bf16 rounding of the normed row (the reference
+    rounds it before the projection, the kernel does not)."""
+    errors = run_module("tests.kernels.gemv_checks", dtype, "norm_in")
+    assert len(errors) == 6
+    for case, (err, scale, same) in errors.items():
+        assert err <= rel * max(scale, 1.0), (case, err, scale)
+        assert same, case
+
+
 def test_gemv_rejects_bad_input():
     from treeflash.kernels import gemv as g
 

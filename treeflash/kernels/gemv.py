@@ -74,14 +74,30 @@ def _add_norm_tail(Y, R, NW, S, YN, TA, N, eps, NUM_WRITERS: tl.constexpr, UNIT:
 
 
 @triton.jit
+def _norm_in_step(x, ss, R, NW, S, k, k_ok, write, UNIT: tl.constexpr):
+    """One K step of a norm prologue: s = x + residual rounded to the stream's dtype (as the norm
+    kernel keeps it), written out by the first n-block's program; returns (s * w, ss + s^2): the
+    program's dot takes s * w, and 1 / rms(s) multiplies its result (a per-row constant)."""
+    sv = (x + tl.load(R + k, mask=k_ok, other=0.0).to(tl.float32)).to(S.dtype.element_ty)
+    tl.store(S + k, sv, mask=k_ok & write)
+    sf = sv.to(tl.float32)
+    wn = tl.load(NW + k, mask=k_ok, other=0.0).to(tl.float32)
+    if UNIT:
+        wn = wn + 1.0
+    return sf * wn, ss + sf * sf
+
+
+@triton.jit
 def _gemv_kernel(
     X, W, B, Y, P, T, N,
     R, NW, S, YN, TA, eps,  # with NORM: residual in, norm weight, stream out, normed out, the ticket
     K: tl.constexpr, HAS_BIAS: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
     SPLIT_K: tl.constexpr, K_SPLIT: tl.constexpr,
     NORM: tl.constexpr = False, UNIT: tl.constexpr = False, N_BLOCKS: tl.constexpr = 1, BLOCK_FULL: tl.constexpr = 1,
-    PDL: tl.constexpr = False,
+    PDL: tl.constexpr = False, NORM_IN: tl.constexpr = False,
 ):
+    """NORM_IN (split 1 only; R, NW, S, eps its residual, norm weight, stream out): x is the norm's
+    input, not yet added: y = W rmsnorm(x + R) (see `gemv_norm_in`)."""
     pid_n, s = tl.program_id(0), tl.program_id(1)
     rows = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     row_ok = rows < N
@@ -92,16 +108,21 @@ def _gemv_kernel(
     k0 = s * K_SPLIT + tl.arange(0, BLOCK_K)
     w0 = tl.load(w_rows + k0[None, :], mask=row_ok[:, None] & (k0 < K)[None, :], other=0.0)
     pdl.wait(PDL)
+    ss = tl.zeros((BLOCK_K,), tl.float32)
     for i in tl.static_range(K_SPLIT // BLOCK_K):  # unrolled: every step's loads go out first
         k = s * K_SPLIT + i * BLOCK_K + tl.arange(0, BLOCK_K)
         k_ok = k < K
         x = tl.load(X + k, mask=k_ok, other=0.0).to(tl.float32)
+        if NORM_IN:
+            x, ss = _norm_in_step(x, ss, R, NW, S, k, k_ok, pid_n == 0, UNIT)
         if i == 0:
             w = w0
         else:
             w = tl.load(w_rows + k[None, :], mask=row_ok[:, None] & k_ok[None, :], other=0.0)
         acc += w.to(tl.float32) * x[None, :]
     part = tl.sum(acc, axis=1)  # [BLOCK_N]
+    if NORM_IN:
+        part = part * tl.rsqrt(tl.sum(ss, axis=0) / K + eps)
     if SPLIT_K == 1:
         if HAS_BIAS:
             part += tl.load(B + rows, mask=row_ok, other=0.0).to(tl.float32)
@@ -124,8 +145,9 @@ def _gemv_kernel(
 
 
 @triton.jit
-def _gemv_swiglu_kernel(X, W, Y, I, K: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, STEPS: tl.constexpr,
-                        PDL: tl.constexpr = False):
+def _gemv_swiglu_kernel(X, W, Y, I, R, NW, S, eps, K: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+                        STEPS: tl.constexpr, PDL: tl.constexpr = False, NORM_IN: tl.constexpr = False,
+                        UNIT: tl.constexpr = False):
     """y[j] = silu(g_j) u_j for j in this program's BLOCK_N rows, g = W[:I] x and u = W[I:] x (W = [gate; up],
     [2I, K]): both tiles of each step in one program, so no [2I] intermediate and no SiLU-mul launch.
     g and u are rounded to the output dtype first, as the unfused path (gemv, then silu_mul) does."""
@@ -141,10 +163,13 @@ def _gemv_swiglu_kernel(X, W, Y, I, K: tl.constexpr, BLOCK_N: tl.constexpr, BLOC
     g0 = tl.load(g_rows + k0[None, :], mask=row_ok[:, None] & (k0 < K)[None, :], other=0.0)
     u0 = tl.load(u_rows + k0[None, :], mask=row_ok[:, None] & (k0 < K)[None, :], other=0.0)
     pdl.wait(PDL)
+    ss = tl.zeros((BLOCK_K,), tl.float32)
     for i in tl.static_range(STEPS):  # unrolled, as in _gemv_kernel
         k = i * BLOCK_K + tl.arange(0, BLOCK_K)
         k_ok = k < K
         x = tl.load(X + k, mask=k_ok, other=0.0).to(tl.float32)
+        if NORM_IN:
+            x, ss = _norm_in_step(x, ss, R, NW, S, k, k_ok, pid == 0, UNIT)
         if i == 0:
             wg, wu = g0, u0
         else:
@@ -152,8 +177,13 @@ def _gemv_swiglu_kernel(X, W, Y, I, K: tl.constexpr, BLOCK_N: tl.constexpr, BLOC
             wu = tl.load(u_rows + k[None, :], mask=row_ok[:, None] & k_ok[None, :], other=0.0)
         acc_g += wg.to(tl.float32) * x[None, :]
         acc_u += wu.to(tl.float32) * x[None, :]
-    g = tl.sum(acc_g, axis=1).to(Y.dtype.element_ty).to(tl.float32)
-    u = tl.sum(acc_u, axis=1).to(Y.dtype.element_ty).to(tl.float32)
+    g = tl.sum(acc_g, axis=1)
+    u = tl.sum(acc_u, axis=1)
+    if NORM_IN:
+        r = tl.rsqrt(tl.sum(ss, axis=0) / K + eps)
+        g, u = g * r, u * r
+    g = g.to(Y.dtype.element_ty).to(tl.float32)
+    u = u.to(Y.dtype.element_ty).to(tl.float32)
     tl.store(Y + rows, (g / (1.0 + tl.exp(-g)) * u).to(Y.dtype.element_ty), mask=row_ok)
 
 
@@ -229,13 +259,17 @@ def gemv_reference(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | N
 
 
 def gemv(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None,
-         config: GemvConfig | None = None, norm: tuple | None = None):
+         config: GemvConfig | None = None, norm: tuple | None = None, norm_in: tuple | None = None):
     """y = x W^T (+ bias) for one row: x [1, K] (or [K]), weight [N, K] contiguous -> [1, N] (or [N]).
     With norm = (residual, norm_weight, eps, unit_offset): (rmsnorm(y + residual), y + residual),
-    the add and norm in the launch's last program (see `gemv_add_norm`)."""
+    the add and norm in the launch's last program (see `gemv_add_norm`). With norm_in = (residual
+    [K], norm_weight [K], eps, unit_offset): (rmsnorm(x + residual) W^T, x + residual), the add and
+    norm as the prologue (see `gemv_norm_in`)."""
     if not (x.is_cuda or _interpreting()):
         if norm is not None:
             return gemv_add_norm_reference(x, weight, *norm, bias=bias)
+        if norm_in is not None:
+            return gemv_norm_in_reference(x, weight, *norm_in, bias=bias)
         return gemv_reference(x.reshape(1, -1), weight, bias).reshape(*x.shape[:-1], weight.shape[0])
     n, k = weight.shape
     if x.numel() != k or x.shape[-1] != k or (x.dim() == 2 and x.shape[0] != 1) or x.dim() > 2:
@@ -257,7 +291,17 @@ def gemv(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None
         tickets = scratch("gemv.tickets", x.device, n_blocks, torch.int32, minimum=1 << 16)
     else:
         partials, tickets = y, y  # unused
-    if norm is None:  # the NORM arguments are unused
+    if norm is not None and norm_in is not None:
+        raise ValueError("gemv: a norm epilogue or a norm prologue, not both")
+    if norm_in is not None:
+        residual, norm_weight, eps, unit_offset = norm_in
+        if split > 1:
+            raise ValueError("gemv_norm_in: configurations without split-K only (every program needs the whole row)")
+        if residual.numel() != k or not residual.is_contiguous() or norm_weight.shape != (k,):
+            raise ValueError(f"gemv_norm_in: residual must be contiguous with {k} values and the norm weight [{k}]")
+        stream = torch.empty(k, dtype=x.dtype, device=x.device)
+        normed = ticket = y
+    elif norm is None:  # the NORM arguments are unused
         residual = norm_weight = stream = normed = ticket = y
         eps, unit_offset = 0.0, False
     else:
@@ -271,8 +315,11 @@ def gemv(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None
         residual, norm_weight, stream, normed, ticket, eps,
         K=k, HAS_BIAS=bias is not None, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, SPLIT_K=split, K_SPLIT=k_split,
         NORM=norm is not None, UNIT=unit_offset, N_BLOCKS=n_blocks if norm is not None else 1,
-        BLOCK_FULL=triton.next_power_of_2(n) if norm is not None else 1, num_warps=cfg.num_warps, **pdl.kwargs(x),
+        BLOCK_FULL=triton.next_power_of_2(n) if norm is not None else 1, num_warps=cfg.num_warps,
+        NORM_IN=norm_in is not None, **pdl.kwargs(x),
     )
+    if norm_in is not None:
+        return y.reshape(*x.shape[:-1], n), stream.reshape(x.shape)
     if norm is None:
         return y.reshape(*x.shape[:-1], n)
     return normed.reshape(*x.shape[:-1], n), stream.reshape(*x.shape[:-1], n)
@@ -294,27 +341,62 @@ def gemv_add_norm(x: torch.Tensor, weight: torch.Tensor, residual: torch.Tensor,
     return gemv(x, weight, config=config, norm=(residual, norm_weight, eps, unit_offset))
 
 
+def gemv_norm_in_reference(x, weight, residual, norm_weight, eps: float, unit_offset: bool, bias=None):
+    """(rmsnorm(x + residual) W^T, x + residual): norm.py's fused add + RMSNorm, then the projection."""
+    normed, stream = rmsnorm_ref(x.reshape(1, -1), norm_weight, eps, unit_offset, residual.reshape(1, -1))
+    y = gemv_reference(normed, weight, bias).reshape(*x.shape[:-1], weight.shape[0])
+    return y, stream.reshape(x.shape)
+
+
+def gemv_norm_in(x: torch.Tensor, weight: torch.Tensor, residual: torch.Tensor, norm_weight: torch.Tensor,
+                 eps: float, unit_offset: bool = False, bias: torch.Tensor | None = None, config: GemvConfig | None = None):
+    """One launch for a decode step's "residual add, RMSNorm, projection": x, residual [1, K],
+    weight [N, K] -> (y [1, N], stream = x + residual [1, K]). Every program adds and squares the
+    row as it streams it (the sum of squares beside the dot), multiplies each value by the norm
+    weight before the dot, and scales its dot by 1 / rms at the end; the first n-block writes the
+    stream. Removes the norm's launch; the normed row is not rounded to x.dtype before the dot (the
+    unfused path rounds it), so bf16 results differ from that path by that rounding."""
+    return gemv(x, weight, bias, config=config, norm_in=(residual, norm_weight, eps, unit_offset))
+
+
 def gemv_swiglu_reference(x: torch.Tensor, gate_up: torch.Tensor) -> torch.Tensor:
     """x [1, K], gate_up [2I, K] -> silu(x G^T) * (x U^T) [1, I], each projection rounded to x.dtype first."""
     return silu_mul_ref(gemv_reference(x.reshape(1, -1), gate_up))
 
 
-def gemv_swiglu(x: torch.Tensor, gate_up: torch.Tensor, config: GemvConfig | None = None) -> torch.Tensor:
-    """The decode step's MLP input half in one launch: x [1, K], gate_up [2I, K] -> [1, I]."""
+def gemv_swiglu(x: torch.Tensor, gate_up: torch.Tensor, config: GemvConfig | None = None, norm_in: tuple | None = None):
+    """The decode step's MLP input half in one launch: x [1, K], gate_up [2I, K] -> [1, I]. With
+    norm_in = (residual, norm_weight, eps, unit_offset): the add and RMSNorm before it as the
+    prologue, as in `gemv_norm_in` -> (y, stream)."""
     if not (x.is_cuda or _interpreting()):
+        if norm_in is not None:
+            normed, stream = rmsnorm_ref(x.reshape(1, -1), norm_in[1], norm_in[2], norm_in[3], norm_in[0].reshape(1, -1))
+            return gemv_swiglu_reference(normed, gate_up), stream.reshape(x.shape)
         return gemv_swiglu_reference(x, gate_up)
     two_i, k = gate_up.shape
     if two_i % 2 or x.numel() != k or not gate_up.is_contiguous():
         raise ValueError(f"gemv_swiglu: x [1, {k}] and a contiguous [2I, {k}] weight expected, got {tuple(x.shape)}")
+    shape = x.shape
     x = x.reshape(k).contiguous()
+    if norm_in is not None:
+        residual, norm_weight, eps, unit_offset = norm_in
+        if residual.numel() != k or not residual.is_contiguous() or norm_weight.shape != (k,):
+            raise ValueError(f"gemv_swiglu: residual must be contiguous with {k} values and the norm weight [{k}]")
+        stream = torch.empty(k, dtype=x.dtype, device=x.device)
+    else:
+        residual = norm_weight = stream = x
+        eps, unit_offset = 0.0, False
     cfg = config or TUNED_SWIGLU.get((two_i, k)) or GemvConfig(4, 1024, 1, 4)
     if cfg.split_k != 1:
         raise ValueError("gemv_swiglu: split_k must be 1")
     i = two_i // 2
     y = torch.empty(1, i, dtype=x.dtype, device=x.device)
-    _gemv_swiglu_kernel[(triton.cdiv(i, cfg.block_n),)](x, gate_up, y, i, K=k, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k,
-                                                        STEPS=triton.cdiv(k, cfg.block_k),
-                                                        num_warps=cfg.num_warps, **pdl.kwargs(x))
+    _gemv_swiglu_kernel[(triton.cdiv(i, cfg.block_n),)](x, gate_up, y, i, residual, norm_weight, stream, eps, K=k,
+                                                        BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k,
+                                                        STEPS=triton.cdiv(k, cfg.block_k), num_warps=cfg.num_warps,
+                                                        NORM_IN=norm_in is not None, UNIT=unit_offset, **pdl.kwargs(x))
+    if norm_in is not None:
+        return y, stream.reshape(shape)
     return y
 
 

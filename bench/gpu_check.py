@@ -127,6 +127,42 @@ def gemv_epilogue_check() -> dict:
             "graph_spec_identical": spec == ref_tokens, "ok": calls > 0 and err < 1e-4 and tokens == ref_tokens and spec == ref_tokens}
 
 
+def gemv_prologue_check() -> dict:
+    """The same tiny model with the residual add + RMSNorm as the prologue of its fused input
+    projections (gemv.NORM_PROLOGUE): fp32 decode logits against cuBLAS, graph and speculative tokens
+    against plain decoding."""
+    from tests.models.gemv_model_checks import decode_logits
+    from tests.models.test_gated_deltanet import tiny_model
+    from treeflash.kernels import gemv
+
+    model = tiny_model().cuda().fuse_projections(fused_rows=0)
+    saved = dict(gemv.TUNED), gemv.USE_GEMV, gemv.NORM_PROLOGUE, dict(gemv.TUNED_SWIGLU)
+    for layer in model.model.layers:
+        w = layer.self_attn.qkv_weight if hasattr(layer, "self_attn") else layer.linear_attn.in_proj
+        gemv.TUNED[tuple(w.shape)] = gemv.GemvConfig(8, 16, 1, 2)
+    gemv.TUNED_SWIGLU[tuple(model.model.layers[0].mlp.gate_up.shape)] = gemv.GemvConfig(8, 16, 1, 2)
+    ids = torch.randint(0, 61, (16,), device="cuda")
+    prompt = ids[:10].tolist()
+    try:
+        with torch.inference_mode():
+            gemv.USE_GEMV, gemv.NORM_PROLOGUE = False, False
+            ref, _ = decode_logits(model, ids, 5)
+            ref_tokens = decode(model, prompt, 60, graphs=True)
+            gemv.USE_GEMV = gemv.NORM_PROLOGUE = True
+            got, _ = decode_logits(model, ids, 5)
+            tokens = decode(model, prompt, 60, graphs=True)
+            spec = decode(model, prompt, 60, OracleDrafter(model, depth=4, width=2, corrupt=0.4), graphs=True)
+    finally:
+        gemv.TUNED.clear()
+        gemv.TUNED.update(saved[0])
+        gemv.TUNED_SWIGLU.clear()
+        gemv.TUNED_SWIGLU.update(saved[3])
+        gemv.USE_GEMV, gemv.NORM_PROLOGUE = saved[1], saved[2]
+    err = (got - ref).abs().max().item()
+    return {"logits_max_abs_err": err, "graph_tokens_identical": tokens == ref_tokens, "graph_spec_identical": spec == ref_tokens,
+            "ok": err < 1e-4 and tokens == ref_tokens and spec == ref_tokens}
+
+
 def main() -> None:
     p = argparse.ArgumentParser()
     p.add_argument("--out", default="bench/results/gpu_check.json")
@@ -188,6 +224,8 @@ def main() -> None:
     print("prefill_attention", res["prefill_attention"], flush=True)
     res["gemv_epilogue"] = gemv_epilogue_check()
     print("gemv_epilogue", res["gemv_epilogue"], flush=True)
+    res["gemv_prologue"] = gemv_prologue_check()
+    print("gemv_prologue", res["gemv_prologue"], flush=True)
     # fp32: exact agreement; bf16: the graph path's logits within bf16 rounding of the eager path's
     # (greedy tokens of flat random tiny models can flip on near-ties, so agreement is reported, not gated)
     ok = all(r["verify_logits_rel_err_graph_vs_eager"] < 2e-2
@@ -196,8 +234,8 @@ def main() -> None:
              r["prefill_max_abs_err"] < 1e-3 and r["decode_max_abs_err"] < 1e-3 and r["graph_plain_identical"] and r["graph_spec_identical"]
              and r["fused_layers_prefill_max_abs_err"] < 1e-3 and r["fused_layers_decode_max_abs_err"] < 1e-3
              and all(v for k, v in r.items() if k.startswith("dflash_"))
-             for name, r in res.items() if name not in ("gemv_epilogue", "prefill_attention"))
-    ok = ok and res["gemv_epilogue"]["ok"] and res["prefill_attention"]["ok"]
+             for name, r in res.items() if name not in ("gemv_epilogue", "gemv_prologue", "prefill_attention"))
+    ok = ok and res["gemv_epilogue"]["ok"] and res["gemv_prologue"]["ok"] and res["prefill_attention"]["ok"]
     res["ok"] = ok
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(res, indent=2))

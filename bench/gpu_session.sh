@@ -8,9 +8,10 @@
 # check      bench/gpu_check.py                                     -> gpu_check.json     (<= 150 s)
 # gdn        bench/gdn_kernels_gpu.py: the Gated DeltaNet verify walk against its OUT_SPLIT variants
 #            and the chunked (tf32x3) form on chain-16/32 and DDTree-32      -> gdn_kernels.json (<= 90 s)
-# verify_ab  bench/gpu_speed.py at the 27B shape, decode + verify 1/32, with the chunked form
-#            (TREEFLASH_TREE_CHUNK=32) and with the OUT_SPLIT walk     -> verify_chunk.json,
-#            verify_outsplit.json (<= 60 s each; the speed stage is the default to compare with)
+# verify_ab  bench/gpu_speed.py, decode + verify 1/32, each opt-in against the speed stage's defaults:
+#            27B with the chunked tree form (TREEFLASH_TREE_CHUNK=32) -> ab_chunk.json, 27B with the
+#            OUT_SPLIT walk -> ab_outsplit.json, 8B with the norm prologue (TREEFLASH_GEMV_NORM_IN=1)
+#            -> ab_normin.json (<= 60 s each)
 # speed      bench/gpu_speed.py, both shapes, decode + verify 1/32 + prefill 4K/32K -> gpu_speed.json (<= 170 s)
 # kv         bench/kv_attention_gpu.py --sweep over the q8_0-K pairs -> kv_attention_sweep.json (<= 170 s)
 # Wheels in .whl/ (flash-linear-attention, fla-core, einops) are installed offline into /tmp/site
@@ -45,13 +46,14 @@ for stage in $STAGES; do
       log "gdn_kernels rc=$?"
       grep -E "^\[" "$OUT/gdn_kernels.log" | tee -a "$OUT/progress.log" ;;
     verify_ab)
-      for v in "chunk TREEFLASH_TREE_CHUNK=32" "outsplit TREEFLASH_TREE_OUT_SPLIT=1"; do
+      for v in "chunk qwen3.5-27b TREEFLASH_TREE_CHUNK=32" "outsplit qwen3.5-27b TREEFLASH_TREE_OUT_SPLIT=1" \
+               "normin qwen3-8b TREEFLASH_GEMV_NORM_IN=1"; do
         set -- $v
-        log "gpu_speed 27B verify with $2"
-        env "$2" PYTHONPATH=$SITE timeout 60 python3 bench/gpu_speed.py --shapes qwen3.5-27b --buckets 1,32 --prefill "" \
-          --drafter-layers 0 --decode-tokens 32 --out "$OUT/verify_$1.json" > "$OUT/verify_$1.log" 2>&1
+        log "gpu_speed $2 with $3"
+        env "$3" PYTHONPATH=$SITE timeout 60 python3 bench/gpu_speed.py --shapes "$2" --buckets 1,32 --prefill "" \
+          --drafter-layers 0 --decode-tokens 64 --out "$OUT/ab_$1.json" > "$OUT/ab_$1.log" 2>&1
         log "rc=$?"
-        grep -E "decode|nodes" "$OUT/verify_$1.log" | tee -a "$OUT/progress.log"
+        grep -E "decode|nodes" "$OUT/ab_$1.log" | tee -a "$OUT/progress.log"
       done ;;
     speed)
       log "gpu_speed"

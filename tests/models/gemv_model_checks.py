@@ -33,6 +33,47 @@ def decode_logits(model, ids, steps: int) -> tuple[torch.Tensor, int]:
         gemv.gemv_add_norm = orig
 
 
+def prologue_main() -> None:
+    """The residual add + RMSNorm as the prologue of the fused qkv / in_proj / gate_up GEMVs
+    (gemv.NORM_PROLOGUE): decode logits against plain torch, and how many projections ran one."""
+    torch.manual_seed(0)
+    model = tiny_model().fuse_projections()
+    for layer in model.model.layers:  # the tiny input projections join the tables
+        w = layer.self_attn.qkv_weight if hasattr(layer, "self_attn") else layer.linear_attn.in_proj
+        gemv.TUNED[tuple(w.shape)] = gemv.GemvConfig(8, 16, 1, 2)
+    gemv.TUNED_SWIGLU[tuple(model.model.layers[0].mlp.gate_up.shape)] = gemv.GemvConfig(8, 16, 1, 2)
+    ids = torch.randint(0, 61, (16,))
+    calls = []
+    orig_gemv, orig_swiglu = gemv.gemv, gemv.gemv_swiglu
+
+    def gemv_counted(*a, **kw):
+        calls.append(kw.get("norm_in") is not None)
+        return orig_gemv(*a, **kw)
+
+    def swiglu_counted(*a, **kw):
+        calls.append(kw.get("norm_in") is not None)
+        return orig_swiglu(*a, **kw)
+
+    gemv.gemv, gemv.gemv_swiglu = gemv_counted, swiglu_counted
+    try:
+        with torch.no_grad():
+            gemv.USE_GEMV, gemv.NORM_PROLOGUE = False, False
+            ref, _ = decode_logits(model, ids, 5)
+            gemv.USE_GEMV = True
+            calls.clear()
+            plain, _ = decode_logits(model, ids, 5)
+            n_plain = sum(calls)
+            gemv.NORM_PROLOGUE = True
+            calls.clear()
+            fused, _ = decode_logits(model, ids, 5)
+            n_fused = sum(calls)
+    finally:
+        gemv.gemv, gemv.gemv_swiglu, gemv.NORM_PROLOGUE = orig_gemv, orig_swiglu, False
+    print(json.dumps({"gemv_err": (plain - ref).abs().max().item(), "prologue_err": (fused - ref).abs().max().item(),
+                      "scale": ref.abs().max().item(), "prologue_calls_plain": n_plain, "prologue_calls": n_fused,
+                      "layers": len(model.model.layers)}))
+
+
 def main() -> None:
     torch.manual_seed(0)
     model = tiny_model().fuse_projections()
@@ -53,4 +94,6 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    import sys
+
+    prologue_main() if sys.argv[1:] == ["prologue"] else main()

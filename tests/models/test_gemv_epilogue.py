@@ -10,3 +10,13 @@ def test_decode_with_norm_epilogue_matches_plain_torch():
     assert r["epilogue_calls"] == 5 * 8 and r["epilogue_calls_plain"] == 0, r
     assert r["gemv_err"] <= 1e-5 * max(r["scale"], 1.0), r
     assert r["epilogue_err"] <= 1e-5 * max(r["scale"], 1.0), r
+
+
+def test_decode_with_norm_prologue_matches_plain_torch():
+    """gemv.NORM_PROLOGUE: each layer's two norms run inside the fused input projection after them
+    (qkv or the Gated DeltaNet in_proj, and gate_up), 5 decode steps of the tiny hybrid model; the
+    first layer's input norm has no residual to add yet and runs alone."""
+    r = run_module("tests.models.gemv_model_checks", "prologue")
+    assert r["prologue_calls"] == 5 * (2 * r["layers"] - 1) and r["prologue_calls_plain"] == 0, r
+    assert r["gemv_err"] <= 1e-5 * max(r["scale"], 1.0), r
+    assert r["prologue_err"] <= 1e-5 * max(r["scale"], 1.0), r

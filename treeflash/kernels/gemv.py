@@ -48,6 +48,10 @@ USE_GEMV = os.environ.get("TREEFLASH_GEMV", "1") != "0"
 # decode 218.4 -> 213.1-214.7 tokens/s: the last program's serial tail, ~5 us, costs more than the
 # norm's own launch, 2.6 us; docs/performance.md). TREEFLASH_GEMV_NORM=1 turns it on.
 NORM_EPILOGUE = os.environ.get("TREEFLASH_GEMV_NORM", "0") == "1"
+# the residual add + RMSNorm before a decode step's fused qkv / in_proj / gate_up as that GEMV's
+# prologue (`gemv_norm_in`, `PendingNorm`): removes each norm's launch. Off until measured on the
+# H200; TREEFLASH_GEMV_NORM_IN=1 turns it on (bench/gpu_speed.py --gemv-norm-in).
+NORM_PROLOGUE = os.environ.get("TREEFLASH_GEMV_NORM_IN", "0") == "1"
 
 
 
@@ -400,8 +404,14 @@ def gemv_swiglu(x: torch.Tensor, gate_up: torch.Tensor, config: GemvConfig | Non
     return y
 
 
-def swiglu(x: torch.Tensor, gate_up: torch.Tensor) -> torch.Tensor:
-    """silu_mul(linear(x, gate_up)); one row of a TUNED_SWIGLU shape on CUDA: gemv_swiglu."""
+def swiglu(x: torch.Tensor | PendingNorm, gate_up: torch.Tensor) -> torch.Tensor:
+    """silu_mul(linear(x, gate_up)); one row of a TUNED_SWIGLU shape on CUDA: gemv_swiglu (a PendingNorm
+    x as its prologue)."""
+    if isinstance(x, PendingNorm):
+        if takes_prologue(x.x, gate_up, TUNED_SWIGLU):
+            y, x.stream = gemv_swiglu(x.x, gate_up, norm_in=x.args())
+            return y
+        x = x.materialize()
     if _takes_gemv(x, gate_up, TUNED_SWIGLU):
         return gemv_swiglu(x, gate_up)
     return silu_mul(linear(x, gate_up))
@@ -413,9 +423,53 @@ def _takes_gemv(x: torch.Tensor, weight: torch.Tensor, table: dict = TUNED) -> b
             and tuple(weight.shape) in table and weight.is_contiguous())
 
 
-def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+@dataclass
+class PendingNorm:
+    """A decode step's "residual add + RMSNorm" not yet computed (`RMSNorm.add_forward(...,
+    prologue=True)`), so that the projection after it runs it as its prologue (`linear`, `swiglu`);
+    `stream` (x + residual) is set once a projection or `materialize` has run it."""
+
+    x: torch.Tensor  # [1, K]
+    residual: torch.Tensor  # [1, K]
+    weight: torch.Tensor  # the norm's [K]
+    eps: float
+    unit_offset: bool
+    stream: torch.Tensor | None = None
+
+    @property
+    def shape(self) -> torch.Size:
+        return self.x.shape
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.x.dtype
+
+    def args(self) -> tuple:
+        return self.residual, self.weight, self.eps, self.unit_offset
+
+    def materialize(self) -> torch.Tensor:
+        """The norm alone (its own kernel): returns the normed row and sets `stream`."""
+        from treeflash.kernels.norm import rmsnorm
+
+        normed, self.stream = rmsnorm(self.x, self.weight, self.eps, self.unit_offset, self.residual)
+        return normed
+
+
+def takes_prologue(x: torch.Tensor, weight: torch.Tensor, table: dict | None = None) -> bool:
+    """Whether a one-row projection of this weight can run a norm prologue (NORM_PROLOGUE on, a tuned
+    shape without split-K)."""
+    table = TUNED if table is None else table
+    return NORM_PROLOGUE and _takes_gemv(x, weight, table) and table[tuple(weight.shape)].split_k == 1
+
+
+def linear(x: torch.Tensor | PendingNorm, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
     """F.linear, except one row on CUDA with a TUNED weight shape when USE_GEMV: gemv (what a decode
-    step's projections call)."""
+    step's projections call). A PendingNorm x runs as gemv's prologue where it can, else first."""
+    if isinstance(x, PendingNorm):
+        if takes_prologue(x.x, weight):
+            y, x.stream = gemv(x.x, weight, bias, norm_in=x.args())
+            return y
+        x = x.materialize()
     if _takes_gemv(x, weight):
         return gemv(x, weight, bias)
     return F.linear(x, weight, bias)

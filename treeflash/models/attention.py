@@ -54,9 +54,13 @@ class Attention(nn.Module):
                 lin.bias = nn.Parameter(part, requires_grad=False)
             self.qkv_bias = fused_b
 
+    def takes_pending_norm(self) -> bool:
+        """Whether forward takes a gemv.PendingNorm x (the fused qkv projection runs it)."""
+        return self.qkv_weight is not None and self.qkv_int4 is None
+
     def forward(
         self,
-        x: torch.Tensor,  # [T, hidden]
+        x: torch.Tensor,  # [T, hidden] (or a gemv.PendingNorm: takes_pending_norm)
         rope: tuple[torch.Tensor, torch.Tensor],  # cos, sin: [T, rotary_dim]
         step: StepInput,
         cache: AttentionCache,

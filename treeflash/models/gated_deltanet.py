@@ -188,8 +188,12 @@ class GatedDeltaNet(nn.Module):
             lin.weight = nn.Parameter(part, requires_grad=False)
         self.in_proj = fused  # a registered buffer: .to() carries it
 
+    def takes_pending_norm(self) -> bool:
+        """Whether forward takes a gemv.PendingNorm x (the fused input projection runs it)."""
+        return self.in_proj is not None
+
     def forward(
-        self, x: torch.Tensor, step: StepInput, cache: RecurrentCache,
+        self, x: torch.Tensor, step: StepInput, cache: RecurrentCache,  # x: or a gemv.PendingNorm (takes_pending_norm)
         norm: RMSNorm | None = None,  # fused path: x is the residual stream, normed inside the input GEMV
         residual: torch.Tensor | None = None,  # fused path: returns residual + out_proj(...)
         defer: bool = False,  # out_proj may come back as a gemv.Deferred (for the norm after it)

@@ -31,9 +31,15 @@ class RMSNorm(nn.Module):
         """linear(norm(x), weight, bias) as one kernel (kernels/linear.py): x [T, dim] -> [T, out]."""
         return linear_fused(x, weight, bias, self.weight, self.eps, self.unit_offset)
 
-    def add_forward(self, x: torch.Tensor | gemv.Deferred, residual: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
+    def add_forward(self, x: torch.Tensor | gemv.Deferred, residual: torch.Tensor | None,
+                    prologue: bool = False) -> tuple[torch.Tensor | gemv.PendingNorm, torch.Tensor | None]:
         """s = x + residual (x alone when residual is None); returns (norm(s), s) in one pass. A
-        Deferred x (a one-row projection not yet computed) runs with the add and norm as its epilogue."""
+        Deferred x (a one-row projection not yet computed) runs with the add and norm as its epilogue.
+        prologue (the caller's next projection takes a gemv.PendingNorm): on one row with
+        gemv.NORM_PROLOGUE on, returns (PendingNorm, None); s is its `stream` once projected."""
+        if (prologue and gemv.NORM_PROLOGUE and residual is not None and isinstance(x, torch.Tensor)
+                and x.dim() == 2 and x.shape[0] == 1):
+            return gemv.PendingNorm(x, residual, self.weight, self.eps, self.unit_offset), None
         if isinstance(x, gemv.Deferred):
             if residual is not None:
                 return gemv.gemv_add_norm(x.x, x.weight, residual, self.weight, self.eps, self.unit_offset)
@@ -115,8 +121,13 @@ class MLP(nn.Module):
         act = linear_fused(s, self.gate_up, None, norm.weight, norm.eps, norm.unit_offset, swiglu=True)  # [T, inner]
         return linear_fused(act, self.down_proj.weight, residual=s)
 
-    def forward(self, x: torch.Tensor, defer: bool = False) -> torch.Tensor | gemv.Deferred:
-        """defer: the down projection may come back as a gemv.Deferred (for the norm after it)."""
+    def takes_pending_norm(self) -> bool:
+        """Whether forward takes a gemv.PendingNorm (the fused gate_up's GEMV runs it)."""
+        return self.gate_up is not None and self.gate_up_int4 is None
+
+    def forward(self, x: torch.Tensor | gemv.PendingNorm, defer: bool = False) -> torch.Tensor | gemv.Deferred:
+        """defer: the down projection may come back as a gemv.Deferred (for the norm after it). x may
+        be a gemv.PendingNorm where takes_pending_norm()."""
         if self.gate_up_int4 is not None:
             return self.down_proj(silu_mul(self.gate_up_int4(x)))
         if self.gate_up is not None:

@@ -24,9 +24,11 @@ def _explicit(q, keys, values, start, tree_mask, scale):
     return torch.einsum("hts,shd->thd", scores.softmax(-1), v)
 
 
+@pytest.mark.parametrize("fused", [True, False])
 @pytest.mark.parametrize("cache_type", ["auto", "q8_0"])
 @pytest.mark.parametrize("tree", [False, True])
-def test_new_tokens_go_to_sdpa_in_4d_and_match_an_explicit_mask(monkeypatch, cache_type, tree):
+def test_new_tokens_go_to_sdpa_in_4d_and_match_an_explicit_mask(monkeypatch, cache_type, tree, fused):
+    """fused (what CUDA gets): 4-D inputs; else (the CPU) 3-D, SDPA's batch-invariant math path."""
     torch.manual_seed(0)
     hkv, h, d, start, n = 2, 6, 32, 9, 5
     spec = CacheSpec(max_len=64, dtype=torch.float32, device=torch.device("cpu"), cache_type_k=cache_type, cache_type_v=cache_type)
@@ -42,12 +44,14 @@ def test_new_tokens_go_to_sdpa_in_4d_and_match_an_explicit_mask(monkeypatch, cac
     from treeflash.kv import attention_cache  # its module's F only: the causal bias must still see the real function
 
     monkeypatch.setattr(attention_cache, "F", SimpleNamespace(scaled_dot_product_attention=spy))
+    monkeypatch.setattr(attention_cache, "_fused_sdpa", lambda q: fused)
     k0, v0 = torch.randn(start, hkv, d), torch.randn(start, hkv, d)
     cache.attend(torch.randn(start, h, d), k0, v0, 0, None, d**-0.5)  # the prompt: a prefill chunk
     q, k, v = torch.randn(n, h, d), torch.randn(n, hkv, d), torch.randn(n, hkv, d)
     tree_mask = torch.tensor([[1, 0, 0, 0, 0], [1, 1, 0, 0, 0], [1, 0, 1, 0, 0], [1, 1, 0, 1, 0], [1, 0, 1, 0, 1]], dtype=torch.bool) if tree else None
     got = cache.attend(q, k, v, start, tree_mask, d**-0.5)
-    assert ranks and all(r == (4, 4, 4) for r in ranks)
+    rank = 4 if fused else 3
+    assert ranks and all(r == (rank, rank, rank) for r in ranks)
     if cache_type == "auto":  # exact cache: the reference is the stored keys themselves
         keys, values = torch.cat((k0, k)), torch.cat((v0, v))
         torch.testing.assert_close(got.double(), _explicit(q, keys, values, start, tree_mask, d**-0.5), atol=1e-5, rtol=1e-5)

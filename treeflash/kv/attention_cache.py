@@ -73,6 +73,11 @@ def build_mask(num_new: int, start: int, tree_mask: torch.Tensor | None, device:
     return torch.cat((torch.ones(num_new, start, dtype=torch.bool, device=device), new), dim=1)
 
 
+def _fused_sdpa(q: torch.Tensor) -> bool:
+    """Whether attention_reference hands SDPA 4-D inputs (its fused kernels): on CUDA."""
+    return q.is_cuda
+
+
 def attention_reference(
     q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, mask: torch.Tensor | CausalBias | None, scale: float
 ) -> torch.Tensor:
@@ -80,17 +85,22 @@ def attention_reference(
     (`causal_lower_right(T, S)`: query i sees keys up to S - T + i; SDPA then runs its fused causal
     kernels instead of materializing a [T, S] mask, which also kept it off the flash backend: a
     32K-token prefill of the 8B shape took 17 s in 4096-token chunks)."""
-    # [1, H, T, D]: SDPA's fused kernels (flash, memory-efficient, cuDNN) take only 4-D inputs; 3-D
-    # ones always ran its math path (fp32 scores materialized: a 32K prefill of the 8B shape, 17.5 s)
+    # On CUDA [1, H, T, D]: SDPA's fused kernels (flash, memory-efficient, cuDNN) take only 4-D
+    # inputs; 3-D ones always ran its math path (fp32 scores materialized: a 32K prefill of the 8B
+    # shape, 17.5 s). On the CPU 3-D, which keeps the math path: its rows do not depend on how many
+    # queries share a call, so a bf16 verify of a tree gives a token's logits bit for bit as its decode
+    # step does (the CPU flash kernel does not: tests/models/test_int4.py's speculative run diverged)
+    fused = _fused_sdpa(q)
+    lead = (None,) if fused else ()
     out = F.scaled_dot_product_attention(
-        q.transpose(0, 1)[None],
-        keys.transpose(0, 1)[None],
-        values.transpose(0, 1)[None],
+        q.transpose(0, 1)[lead],
+        keys.transpose(0, 1)[lead],
+        values.transpose(0, 1)[lead],
         attn_mask=mask,
         scale=scale,
         enable_gqa=keys.shape[1] != q.shape[1],
     )
-    return out[0].transpose(0, 1)
+    return (out[0] if fused else out).transpose(0, 1)
 
 
 def new_token_attention(

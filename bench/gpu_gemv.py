@@ -40,6 +40,7 @@ PROJECTIONS = {  # name: (N, K)
     "27b.out": (5120, 6144),  # linear-attention out_proj and attention o_proj
     "27b.down": (5120, 17408),
     "27b.attn_qkv": (14336, 5120),
+    "27b.in_proj": (16480, 5120),  # the Gated DeltaNet layers' fused q/k/v, z, b, a projection
 }
 
 

@@ -5,14 +5,14 @@
 #   bash bench/gpu_session.sh            # writes into $OUT (default out/gpu_session)
 #   STAGES="check kv" bash bench/gpu_session.sh
 #
-# check      bench/gpu_check.py                                     -> gpu_check.json     (<= 150 s)
+# check      bench/gpu_check.py                                     -> gpu_check.json     (<= 140 s)
 # gdn        bench/gdn_kernels_gpu.py: the Gated DeltaNet verify walk against its OUT_SPLIT variants
-#            and the chunked (tf32x3) form on chain-16/32 and DDTree-32      -> gdn_kernels.json (<= 90 s)
+#            and the chunked (tf32x3) form on chain-16/32 and DDTree-32      -> gdn_kernels.json (<= 80 s)
 # verify_ab  bench/gpu_speed.py, decode + verify 1/32, each opt-in against the speed stage's defaults:
 #            27B with the chunked tree form (TREEFLASH_TREE_CHUNK=32) -> ab_chunk.json, 27B with the
 #            OUT_SPLIT walk -> ab_outsplit.json, 8B with the norm prologue (TREEFLASH_GEMV_NORM_IN=1)
-#            -> ab_normin.json (<= 60 s each)
-# speed      bench/gpu_speed.py, both shapes, decode + verify 1/32 + prefill 4K/32K -> gpu_speed.json (<= 170 s)
+#            -> ab_normin.json (<= 70 s each)
+# speed      bench/gpu_speed.py, both shapes, decode + verify 1/32 + prefill 4K/32K -> gpu_speed.json (<= 160 s)
 # kv         bench/kv_attention_gpu.py --sweep over the q8_0-K pairs -> kv_attention_sweep.json (<= 170 s)
 # Wheels in .whl/ (flash-linear-attention, fla-core, einops) are installed offline into /tmp/site
 # and put on the path for the stages after check only: gpu_check compares against transformers,
@@ -36,11 +36,11 @@ for stage in $STAGES; do
   case "$stage" in
     check)
       log "gpu_check"
-      timeout 150 python3 bench/gpu_check.py --out "$OUT/gpu_check.json" > "$OUT/gpu_check.log" 2>&1
+      timeout 140 python3 bench/gpu_check.py --out "$OUT/gpu_check.json" > "$OUT/gpu_check.log" 2>&1
       log "gpu_check rc=$? $(grep -E 'GPU CHECK' "$OUT/gpu_check.log" || echo 'no verdict: see gpu_check.log')" ;;
     gdn)
       log "gdn_kernels (walk, OUT_SPLIT walk, chunked form)"
-      timeout 90 python3 bench/gdn_kernels_gpu.py --trees chain16 chain32 ddtree32 --variants default walk_default \
+      timeout 80 python3 bench/gdn_kernels_gpu.py --trees chain16 chain32 ddtree32 --variants default walk_default \
         walk_outsplit_bv32_w1 walk_outsplit_bv32_w2 walk_outsplit_bv16_w2 chunk_bv16_w2 chunk_bv16_w4 chunk_bv32_w4 chunk_bv32_w8 \
         --out "$OUT/gdn_kernels.json" > "$OUT/gdn_kernels.log" 2>&1
       log "gdn_kernels rc=$?"
@@ -50,14 +50,14 @@ for stage in $STAGES; do
                "normin qwen3-8b TREEFLASH_GEMV_NORM_IN=1"; do
         set -- $v
         log "gpu_speed $2 with $3"
-        env "$3" PYTHONPATH=$SITE timeout 60 python3 bench/gpu_speed.py --shapes "$2" --buckets 1,32 --prefill "" \
+        env "$3" PYTHONPATH=$SITE timeout 70 python3 bench/gpu_speed.py --shapes "$2" --buckets 1,32 --prefill "" \
           --drafter-layers 0 --decode-tokens 64 --out "$OUT/ab_$1.json" > "$OUT/ab_$1.log" 2>&1
         log "rc=$?"
         grep -E "decode|nodes" "$OUT/ab_$1.log" | tee -a "$OUT/progress.log"
       done ;;
     speed)
       log "gpu_speed"
-      PYTHONPATH=$SITE timeout 170 python3 bench/gpu_speed.py --shapes qwen3.5-27b,qwen3-8b --buckets 1,32 \
+      PYTHONPATH=$SITE timeout 160 python3 bench/gpu_speed.py --shapes qwen3.5-27b,qwen3-8b --buckets 1,32 \
         --prefill 4096,32768 --drafter-layers 0 --decode-tokens 64 --out "$OUT/gpu_speed.json" > "$OUT/gpu_speed.log" 2>&1
       log "gpu_speed rc=$?"
       grep -E "copy bandwidth|decode|32 nodes|prefill" "$OUT/gpu_speed.log" | tee -a "$OUT/progress.log" ;;

@@ -104,7 +104,8 @@ def gemv_norm_fusion_check(where: str) -> dict:
 
     model = tiny_model().cuda().fuse_projections(fused_rows=0)
     flag = {"epilogue": "NORM_EPILOGUE", "prologue": "NORM_PROLOGUE"}[where]
-    saved = dict(gemv.TUNED), gemv.USE_GEMV, getattr(gemv, flag), dict(gemv.TUNED_SWIGLU)
+    saved = dict(gemv.TUNED), gemv.USE_GEMV, getattr(gemv, flag), dict(gemv.TUNED_SWIGLU), gemv.NORM_PROLOGUE_SWIGLU
+    gemv.NORM_PROLOGUE_SWIGLU = True  # the prologue check covers gate_up too
     if where == "epilogue":
         gemv.TUNED[(32, 32)] = gemv.GemvConfig(8, 32, 1, 4)
         gemv.TUNED[(32, 64)] = gemv.GemvConfig(8, 16, 2, 2)
@@ -131,7 +132,7 @@ def gemv_norm_fusion_check(where: str) -> dict:
         gemv.TUNED.update(saved[0])
         gemv.TUNED_SWIGLU.clear()
         gemv.TUNED_SWIGLU.update(saved[3])
-        gemv.USE_GEMV = saved[1]
+        gemv.USE_GEMV, gemv.NORM_PROLOGUE_SWIGLU = saved[1], saved[4]
         setattr(gemv, flag, saved[2])
     err = (got - ref).abs().max().item()
     ok = err < 1e-4 and tokens == ref_tokens and spec == ref_tokens and (calls > 0 or where == "prologue")

@@ -9,9 +9,9 @@
 # gdn        bench/gdn_kernels_gpu.py: the Gated DeltaNet verify walk against its OUT_SPLIT variants
 #            and the chunked (tf32x3) form on chain-16/32 and DDTree-32      -> gdn_kernels.json (<= 80 s)
 # verify_ab  bench/gpu_speed.py, decode + verify 1/32, each opt-in against the speed stage's defaults:
-#            27B with the chunked tree form (TREEFLASH_TREE_CHUNK=32) -> ab_chunk.json, 27B with the
-#            OUT_SPLIT walk -> ab_outsplit.json, 8B with the norm prologue (TREEFLASH_GEMV_NORM_IN=1)
-#            -> ab_normin.json (<= 70 s each)
+#            27B with the chunked tree form (TREEFLASH_TREE_CHUNK=32) -> ab_chunk.json, 8B with the norm
+#            prologue on qkv and gate_up (TREEFLASH_GEMV_NORM_IN=1) -> ab_normin.json, and on qkv only
+#            (=qkv) -> ab_normin_qkv.json (<= 70 s each; the OUT_SPLIT walk: the gdn stage)
 # speed      bench/gpu_speed.py, both shapes, decode + verify 1/32 + prefill 4K/32K -> gpu_speed.json (<= 160 s)
 # kv         bench/kv_attention_gpu.py --sweep over the q8_0-K pairs -> kv_attention_sweep.json (<= 170 s)
 # Wheels in .whl/ (flash-linear-attention, fla-core, einops) are installed offline into /tmp/site
@@ -46,8 +46,8 @@ for stage in $STAGES; do
       log "gdn_kernels rc=$?"
       grep -E "^\[" "$OUT/gdn_kernels.log" | tee -a "$OUT/progress.log" ;;
     verify_ab)
-      for v in "chunk qwen3.5-27b TREEFLASH_TREE_CHUNK=32" "outsplit qwen3.5-27b TREEFLASH_TREE_OUT_SPLIT=1" \
-               "normin qwen3-8b TREEFLASH_GEMV_NORM_IN=1"; do
+      for v in "chunk qwen3.5-27b TREEFLASH_TREE_CHUNK=32" "normin qwen3-8b TREEFLASH_GEMV_NORM_IN=1" \
+               "normin_qkv qwen3-8b TREEFLASH_GEMV_NORM_IN=qkv"; do
         set -- $v
         log "gpu_speed $2 with $3"
         env "$3" PYTHONPATH=$SITE timeout 70 python3 bench/gpu_speed.py --shapes "$2" --buckets 1,32 --prefill "" \

@@ -418,9 +418,9 @@ def main() -> None:
     p.add_argument("--gemv-table", default=None, help="with --gemv: take gemv's per-shape configurations from this bench/gpu_gemv.py JSON")
     p.add_argument("--gemv-norm", action=argparse.BooleanOptionalAction, default=None,
                    help="the residual add + RMSNorm as the epilogue of the decode step's o_proj/out_proj/down GEMVs (default: the library's, off)")
-    p.add_argument("--gemv-norm-in", action=argparse.BooleanOptionalAction, default=None,
-                   help="the residual add + RMSNorm as the prologue of the decode step's fused qkv/in_proj/gate_up GEMVs "
-                        "(gemv.NORM_PROLOGUE; default: the library's, off)")
+    p.add_argument("--gemv-norm-in", choices=["off", "qkv", "all"], default=None,
+                   help="the residual add + RMSNorm as the prologue of the decode step's fused GEMVs: qkv/in_proj only, "
+                        "or gate_up too (gemv.NORM_PROLOGUE, NORM_PROLOGUE_SWIGLU; default: the library's, off)")
     p.add_argument("--swiglu", action=argparse.BooleanOptionalAction, default=True,
                    help="the decode step's gate_up + SiLU-mul as one GEMV for the shapes in gemv.TUNED_SWIGLU; --no-swiglu: cuBLAS + silu_mul")
     p.add_argument("--pdl", action=argparse.BooleanOptionalAction, default=None,
@@ -450,8 +450,10 @@ def main() -> None:
         gemv.NORM_EPILOGUE = args.gemv_norm
     args.gemv_norm_used = gemv.USE_GEMV and gemv.NORM_EPILOGUE
     if args.gemv_norm_in is not None:
-        gemv.NORM_PROLOGUE = args.gemv_norm_in
-    args.gemv_norm_in_used = gemv.USE_GEMV and gemv.NORM_PROLOGUE
+        gemv.NORM_PROLOGUE = args.gemv_norm_in != "off"
+        gemv.NORM_PROLOGUE_SWIGLU = args.gemv_norm_in == "all"
+    args.gemv_norm_in_used = {"qkv": gemv.USE_GEMV and gemv.NORM_PROLOGUE,
+                              "gate_up": gemv.USE_GEMV and gemv.NORM_PROLOGUE and gemv.NORM_PROLOGUE_SWIGLU}
     if gemv.USE_GEMV:
         if args.gemv_table:
             print("gemv table:", gemv.load_table(args.gemv_table), flush=True)

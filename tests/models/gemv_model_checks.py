@@ -63,13 +63,18 @@ def prologue_main() -> None:
             calls.clear()
             plain, _ = decode_logits(model, ids, 5)
             n_plain = sum(calls)
-            gemv.NORM_PROLOGUE = True
+            gemv.NORM_PROLOGUE = gemv.NORM_PROLOGUE_SWIGLU = True
             calls.clear()
             fused, _ = decode_logits(model, ids, 5)
             n_fused = sum(calls)
+            gemv.NORM_PROLOGUE_SWIGLU = False  # qkv / in_proj only: gate_up's norm runs alone
+            calls.clear()
+            qkv_only, _ = decode_logits(model, ids, 5)
+            n_qkv = sum(calls)
     finally:
-        gemv.gemv, gemv.gemv_swiglu, gemv.NORM_PROLOGUE = orig_gemv, orig_swiglu, False
+        gemv.gemv, gemv.gemv_swiglu, gemv.NORM_PROLOGUE, gemv.NORM_PROLOGUE_SWIGLU = orig_gemv, orig_swiglu, False, False
     print(json.dumps({"gemv_err": (plain - ref).abs().max().item(), "prologue_err": (fused - ref).abs().max().item(),
+                      "qkv_only_err": (qkv_only - ref).abs().max().item(), "qkv_only_calls": n_qkv,
                       "scale": ref.abs().max().item(), "prologue_calls_plain": n_plain, "prologue_calls": n_fused,
                       "layers": len(model.model.layers)}))
 

@@ -20,3 +20,5 @@ def test_decode_with_norm_prologue_matches_plain_torch():
     assert r["prologue_calls"] == 5 * (2 * r["layers"] - 1) and r["prologue_calls_plain"] == 0, r
     assert r["gemv_err"] <= 1e-5 * max(r["scale"], 1.0), r
     assert r["prologue_err"] <= 1e-5 * max(r["scale"], 1.0), r
+    # qkv / in_proj only (NORM_PROLOGUE_SWIGLU off): the input norms of layers 1-3
+    assert r["qkv_only_calls"] == 5 * (r["layers"] - 1) and r["qkv_only_err"] <= 1e-5 * max(r["scale"], 1.0), r

@@ -50,8 +50,12 @@ USE_GEMV = os.environ.get("TREEFLASH_GEMV", "1") != "0"
 NORM_EPILOGUE = os.environ.get("TREEFLASH_GEMV_NORM", "0") == "1"
 # the residual add + RMSNorm before a decode step's fused qkv / in_proj / gate_up as that GEMV's
 # prologue (`gemv_norm_in`, `PendingNorm`): removes each norm's launch. Off until measured on the
-# H200; TREEFLASH_GEMV_NORM_IN=1 turns it on (bench/gpu_speed.py --gemv-norm-in).
-NORM_PROLOGUE = os.environ.get("TREEFLASH_GEMV_NORM_IN", "0") == "1"
+# H200; TREEFLASH_GEMV_NORM_IN=1 turns it on for all three, =qkv for qkv / in_proj only
+# (bench/gpu_speed.py --gemv-norm-in all|qkv). gate_up is separate: its many 2-row programs (6144 at
+# the 8B shape) each read the row, and with the prologue the residual and the norm weight too.
+_NORM_IN = os.environ.get("TREEFLASH_GEMV_NORM_IN", "0")
+NORM_PROLOGUE = _NORM_IN in ("1", "all", "qkv")
+NORM_PROLOGUE_SWIGLU = _NORM_IN in ("1", "all")
 
 
 
@@ -456,10 +460,11 @@ class PendingNorm:
 
 
 def takes_prologue(x: torch.Tensor, weight: torch.Tensor, table: dict | None = None) -> bool:
-    """Whether a one-row projection of this weight can run a norm prologue (NORM_PROLOGUE on, a tuned
-    shape without split-K)."""
+    """Whether a one-row projection of this weight can run a norm prologue (NORM_PROLOGUE on, and
+    NORM_PROLOGUE_SWIGLU for gate_up; a tuned shape without split-K)."""
     table = TUNED if table is None else table
-    return NORM_PROLOGUE and _takes_gemv(x, weight, table) and table[tuple(weight.shape)].split_k == 1
+    kind_on = NORM_PROLOGUE_SWIGLU if table is TUNED_SWIGLU else True
+    return NORM_PROLOGUE and kind_on and _takes_gemv(x, weight, table) and table[tuple(weight.shape)].split_k == 1
 
 
 def linear(x: torch.Tensor | PendingNorm, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:

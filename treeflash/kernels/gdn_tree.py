@@ -44,8 +44,10 @@ TREE_WARPS = 2  # H200 sweep: 32 x 2 warps fastest (chain-32 35 us, 32-node tree
 # dots it has now are not measured yet (python bench/gdn_kernels_gpu.py --trees chain16 chain32 ddtree32
 # --variants default walk_default chunk_bv16_w4 chunk_bv16_w2 chunk_bv32_w8).
 TREE_CHUNK_MAX = int(os.environ.get("TREEFLASH_TREE_CHUNK", "0"))
-TREE_CHUNK_BLOCK_V = 32
-TREE_CHUNK_WARPS = 4
+# an offline sm_90 compile (ptxas -v) of the tf32x3 form at 32 nodes: 16 v columns x 8 warps or 8 x 4
+# fit in 255 registers (4 bytes of spill); 32 x 4 spills 260 bytes, 32 x 8 252; 16 nodes: none spill
+TREE_CHUNK_BLOCK_V = 16
+TREE_CHUNK_WARPS = 8
 # the walk's output from the decayed old state (one dependent reduction per node instead of two:
 # _walk_step); not measured on a GPU yet, so off (bench/gdn_kernels_gpu.py: walk_outsplit variants);
 # TREEFLASH_TREE_OUT_SPLIT=1 turns it on (gpu_speed A/B)
@@ -274,7 +276,7 @@ def _tree_chunk_kernel(QK, GB, Y, S0, MASK, O, T, HV, C, stride_mask, TP: tl.con
     qk = tl.zeros((TP, TP), tl.float32)
     ks0 = tl.zeros((TP, BV), tl.float32)
     qs0 = tl.zeros((TP, BV), tl.float32)
-    for c in tl.static_range(DK // DKC):
+    for c in range(DK // DKC):  # a loop, not unrolled: one slice live at a time (unrolled, TP 32 spilled)
         ic = c * DKC + tl.arange(0, DKC)
         q = tl.load(QK + (it[:, None] * 2 * HK + kh) * DK + ic[None, :], mask=live[:, None], other=0.0)  # [TP, DKC]
         k = tl.load(QK + (it[:, None] * 2 * HK + HK + kh) * DK + ic[None, :], mask=live[:, None], other=0.0)

@@ -92,7 +92,7 @@ def main() -> None:
             if v != "default":
                 variants[v]["chunk"] = False
         variants["walk_default"] = dict(chunk=False)
-        for bv, w in ((32, 1), (32, 2), (16, 2)):
+        for bv, w in ((32, 2), (16, 1), (16, 2)):  # 32 x 1 spills 428 bytes (offline sm_90a compile)
             variants[f"walk_outsplit_bv{bv}_w{w}"] = dict(block_v=bv, num_warps=w, chunk=False, out_split=True)
         for bv, w in ((8, 4), (16, 2), (16, 4), (16, 8), (32, 4), (32, 8), (64, 4), (64, 8)):
             variants[f"chunk_bv{bv}_w{w}"] = dict(block_v=bv, num_warps=w, chunk=True)

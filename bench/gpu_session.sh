@@ -41,7 +41,7 @@ for stage in $STAGES; do
     gdn)
       log "gdn_kernels (walk, OUT_SPLIT walk, chunked form)"
       timeout 80 python3 bench/gdn_kernels_gpu.py --trees chain16 chain32 ddtree32 --variants default walk_default \
-        walk_outsplit_bv32_w1 walk_outsplit_bv32_w2 walk_outsplit_bv16_w2 chunk_bv8_w4 chunk_bv16_w4 chunk_bv16_w8 chunk_bv32_w8 \
+        walk_outsplit_bv32_w2 walk_outsplit_bv16_w1 walk_outsplit_bv16_w2 chunk_bv8_w4 chunk_bv16_w4 chunk_bv16_w8 chunk_bv32_w8 \
         --out "$OUT/gdn_kernels.json" > "$OUT/gdn_kernels.log" 2>&1
       log "gdn_kernels rc=$?"
       grep -E "^\[" "$OUT/gdn_kernels.log" | tee -a "$OUT/progress.log" ;;

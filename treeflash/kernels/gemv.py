@@ -28,31 +28,30 @@ from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
-from torch import nn
 import triton
 import triton.language as tl
 
 from treeflash.kernels import pdl
 
-from treeflash.kernels.activation import silu_mul, silu_mul_ref
+from treeflash.kernels.activation import silu_mul_ref
 from treeflash.kernels.norm import _interpreting, rmsnorm_ref
 from treeflash.kernels.scratch import scratch
 
 
-# `linear` and `apply` send one-row projections of the TUNED shapes on CUDA through gemv: on by
-# default (an H200: 8B decode 204 -> 217 tokens/s, 27B 70 -> 73; docs/performance.md);
-# TREEFLASH_GEMV=0 keeps every projection on cuBLAS
+# kernels/projection.py's `linear` and `apply` send one-row projections of the TUNED shapes on
+# CUDA through gemv: on by default (an H200: 8B decode 204 -> 217 tokens/s, 27B 70 -> 73;
+# docs/performance.md); TREEFLASH_GEMV=0 keeps every projection on cuBLAS
 USE_GEMV = os.environ.get("TREEFLASH_GEMV", "1") != "0"
 # the residual add + RMSNorm after a decode step's o_proj / out_proj / down_proj as that GEMV's
-# epilogue (`gemv_add_norm`, `project(..., defer=True)`). Off: exact, but slower on the H200 (8B
-# decode 218.4 -> 213.1-214.7 tokens/s: the last program's serial tail, ~5 us, costs more than the
-# norm's own launch, 2.6 us; docs/performance.md). TREEFLASH_GEMV_NORM=1 turns it on.
+# epilogue (`gemv_add_norm`, `projection.project(..., defer=True)`). Off: exact, but slower on the
+# H200 (8B decode 218.4 -> 213.1-214.7 tokens/s: the last program's serial tail, ~5 us, costs more
+# than the norm's own launch, 2.6 us; docs/performance.md). TREEFLASH_GEMV_NORM=1 turns it on.
 NORM_EPILOGUE = os.environ.get("TREEFLASH_GEMV_NORM", "0") == "1"
 # the residual add + RMSNorm before a decode step's fused qkv / in_proj / gate_up as that GEMV's
-# prologue (`gemv_norm_in`, `PendingNorm`): removes each norm's launch. Off until measured on the
-# H200; TREEFLASH_GEMV_NORM_IN=1 turns it on for all three, =qkv for qkv / in_proj only
-# (bench/gpu_speed.py --gemv-norm-in all|qkv). gate_up is separate: its many 2-row programs (6144 at
-# the 8B shape) each read the row, and with the prologue the residual and the norm weight too.
+# prologue (`gemv_norm_in`, `projection.PendingNorm`): removes each norm's launch. Off until
+# measured on the H200; TREEFLASH_GEMV_NORM_IN=1 turns it on for all three, =qkv for qkv / in_proj
+# only (bench/gpu_speed.py --gemv-norm-in all|qkv). gate_up is separate: its many 2-row programs
+# (6144 at the 8B shape) each read the row, and with the prologue the residual and the norm weight too.
 _NORM_IN = os.environ.get("TREEFLASH_GEMV_NORM_IN", "0")
 NORM_PROLOGUE = _NORM_IN in ("1", "all", "qkv")
 NORM_PROLOGUE_SWIGLU = _NORM_IN in ("1", "all")
@@ -217,8 +216,8 @@ def gemv_config(n: int, k: int) -> GemvConfig:
 
 
 # (N, K) -> the fastest configuration of an H200 sweep where it beats cuBLAS (bench/gpu_gemv.py;
-# bench/results/gpu_gemv*.json, us per call with every weight byte from memory). `linear` and
-# `apply` use gemv only for these shapes; every other one stays on cuBLAS (e.g. gate/up, 96-99% of
+# bench/results/gpu_gemv*.json, us per call with every weight byte from memory).
+# `projection.linear` and `apply` use gemv only for these shapes; every other one stays on cuBLAS (e.g. gate/up, 96-99% of
 # the bandwidth there already).
 TUNED: dict[tuple[int, int], GemvConfig] = {  # bench/results/gpu_gemv.json (wide grid), gpu_gemv_focus.json
     (6144, 4096): GemvConfig(8, 1024, 1, 4),  # Qwen3-8B q/k/v: 13.8 us vs cuBLAS 15.4-15.7
@@ -414,104 +413,3 @@ def gemv_swiglu(x: torch.Tensor, gate_up: torch.Tensor, config: GemvConfig | Non
     if norm_in is not None:
         return y, stream.reshape(shape)
     return y
-
-
-def swiglu(x: torch.Tensor | PendingNorm, gate_up: torch.Tensor) -> torch.Tensor:
-    """silu_mul(linear(x, gate_up)); one row of a TUNED_SWIGLU shape on CUDA: gemv_swiglu (a PendingNorm
-    x as its prologue)."""
-    if isinstance(x, PendingNorm):
-        if takes_prologue(x.x, gate_up, TUNED_SWIGLU):
-            y, x.stream = gemv_swiglu(x.x, gate_up, norm_in=x.args())
-            return y
-        x = x.materialize()
-    if _takes_gemv(x, gate_up, TUNED_SWIGLU):
-        return gemv_swiglu(x, gate_up)
-    return silu_mul(linear(x, gate_up))
-
-
-def _takes_gemv(x: torch.Tensor, weight: torch.Tensor, table: dict = TUNED) -> bool:
-    """One row on CUDA (or the interpreter) with a weight shape in `table`, gemv on."""
-    return (USE_GEMV and (x.is_cuda or _interpreting()) and x.dim() == 2 and x.shape[0] == 1
-            and tuple(weight.shape) in table and weight.is_contiguous())
-
-
-@dataclass
-class PendingNorm:
-    """A decode step's "residual add + RMSNorm" not yet computed (`RMSNorm.add_forward(...,
-    prologue=True)`), so that the projection after it runs it as its prologue (`linear`, `swiglu`);
-    `stream` (x + residual) is set once a projection or `materialize` has run it."""
-
-    x: torch.Tensor  # [1, K]
-    residual: torch.Tensor  # [1, K]
-    weight: torch.Tensor  # the norm's [K]
-    eps: float
-    unit_offset: bool
-    stream: torch.Tensor | None = None
-
-    @property
-    def shape(self) -> torch.Size:
-        return self.x.shape
-
-    @property
-    def dtype(self) -> torch.dtype:
-        return self.x.dtype
-
-    def args(self) -> tuple:
-        return self.residual, self.weight, self.eps, self.unit_offset
-
-    def materialize(self) -> torch.Tensor:
-        """The norm alone (its own kernel): returns the normed row and sets `stream`."""
-        from treeflash.kernels.norm import rmsnorm
-
-        normed, self.stream = rmsnorm(self.x, self.weight, self.eps, self.unit_offset, self.residual)
-        return normed
-
-
-def takes_prologue(x: torch.Tensor, weight: torch.Tensor, table: dict | None = None) -> bool:
-    """Whether a one-row projection of this weight can run a norm prologue (NORM_PROLOGUE on, and
-    NORM_PROLOGUE_SWIGLU for gate_up; a tuned shape without split-K)."""
-    table = TUNED if table is None else table
-    kind_on = NORM_PROLOGUE_SWIGLU if table is TUNED_SWIGLU else True
-    return NORM_PROLOGUE and kind_on and _takes_gemv(x, weight, table) and table[tuple(weight.shape)].split_k == 1
-
-
-def linear(x: torch.Tensor | PendingNorm, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
-    """F.linear, except one row on CUDA with a TUNED weight shape when USE_GEMV: gemv (what a decode
-    step's projections call). A PendingNorm x runs as gemv's prologue where it can, else first."""
-    if isinstance(x, PendingNorm):
-        if takes_prologue(x.x, weight):
-            y, x.stream = gemv(x.x, weight, bias, config=TUNED_NORM_IN.get(tuple(weight.shape)), norm_in=x.args())
-            return y
-        x = x.materialize()
-    if _takes_gemv(x, weight):
-        return gemv(x, weight, bias)
-    return F.linear(x, weight, bias)
-
-
-def apply(module: nn.Module, x: torch.Tensor) -> torch.Tensor:
-    """module(x), through `linear` when the module is a plain nn.Linear (so a TUNED shape on one row
-    on CUDA takes gemv); anything else (e.g. a CPU int4 layer) is called as it is."""
-    if type(module) is nn.Linear:
-        return linear(x, module.weight, module.bias)
-    return module(x)
-
-
-@dataclass
-class Deferred:
-    """A one-row projection x W^T not yet computed, so that the residual add and RMSNorm that follow
-    it run as its epilogue (`RMSNorm.add_forward` calls `gemv_add_norm`); `value()` computes it alone."""
-
-    x: torch.Tensor  # [1, K]
-    weight: torch.Tensor  # [N, K]
-
-    def value(self) -> torch.Tensor:  # [1, N]
-        return gemv(self.x, self.weight)
-
-
-def project(module: nn.Module, x: torch.Tensor, defer: bool = False) -> torch.Tensor | Deferred:
-    """apply(module, x); with defer, a Deferred instead where that projection would take gemv (one
-    row, a TUNED shape, no bias) and NORM_EPILOGUE is on. The caller must hand the result to
-    `RMSNorm.add_forward` (or call `.value()`)."""
-    if defer and NORM_EPILOGUE and type(module) is nn.Linear and module.bias is None and _takes_gemv(x, module.weight):
-        return Deferred(x, module.weight)
-    return apply(module, x)

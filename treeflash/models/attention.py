@@ -9,7 +9,7 @@ from torch import nn
 from treeflash.kernels.activation import sigmoid_gate
 from treeflash.kernels.linear import linear_fused
 from treeflash.kernels.rotary import norm_rotary
-from treeflash.kernels import gemv
+from treeflash.kernels import projection
 from treeflash.kv.attention_cache import AttentionCache
 from treeflash.models.config import ModelConfig
 from treeflash.models.layers import RMSNorm
@@ -55,19 +55,19 @@ class Attention(nn.Module):
             self.qkv_bias = fused_b
 
     def takes_pending_norm(self) -> bool:
-        """Whether forward takes a gemv.PendingNorm x (the fused qkv projection runs it)."""
+        """Whether forward takes a projection.PendingNorm x (the fused qkv projection runs it)."""
         return self.qkv_weight is not None and self.qkv_int4 is None
 
     def forward(
         self,
-        x: torch.Tensor,  # [T, hidden] (or a gemv.PendingNorm: takes_pending_norm)
+        x: torch.Tensor,  # [T, hidden] (or a projection.PendingNorm: takes_pending_norm)
         rope: tuple[torch.Tensor, torch.Tensor],  # cos, sin: [T, rotary_dim]
         step: StepInput,
         cache: AttentionCache,
         norm: RMSNorm | None = None,  # fused path: x is the residual stream, normed inside the qkv GEMV
         residual: torch.Tensor | None = None,  # fused path: returns residual + o_proj(...)
-        defer: bool = False,  # o_proj may come back as a gemv.Deferred (for the norm after it)
-    ) -> torch.Tensor | gemv.Deferred:  # [T, hidden]
+        defer: bool = False,  # o_proj may come back as a projection.Deferred (for the norm after it)
+    ) -> torch.Tensor | projection.Deferred:  # [T, hidden]
         n = x.shape[0]
         if norm is not None:
             q, k, v = norm.linear(x, self.qkv_weight, self.qkv_bias).split(
@@ -75,7 +75,7 @@ class Attention(nn.Module):
         elif self.qkv_int4 is not None:
             q, k, v = self.qkv_int4(x).split([self.q_proj.out_features, self.k_proj.out_features, self.v_proj.out_features], dim=-1)
         elif self.qkv_weight is not None:
-            q, k, v = gemv.linear(x, self.qkv_weight, self.qkv_bias).split(
+            q, k, v = projection.linear(x, self.qkv_weight, self.qkv_bias).split(
                 [self.q_proj.weight.shape[0], self.k_proj.weight.shape[0], self.v_proj.weight.shape[0]], dim=-1)
         else:
             q, k, v = self.q_proj(x), self.k_proj(x), self.v_proj(x)
@@ -103,4 +103,4 @@ class Attention(nn.Module):
             out = sigmoid_gate(out, gate)
         if residual is not None:
             return linear_fused(out, self.o_proj.weight, residual=residual)
-        return gemv.project(self.o_proj, out, defer)
+        return projection.project(self.o_proj, out, defer)

@@ -35,7 +35,7 @@ from treeflash.kernels.gdn_decode import conv_step, decode_step, recurrent_step
 from treeflash.kernels.gdn_tree import tree_conv, tree_recurrent
 from treeflash.kernels.linear import linear_fused
 from treeflash.kernels.norm import rmsnorm_gated
-from treeflash.kernels import gemv
+from treeflash.kernels import projection
 from treeflash.kv.recurrent_cache import PendingNodes, RecurrentCache
 from treeflash.models.config import ModelConfig
 from treeflash.models.step import StepInput
@@ -189,21 +189,21 @@ class GatedDeltaNet(nn.Module):
         self.in_proj = fused  # a registered buffer: .to() carries it
 
     def takes_pending_norm(self) -> bool:
-        """Whether forward takes a gemv.PendingNorm x (the fused input projection runs it)."""
+        """Whether forward takes a projection.PendingNorm x (the fused input projection runs it)."""
         return self.in_proj is not None
 
     def forward(
-        self, x: torch.Tensor, step: StepInput, cache: RecurrentCache,  # x: or a gemv.PendingNorm (takes_pending_norm)
+        self, x: torch.Tensor, step: StepInput, cache: RecurrentCache,  # x: or a projection.PendingNorm (takes_pending_norm)
         norm: RMSNorm | None = None,  # fused path: x is the residual stream, normed inside the input GEMV
         residual: torch.Tensor | None = None,  # fused path: returns residual + out_proj(...)
-        defer: bool = False,  # out_proj may come back as a gemv.Deferred (for the norm after it)
-    ) -> torch.Tensor | gemv.Deferred:
+        defer: bool = False,  # out_proj may come back as a projection.Deferred (for the norm after it)
+    ) -> torch.Tensor | projection.Deferred:
         # x: [T, hidden] -> [T, hidden]
         n = x.shape[0]
         if norm is not None:
             mixed, z, b, a = norm.linear(x, self.in_proj).split([self.conv_dim, self.value_dim, self.num_v_heads, self.num_v_heads], dim=-1)
         elif self.in_proj is not None:
-            mixed, z, b, a = gemv.linear(x, self.in_proj).split([self.conv_dim, self.value_dim, self.num_v_heads, self.num_v_heads], dim=-1)
+            mixed, z, b, a = projection.linear(x, self.in_proj).split([self.conv_dim, self.value_dim, self.num_v_heads, self.num_v_heads], dim=-1)
         else:
             mixed, z, b, a = self.in_proj_qkv(x), self.in_proj_z(x), self.in_proj_b(x), self.in_proj_a(x)
         # mixed: [T, conv_dim], the conv inputs, kept per node for commit
@@ -212,7 +212,7 @@ class GatedDeltaNet(nn.Module):
         out = self.norm(o, z, x.dtype).reshape(n, self.value_dim)  # o: fp32, rounded to x.dtype inside
         if residual is not None:
             return linear_fused(out, self.out_proj.weight, residual=residual)
-        return gemv.project(self.out_proj, out, defer)
+        return projection.project(self.out_proj, out, defer)
 
     def _mix(self, mixed, a, b, step: StepInput, cache: RecurrentCache) -> torch.Tensor:
         """Short conv + gated delta rule: fused kernels on CUDA, their plain-torch references elsewhere."""

@@ -11,7 +11,7 @@ from torch import nn
 from treeflash.kernels.activation import silu_mul
 from treeflash.kernels.linear import linear_fused
 from treeflash.kernels.norm import rmsnorm
-from treeflash.kernels import gemv
+from treeflash.kernels import gemv, projection
 from treeflash.models.config import ModelConfig
 
 
@@ -31,16 +31,16 @@ class RMSNorm(nn.Module):
         """linear(norm(x), weight, bias) as one kernel (kernels/linear.py): x [T, dim] -> [T, out]."""
         return linear_fused(x, weight, bias, self.weight, self.eps, self.unit_offset)
 
-    def add_forward(self, x: torch.Tensor | gemv.Deferred, residual: torch.Tensor | None,
-                    prologue: bool = False) -> tuple[torch.Tensor | gemv.PendingNorm, torch.Tensor | None]:
+    def add_forward(self, x: torch.Tensor | projection.Deferred, residual: torch.Tensor | None,
+                    prologue: bool = False) -> tuple[torch.Tensor | projection.PendingNorm, torch.Tensor | None]:
         """s = x + residual (x alone when residual is None); returns (norm(s), s) in one pass. A
         Deferred x (a one-row projection not yet computed) runs with the add and norm as its epilogue.
-        prologue (the caller's next projection takes a gemv.PendingNorm): on one row with
+        prologue (the caller's next projection takes a projection.PendingNorm): on one row with
         gemv.NORM_PROLOGUE on, returns (PendingNorm, None); s is its `stream` once projected."""
         if (prologue and gemv.NORM_PROLOGUE and residual is not None and isinstance(x, torch.Tensor)
                 and x.dim() == 2 and x.shape[0] == 1):
-            return gemv.PendingNorm(x, residual, self.weight, self.eps, self.unit_offset), None
-        if isinstance(x, gemv.Deferred):
+            return projection.PendingNorm(x, residual, self.weight, self.eps, self.unit_offset), None
+        if isinstance(x, projection.Deferred):
             if residual is not None:
                 return gemv.gemv_add_norm(x.x, x.weight, residual, self.weight, self.eps, self.unit_offset)
             x = x.value()
@@ -122,14 +122,14 @@ class MLP(nn.Module):
         return linear_fused(act, self.down_proj.weight, residual=s)
 
     def takes_pending_norm(self) -> bool:
-        """Whether forward takes a gemv.PendingNorm (the fused gate_up's GEMV runs it)."""
+        """Whether forward takes a projection.PendingNorm (the fused gate_up's GEMV runs it)."""
         return self.gate_up is not None and self.gate_up_int4 is None
 
-    def forward(self, x: torch.Tensor | gemv.PendingNorm, defer: bool = False) -> torch.Tensor | gemv.Deferred:
-        """defer: the down projection may come back as a gemv.Deferred (for the norm after it). x may
-        be a gemv.PendingNorm where takes_pending_norm()."""
+    def forward(self, x: torch.Tensor | projection.PendingNorm, defer: bool = False) -> torch.Tensor | projection.Deferred:
+        """defer: the down projection may come back as a projection.Deferred (for the norm after it). x may
+        be a projection.PendingNorm where takes_pending_norm()."""
         if self.gate_up_int4 is not None:
             return self.down_proj(silu_mul(self.gate_up_int4(x)))
         if self.gate_up is not None:
-            return gemv.project(self.down_proj, gemv.swiglu(x, self.gate_up), defer)
+            return projection.project(self.down_proj, projection.swiglu(x, self.gate_up), defer)
         return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from treeflash.kernels import gemv
+from treeflash.kernels import projection
 from treeflash.kv.cache import ATTENTION, RECURRENT, CacheLayout, CacheSpec, ModelCache
 from treeflash.kv.recurrent_cache import RecurrentShape
 from treeflash.models.attention import Attention
@@ -62,12 +62,12 @@ class DecoderLayer(nn.Module):
 
     def forward_residual(self, x, residual, rope, step: StepInput, cache, defer: bool = False):
         """The layer with the residual add fused into each norm: the stream is x + residual.
-        (x, residual) -> (mlp output, residual); with defer the mlp output may be a gemv.Deferred,
+        (x, residual) -> (mlp output, residual); with defer the mlp output may be a projection.Deferred,
         for the next norm's add_forward. The mixer's output projection is always deferrable: the
         norm right after it takes it (on a decode step, both run in the projection's launch)."""
         mixer = self.self_attn if self.layer_type == FULL_ATTENTION else self.linear_attn
         h, residual = self.input_layernorm.add_forward(x, residual, prologue=mixer.takes_pending_norm())
-        pending = h if isinstance(h, gemv.PendingNorm) else None
+        pending = h if isinstance(h, projection.PendingNorm) else None
         if self.layer_type == FULL_ATTENTION:
             h = self.self_attn(h, rope, step, cache, defer=True)
         else:
@@ -75,7 +75,7 @@ class DecoderLayer(nn.Module):
         if pending is not None:  # the norm ran in the mixer's input projection (or alone, first)
             residual = _stream(pending)
         h, residual = self.post_attention_layernorm.add_forward(h, residual, prologue=self.mlp.takes_pending_norm())
-        pending = h if isinstance(h, gemv.PendingNorm) else None
+        pending = h if isinstance(h, projection.PendingNorm) else None
         out = self.mlp(h, defer=defer)
         if pending is not None:
             residual = _stream(pending)
@@ -86,7 +86,7 @@ class DecoderLayer(nn.Module):
         self.mlp.fuse()
 
 
-def _stream(pending: gemv.PendingNorm) -> torch.Tensor:
+def _stream(pending: projection.PendingNorm) -> torch.Tensor:
     if pending.stream is None:  # a consumer that says it takes a PendingNorm must project or materialize it
         raise RuntimeError("a pending norm was not run by the projection after it")
     return pending.stream

@@ -275,3 +275,17 @@ def test_generate_only_saves_the_data_and_trains_nothing(trained, tmp_path):
     assert main(["train-drafter", "--target", str(target), "--out", str(out), *TRAIN, "--tokens", "100", "--generate-only"]) == 0
     assert Dataset.load(out / "train" / "data.safetensors").response_tokens >= 100
     assert not (out / "train" / "checkpoint").exists() and not (out / "config.json").exists()
+
+
+def test_gen_static_gives_the_same_data(trained, tmp_path):
+    """--gen-static (one padded shape on a static cache; compiled by transformers on CUDA only) gives
+    the same greedy data as the dynamic cache through the whole command."""
+    target, _, _ = trained
+    runs = {}
+    for name, extra in (("dynamic", []), ("static", ["--gen-static"])):
+        out = tmp_path / name
+        assert main(["train-drafter", "--target", str(target), "--out", str(out), *TRAIN, "--tokens", "150",
+                     "--generate-only", *extra]) == 0
+        data = Dataset.load(out / "train" / "data.safetensors")
+        runs[name] = [data.sequence(i).tolist() for i in range(len(data))]
+    assert runs["static"] == runs["dynamic"] and runs["static"]

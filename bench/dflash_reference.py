@@ -166,7 +166,7 @@ def random_setup(args):
     """-> (random target, random drafter directory, random prompts, no end tokens, the temp dir)."""
     import tempfile
 
-    from gpu_speed import build_model
+    from gpu_shapes import build_model
 
     from treeflash.spec.dflash_model import DFlashModel
     from treeflash.train.export import export_drafter

@@ -65,7 +65,7 @@ def rel(a: torch.Tensor, b: torch.Tensor) -> float:
 def model_prefill(n: int, res: dict) -> None:
     """A 27B-shaped hybrid model cut to 4 layers (3 linear-attention, 1 attention), random bf16
     weights: the prefill's last logits and state with fla against the reference, and its speed."""
-    from bench.gpu_speed import SHAPES, build_model  # the real shapes
+    from bench.gpu_shapes import SHAPES, build_model  # the real shapes
     from treeflash.models.step import StepInput
 
     cfg = dict(SHAPES["qwen3.5-27b"])

@@ -9,7 +9,6 @@ Writes the top kernels by CUDA time and the wall time per layer, to compare with
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import json
 import sys
 import time
@@ -21,27 +20,8 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
 
-from gpu_speed import SHAPES  # noqa: E402
-from treeflash.models.config import ModelConfig  # noqa: E402
-from treeflash.models.transformer import CausalLM  # noqa: E402
+from gpu_shapes import SHAPES, build_model  # noqa: E402
 from treeflash.models.step import StepInput  # noqa: E402
-
-
-def build(shape: str, layers: int) -> CausalLM:
-    kw = dict(SHAPES[shape])
-    kw["num_layers"] = layers
-    if "layer_types" in kw:
-        kw["layer_types"] = tuple(kw["layer_types"][:layers])
-    torch.manual_seed(0)
-    with torch.device("cuda"):
-        torch.set_default_dtype(torch.bfloat16)
-        model = CausalLM(ModelConfig(**kw))
-        torch.set_default_dtype(torch.float32)
-    with torch.no_grad():
-        for p in model.parameters():
-            if p.dim() >= 2:
-                p.normal_(0, 0.02)
-    return model.eval().fuse_projections()
 
 
 @torch.inference_mode()
@@ -54,7 +34,7 @@ def main() -> None:
     p.add_argument("--top", type=int, default=25)
     p.add_argument("--out", default="out/prefill_profile.json")
     args = p.parse_args()
-    model = build(args.shape, args.layers)
+    model = build_model(args.shape, device="cuda", layers=args.layers).fuse_projections()
     ids = torch.randint(0, model.config.vocab_size, (args.tokens,), device="cuda")
     cache = model.new_cache(args.tokens + 8)
 

@@ -14,7 +14,6 @@ from __future__ import annotations
 import argparse
 import json
 import platform
-import statistics
 import sys
 import time
 from pathlib import Path
@@ -22,36 +21,15 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from treeflash.models.config import ModelConfig  # noqa: E402
+from gpu_shapes import (DEV, build_model, cuda_time, measure_bandwidth, step_bytes, sync,  # noqa: E402
+                        wall_time, weight_bytes)
 from treeflash.models.runner import CudaGraphRunner  # noqa: E402
 from treeflash.models.step import StepInput  # noqa: E402
 from treeflash.models.transformer import CausalLM  # noqa: E402
 from treeflash.spec.decoder import Decoder  # noqa: E402
 from treeflash.spec.sampling import SamplingParams  # noqa: E402
-
-SHAPES = {
-    # Qwen3-8B: 36 layers, hidden 4096, 32 q heads / 8 kv heads of 128, MLP 12288, vocab 151936
-    "qwen3-8b": dict(arch="qwen3", vocab_size=151936, hidden_size=4096, intermediate_size=12288, num_layers=36,
-                     num_heads=32, num_kv_heads=8, head_dim=128, qk_norm=True, rope_theta=1e6),
-    # Qwen3.5-27B: 64 layers (48 Gated DeltaNet + 16 gated attention), hidden 5120, MLP 17408,
-    # attention 24 q / 4 kv heads of 256 (partial rotary 0.25), linear 16 k / 48 v heads of 128
-    "qwen3.5-27b": dict(arch="qwen3_5", vocab_size=248320, hidden_size=5120, intermediate_size=17408, num_layers=64,
-                        num_heads=24, num_kv_heads=4, head_dim=256, qk_norm=True, attn_output_gate=True,
-                        norm_unit_offset=True, partial_rotary_factor=0.25, rope_theta=1e7,
-                        layer_types=tuple("full_attention" if (i + 1) % 4 == 0 else "linear_attention" for i in range(64)),
-                        linear_conv_kernel_dim=4, linear_key_head_dim=128, linear_value_head_dim=128,
-                        linear_num_key_heads=16, linear_num_value_heads=48),
-    # small shapes to check the script itself
-    "tiny-dense": dict(arch="qwen3", vocab_size=1000, hidden_size=256, intermediate_size=512, num_layers=4,
-                       num_heads=4, num_kv_heads=2, head_dim=64, qk_norm=True),
-    "tiny-hybrid": dict(arch="qwen3_5", vocab_size=1000, hidden_size=256, intermediate_size=512, num_layers=4,
-                        num_heads=4, num_kv_heads=2, head_dim=64, qk_norm=True, attn_output_gate=True,
-                        norm_unit_offset=True, partial_rotary_factor=0.25,
-                        layer_types=("linear_attention", "linear_attention", "linear_attention", "full_attention"),
-                        linear_key_head_dim=32, linear_value_head_dim=32, linear_num_key_heads=2, linear_num_value_heads=4),
-}
-
 
 def ddtree_parents(n: int) -> list[int]:
     """A DDTree-shaped verify tree of n nodes: depth round(2 log2 n) (16 -> 8, 32 -> 10, 64 -> 12,
@@ -82,93 +60,6 @@ def max_depth(parents: list[int]) -> int:
     for i, p in enumerate(parents[1:], 1):
         depth[i] = depth[p] + 1
     return max(depth)
-
-
-def cuda_time(fn, iters: int = 20, warmup: int = 3) -> float:
-    """Median seconds of fn() by CUDA events (device time, launches included)."""
-    if not torch.cuda.is_available():
-        return wall_time(fn, iters, warmup)
-    for _ in range(warmup):
-        fn()
-    times = []
-    for _ in range(iters):
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        fn()
-        b.record()
-        b.synchronize()
-        times.append(a.elapsed_time(b) / 1000)
-    return statistics.median(times)
-
-
-def wall_time(fn, iters: int = 20, warmup: int = 3) -> float:
-    """Median seconds of fn() by the host clock; fn must synchronize (e.g. read a token back)."""
-    for _ in range(warmup):
-        fn()
-    times = []
-    for _ in range(iters):
-        t0 = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t0)
-    return statistics.median(times)
-
-
-def measure_bandwidth(gib: float = 4.0) -> float:
-    n = int(gib * 2**30) // 2
-    src = torch.randn(n, device=DEV, dtype=torch.bfloat16)
-    dst = torch.empty_like(src)
-    t = cuda_time(lambda: dst.copy_(src), iters=10)
-    del src, dst
-    return 2 * n * 2 / t  # bytes read + written per second
-
-
-DEV = "cuda" if torch.cuda.is_available() else "cpu"
-
-
-def sync() -> None:
-    if DEV == "cuda":
-        torch.cuda.synchronize()
-
-
-def build_model(shape: str, device=None, dtype=torch.bfloat16) -> CausalLM:
-    device = device or DEV
-    cfg = ModelConfig(**SHAPES[shape])
-    torch.manual_seed(0)
-    with torch.device(device):
-        prev = torch.get_default_dtype()
-        torch.set_default_dtype(dtype)
-        try:
-            model = CausalLM(cfg)
-        finally:
-            torch.set_default_dtype(prev)
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            if p.dim() >= 2:
-                p.normal_(0, 0.02)
-    return model.eval()
-
-
-def weight_bytes(model: CausalLM) -> int:
-    """Bytes a decode step reads: every parameter once, except the embedding table (one row)."""
-    total = sum(p.numel() * p.element_size() for p in model.parameters())
-    emb = model.model.embed_tokens.weight
-    if model.lm_head is not None:
-        total -= emb.numel() * emb.element_size()
-    return total
-
-
-def state_bytes(model: CausalLM) -> int:
-    """Recurrent bytes one decode step reads and writes: the fp32 state of every Gated DeltaNet layer."""
-    c = model.config
-    if not c.is_hybrid:
-        return 0
-    return len(c.linear_layer_ids) * c.linear_num_value_heads * c.linear_key_head_dim * c.linear_value_head_dim * 4 * 2
-
-
-def step_bytes(model: CausalLM, cache, context: int) -> int:
-    c = model.config
-    kv = len(c.attention_layer_ids) * context * c.num_kv_heads * c.head_dim * 2 * 2  # bf16 K and V
-    return weight_bytes(model) + kv + state_bytes(model)
 
 
 @torch.inference_mode()

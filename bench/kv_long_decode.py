@@ -30,7 +30,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from gpu_speed import DEV, SHAPES, build_model, cuda_time, measure_bandwidth, state_bytes, wall_time, weight_bytes  # noqa: E402
+from gpu_shapes import DEV, SHAPES, build_model, cuda_time, measure_bandwidth, state_bytes, wall_time, weight_bytes  # noqa: E402
 
 from treeflash.kernels.kv_formats import bytes_per_token_per_layer  # noqa: E402
 from treeflash.models.runner import CudaGraphRunner  # noqa: E402

@@ -116,11 +116,12 @@ def _tree_conv_kernel(X, WIN, W, PAR, Y, C, K: tl.constexpr, BLOCK: tl.constexpr
 @triton.jit
 def _tree_prep_kernel(Y, A, B, ALOG, DTB, PAR, MASK, QK, GB, PATH, NPATH, KIDS, NKIDS, HV, C, stride_mask,
                       T: tl.constexpr, TP: tl.constexpr, GROUP: tl.constexpr, GP: tl.constexpr, HK: tl.constexpr,
-                      DK: tl.constexpr, PDL: tl.constexpr = False):
+                      DK: tl.constexpr, PDL: tl.constexpr = False, LAYOUT: tl.constexpr = True):
     """Program (j, kh), j in [0, T]: for node j < T and k head kh, the normalized q (scaled) and k, and
     for its GROUP v heads the decay e^g and beta: everything of a step that does not touch the state.
-    Programs (j, 0) also lay out the tree for walk program j, which serves node p = j - 1 (-1: the
-    committed prefix): PATH[j] = p's root -> p path (NPATH[j] nodes), KIDS[j] = p's leaf children."""
+    With LAYOUT (the walks need it; the chunked form does not), programs (j, 0) also lay out the tree
+    for walk program j, which serves node p = j - 1 (-1: the committed prefix): PATH[j] = p's root ->
+    p path (NPATH[j] nodes), KIDS[j] = p's leaf children."""
     pdl.enter(PDL)
     j = tl.program_id(0)
     kh = tl.program_id(1)
@@ -141,7 +142,7 @@ def _tree_prep_kernel(Y, A, B, ALOG, DTB, PAR, MASK, QK, GB, PATH, NPATH, KIDS, 
         b = tl.load(B + j * HV + hs, mask=hm, other=0.0).to(tl.float32)
         tl.store(GB + (j * HV + hs) * 2, tl.exp(g), mask=hm)
         tl.store(GB + (j * HV + hs) * 2 + 1, 1.0 / (1.0 + tl.exp(-b)), mask=hm)
-    if kh == 0:
+    if LAYOUT and kh == 0:
         p = j - 1
         c = tl.arange(0, TP)
         valid = c < T
@@ -170,16 +171,24 @@ def _walk_step(s, q, k, v, dec, beta, optr, OUT_SPLIT: tl.constexpr):
     u = beta (v - (e^g S)^T k), so its reduction runs beside pred's instead of after the update (one
     dependent reduction per path node instead of two; rounding differs from the decode step's)."""
     s = s * dec
-    pred = tl.sum(s * k[:, None], axis=0)
     if OUT_SPLIT:
-        sq = tl.sum(s * q[:, None], axis=0)
-        u = beta * (v - pred)
-        tl.store(optr, sq + tl.sum(q * k, axis=0) * u)
+        o, u = _out_from_decayed(s, q, k, v, beta)
+        tl.store(optr, o)
         s = s + k[:, None] * u[None, :]
     else:
+        pred = tl.sum(s * k[:, None], axis=0)
         s = s + k[:, None] * (beta * (v - pred))[None, :]
         tl.store(optr, tl.sum(s * q[:, None], axis=0))
     return s
+
+
+@triton.jit
+def _out_from_decayed(sd, q, k, v, beta):
+    """A node's output from its parent's decayed state sd = e^g S (no update needed): returns
+    (o, u) with u = beta (v - sd^T k) and o = sd^T q + (q . k) u."""
+    pred = tl.sum(sd * k[:, None], axis=0)
+    u = beta * (v - pred)
+    return tl.sum(sd * q[:, None], axis=0) + tl.sum(q * k, axis=0) * u, u
 
 
 @triton.jit
@@ -197,10 +206,8 @@ def _walk_kid(s, i, QO, KO, VO, GB, O, h, HV, C, ik, iv, HK: tl.constexpr, DK: t
     """Leaf child i of the walk's node (state s): its output only, the step without the state update,
     o = (e^g S)^T q + (q . k) beta (v - (e^g S)^T k)."""
     q, k, v, dec, beta = _walk_load(QO, KO, VO, GB, i, h, HV, C, ik, iv, HK, DK)
-    sd = s * dec
-    pred = tl.sum(sd * k[:, None], axis=0)
-    sq = tl.sum(sd * q[:, None], axis=0)
-    tl.store(O + (i * HV + h) * DV + iv, sq + tl.sum(q * k, axis=0) * (beta * (v - pred)))
+    o, _ = _out_from_decayed(s * dec, q, k, v, beta)
+    tl.store(O + (i * HV + h) * DV + iv, o)
 
 
 @triton.jit
@@ -376,11 +383,11 @@ def tree_recurrent(y, a, b, a_log, dt_bias, state, parents, tree_mask, num_k_hea
     ints = torch.empty(2 * (t + 1) * tp + 2 * (t + 1), dtype=torch.int32, device=dev)
     path, kids = ints[: (t + 1) * tp], ints[(t + 1) * tp : 2 * (t + 1) * tp]
     npath, nkids = ints[2 * (t + 1) * tp : 2 * (t + 1) * tp + t + 1], ints[2 * (t + 1) * tp + t + 1 :]
-    _tree_prep_kernel[(t + 1, num_k_heads)](y, a, b, a_log, dt_bias, parents, tree_mask, qk, gb, path, npath, kids, nkids,
-                                            hv, c, tree_mask.stride(0), T=t, TP=tp, GROUP=group,
-                                            GP=triton.next_power_of_2(group), HK=num_k_heads, DK=k_dim,
-                                            **pdl.kwargs(y))
-    if (chunk if chunk is not None else t <= TREE_CHUNK_MAX) and k_dim >= 16 and k_dim % min(32, k_dim) == 0:  # tl.dot: K >= 16
+    use_chunk = (chunk if chunk is not None else t <= TREE_CHUNK_MAX) and k_dim >= 16 and k_dim % min(32, k_dim) == 0  # tl.dot: K >= 16
+    _tree_prep_kernel[(t if use_chunk else t + 1, num_k_heads)](
+        y, a, b, a_log, dt_bias, parents, tree_mask, qk, gb, path, npath, kids, nkids, hv, c, tree_mask.stride(0), T=t, TP=tp,
+        GROUP=group, GP=triton.next_power_of_2(group), HK=num_k_heads, DK=k_dim, LAYOUT=not use_chunk, **pdl.kwargs(y))
+    if use_chunk:
         tpc = max(16, tp)  # tl.dot tiles: 16 rows at least
         bvc = min(block_v or TREE_CHUNK_BLOCK_V, v_dim)
         _tree_chunk_kernel[(hv, v_dim // bvc)](qk, gb, y, state, tree_mask, o, t, hv, c, tree_mask.stride(0), TP=tpc,

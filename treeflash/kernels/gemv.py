@@ -273,6 +273,14 @@ def gemv_reference(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | N
     return y.to(x.dtype)
 
 
+def _norm_stream(name: str, residual: torch.Tensor, norm_weight: torch.Tensor, width: int, x: torch.Tensor) -> torch.Tensor:
+    """A fused norm's inputs checked (a contiguous residual of `width` values, a [width] weight);
+    returns the buffer its stream (x + residual) is written to."""
+    if residual.numel() != width or not residual.is_contiguous() or norm_weight.shape != (width,):
+        raise ValueError(f"{name}: residual must be contiguous with {width} values and the norm weight [{width}]")
+    return torch.empty(width, dtype=x.dtype, device=x.device)
+
+
 def gemv(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None,
          config: GemvConfig | None = None, norm: tuple | None = None, norm_in: tuple | None = None):
     """y = x W^T (+ bias) for one row: x [1, K] (or [K]), weight [N, K] contiguous -> [1, N] (or [N]).
@@ -312,18 +320,14 @@ def gemv(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None
         residual, norm_weight, eps, unit_offset = norm_in
         if split > 1:
             raise ValueError("gemv_norm_in: configurations without split-K only (every program needs the whole row)")
-        if residual.numel() != k or not residual.is_contiguous() or norm_weight.shape != (k,):
-            raise ValueError(f"gemv_norm_in: residual must be contiguous with {k} values and the norm weight [{k}]")
-        stream = torch.empty(k, dtype=x.dtype, device=x.device)
+        stream = _norm_stream("gemv_norm_in", residual, norm_weight, k, x)
         normed = ticket = y
     elif norm is None:  # the NORM arguments are unused
         residual = norm_weight = stream = normed = ticket = y
         eps, unit_offset = 0.0, False
     else:
         residual, norm_weight, eps, unit_offset = norm
-        if residual.numel() != n or not residual.is_contiguous() or norm_weight.shape != (n,):
-            raise ValueError(f"gemv_add_norm: residual must be contiguous with {n} values and the norm weight [{n}]")
-        stream, normed = torch.empty_like(y), torch.empty_like(y)
+        stream, normed = _norm_stream("gemv_add_norm", residual, norm_weight, n, x), torch.empty_like(y)
         ticket = scratch("gemv.norm_ticket", x.device, 1, torch.int32, minimum=16)
     _gemv_kernel[(n_blocks, split)](
         xv, weight, bias if bias is not None else weight, y, partials, tickets, n,
@@ -395,9 +399,7 @@ def gemv_swiglu(x: torch.Tensor, gate_up: torch.Tensor, config: GemvConfig | Non
     x = x.reshape(k).contiguous()
     if norm_in is not None:
         residual, norm_weight, eps, unit_offset = norm_in
-        if residual.numel() != k or not residual.is_contiguous() or norm_weight.shape != (k,):
-            raise ValueError(f"gemv_swiglu: residual must be contiguous with {k} values and the norm weight [{k}]")
-        stream = torch.empty(k, dtype=x.dtype, device=x.device)
+        stream = _norm_stream("gemv_swiglu", residual, norm_weight, k, x)
     else:
         residual = norm_weight = stream = x
         eps, unit_offset = 0.0, False

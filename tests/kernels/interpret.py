@@ -3,6 +3,7 @@ interpreter is chosen when triton is imported, so not in the pytest process)."""
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import subprocess
@@ -21,5 +22,14 @@ def run_module(module: str, *args: str):
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
+@functools.cache
 def run_group(group: str) -> dict[str, str | None]:
+    """Every check of a group (tests/kernels/interpret_checks.py) in one subprocess, once per session:
+    name -> None (passed) or what failed."""
     return run_module("tests.kernels.interpret_checks", group)
+
+
+def assert_check(group: str, name: str) -> None:
+    """One check of a group passed (the test files parametrize over a group's names)."""
+    result = run_group(group)[name]
+    assert result is None, result

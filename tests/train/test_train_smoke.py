@@ -179,8 +179,21 @@ def timed_trainer(trained, tmp_path, **config):
     return Trainer(loaded.model, twin, DFlashModel(dcfg), data, data.subset([0]), cfg, tmp_path)
 
 
-def test_time_limit_shrinks_the_schedule(trained, tmp_path):
+def test_time_limit_shrinks_the_schedule(trained, tmp_path, monkeypatch):
+    """20 ms a step on a fake clock (a real step's time varies with the machine's load: at 9 ms, 20
+    steps fit 0.2 s): the schedule shrinks to what fits."""
+    import treeflash.train.trainer as trainer_mod
+
     trainer = timed_trainer(trained, tmp_path, steps=10_000, eval_every=1000, checkpoint_every=1000, time_limit_s=0.2)
+    clock = [0.0]
+    monkeypatch.setattr(trainer_mod.time, "perf_counter", lambda: clock[0])
+    real_step = trainer.train_step
+
+    def timed_step():
+        clock[0] += 0.02
+        return real_step()
+
+    monkeypatch.setattr(trainer, "train_step", timed_step)
     summary = trainer.run(progress=False)
     assert summary["step"] == summary["total_steps"] < 20  # out of time: the schedule ends where the run does
     assert summary["heldout"]["step"] == summary["step"]

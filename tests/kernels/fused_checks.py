@@ -33,6 +33,12 @@ def check_norms() -> dict:
     got = rmsnorm_gated(x, gb, wb, 1e-6, out_dtype=torch.bfloat16)
     assert got.dtype == torch.bfloat16
     out["rmsnorm_gated_fp32_in"] = beyond_two_ulps(got, rmsnorm_gated_ref(x.bfloat16(), gb, wb, 1e-6))
+    # the Gated DeltaNet's z: [T, H, N] heads of a wider projection row, read in place
+    x3, proj = torch.randn(3, 4, 16), torch.randn(3, 100)
+    z = proj[:, 20:84].view(3, 4, 16)
+    assert not z.is_contiguous()
+    w16 = torch.randn(16)
+    out["rmsnorm_gated_strided_gate"] = (rmsnorm_gated(x3, z, w16, 1e-6) - rmsnorm_gated_ref(x3, z.contiguous(), w16, 1e-6)).abs().max().item()
     x, w = torch.randn(2, 5000), torch.randn(5000)  # a wide row (16 warps on a GPU)
     out["rmsnorm_wide"] = (rmsnorm(x, w, 1e-6)[0] - rmsnorm_ref(x, w, 1e-6)[0]).abs().max().item()
     return out
@@ -172,10 +178,12 @@ def check_gdn_tree() -> dict:
     for name, parents, path in trees:
         t = len(parents)
         par = torch.tensor(parents)
-        x, win, w = torch.randn(t, c), torch.randn(c, 3), torch.randn(c, 4)
+        # x, a, b: strided views of one projection row per node, as the model passes them
+        proj = torch.randn(t, c + 5 + 2 * hv)
+        x, a, b = proj[:, :c], proj[:, c + 5 : c + 5 + hv], proj[:, c + 5 + hv :]
+        win, w = torch.randn(c, 3), torch.randn(c, 4)
         y = tree_conv(x, win, w, par)
         yr = tree_conv_ref(x, win, w, par)
-        a, b = torch.randn(t, hv), torch.randn(t, hv)
         alog, dtb, s0 = torch.randn(hv), torch.randn(hv), torch.randn(hv, dk, dv)
         o = tree_recurrent(yr, a, b, alog, dtb, s0, par, tree_mask_of(parents, 8 if t < 8 else t), hk, dk, dv)
         orf = tree_recurrent_ref(yr, a, b, alog, dtb, s0, par, hk, dk, dv)

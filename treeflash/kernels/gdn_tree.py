@@ -39,19 +39,27 @@ TREE_WARPS = 2  # H200 sweep: 32 x 2 warps fastest (chain-32 35 us, 32-node tree
 # and the one-launch kernel with a walk per leaf (slower on trees and padding).
 # trees of up to this many nodes take the chunked form (_tree_chunk_kernel: a few dots instead of a walk
 # of one dependent step per path node); 0: always the walks. TREEFLASH_TREE_CHUNK overrides. Off: on
-# the H200 (bench/results/gdn_tree_chunk_ieee.json) the form with ieee fp32 dots took 412 us on chain-32
-# (walk 37 us; 58 us at 16 v columns a program) and 18.1 us on chain-16 (walk 19.7 us); the tf32x3
-# dots it has now are not measured yet (python bench/gdn_kernels_gpu.py --trees chain16 chain32 ddtree32
-# --variants default walk_default chunk_bv16_w4 chunk_bv16_w2 chunk_bv32_w8).
+# the H200 (bench/results/s17/gdn_kernels.json, 27B heads) the tf32x3 form at its fastest launch
+# (16 v columns x 4 warps) took 34.4 us on chain-32 (walk 36.8, OUT_SPLIT walk 36.0), 17.3 on chain-16
+# (walk 19.7, 18.5) but 34.2 on DDTree-32 (walk 27.2, 24.4): DDTree's trees are the common case. The
+# ieee fp32 form took 412 us on chain-32 (bench/results/gdn_tree_chunk_ieee.json). In the 27B model
+# with 16 x 8 warps (66 us a call) verify-32 took 18.9 ms against 17.4 (bench/results/s17/ab_chunk.log).
 TREE_CHUNK_MAX = int(os.environ.get("TREEFLASH_TREE_CHUNK", "0"))
 # an offline sm_90 compile (ptxas -v) of the tf32x3 form at 32 nodes: 16 v columns x 8 warps or 8 x 4
-# fit in 255 registers (4 bytes of spill); 32 x 4 spills 260 bytes, 32 x 8 252; 16 nodes: none spill
+# fit in 255 registers (4 bytes of spill); 32 x 4 spills 260 bytes, 32 x 8 252; 16 nodes: none spill.
+# Measured: 16 x 4 fastest (34.4 us chain-32; 16 x 8: 66.6, 8 x 4: 56.9, 32 x 8: 51.7)
 TREE_CHUNK_BLOCK_V = 16
-TREE_CHUNK_WARPS = 8
+TREE_CHUNK_WARPS = 4
 # the walk's output from the decayed old state (one dependent reduction per node instead of two:
-# _walk_step); not measured on a GPU yet, so off (bench/gdn_kernels_gpu.py: walk_outsplit variants);
-# TREEFLASH_TREE_OUT_SPLIT=1 turns it on (gpu_speed A/B)
-TREE_OUT_SPLIT = os.environ.get("TREEFLASH_TREE_OUT_SPLIT", "0") == "1"
+# _walk_step). On: in an interleaved A/B on the H200 (bench/results/s17/ab_trees/) the 27B verify
+# graph took 16.06 ms instead of 16.12 ms (chain-32) and 15.70 instead of 15.92 ms (DDTree-32);
+# gpu_check passed with it. TREEFLASH_TREE_OUT_SPLIT=0 turns it off.
+TREE_OUT_SPLIT = os.environ.get("TREEFLASH_TREE_OUT_SPLIT", "1") == "1"
+# its launch: H200 (bench/results/s17/gdn_kernels.json) 16 v columns x 1 warp fastest of the OUT_SPLIT
+# variants, and faster than the plain walk's 32 x 2: chain-32 36.0 vs 36.8 us, DDTree-32 24.4 vs 27.2,
+# chain-16 18.5 vs 19.7 (32 x 2 with OUT_SPLIT: 38.7 / 28.0 / 20.6)
+TREE_OUT_SPLIT_BLOCK_V = 16
+TREE_OUT_SPLIT_WARPS = 1
 TREE_KIDS_SPLIT = 1  # programs sharing one node's leaf children; H200 sweep (bench/results/gdn_kernels_gpu.json): 1 fastest on chains and trees (chain-32 35 us, DDTree-32 28 us vs 46 us with 4), 2 on a 128 bucket of padding (90 vs 101 us)
 
 
@@ -93,19 +101,19 @@ def recurrent_path_ref(y, a, b, a_log, dt_bias, state, path, path_len, num_k_hea
 
 
 @triton.jit
-def _tree_conv_kernel(X, WIN, W, PAR, Y, C, K: tl.constexpr, BLOCK: tl.constexpr, PDL: tl.constexpr = False):
+def _tree_conv_kernel(X, WIN, W, PAR, Y, C, sx, K: tl.constexpr, BLOCK: tl.constexpr, PDL: tl.constexpr = False):
     pdl.enter(PDL)
     i = tl.program_id(0)
     c = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
     m = c < C
-    acc = tl.load(X + i * C + c, mask=m, other=0.0).to(tl.float32) * tl.load(W + c * K + (K - 1), mask=m, other=0.0).to(tl.float32)
+    acc = tl.load(X + i * sx + c, mask=m, other=0.0).to(tl.float32) * tl.load(W + c * K + (K - 1), mask=m, other=0.0).to(tl.float32)
     cur = i
     beyond = 0
     for j in tl.static_range(1, K):
         if cur >= 0:
             cur = tl.load(PAR + cur).to(tl.int32)
         if cur >= 0:
-            val = tl.load(X + cur * C + c, mask=m, other=0.0).to(tl.float32)
+            val = tl.load(X + cur * sx + c, mask=m, other=0.0).to(tl.float32)
         else:
             beyond += 1
             val = tl.load(WIN + c * (K - 1) + (K - 1 - beyond), mask=m, other=0.0).to(tl.float32)
@@ -114,7 +122,7 @@ def _tree_conv_kernel(X, WIN, W, PAR, Y, C, K: tl.constexpr, BLOCK: tl.constexpr
 
 
 @triton.jit
-def _tree_prep_kernel(Y, A, B, ALOG, DTB, PAR, MASK, QK, GB, PATH, NPATH, KIDS, NKIDS, HV, C, stride_mask,
+def _tree_prep_kernel(Y, A, B, ALOG, DTB, PAR, MASK, QK, GB, PATH, NPATH, KIDS, NKIDS, HV, C, stride_mask, sab,
                       T: tl.constexpr, TP: tl.constexpr, GROUP: tl.constexpr, GP: tl.constexpr, HK: tl.constexpr,
                       DK: tl.constexpr, PDL: tl.constexpr = False, LAYOUT: tl.constexpr = True):
     """Program (j, kh), j in [0, T]: for node j < T and k head kh, the normalized q (scaled) and k, and
@@ -137,9 +145,9 @@ def _tree_prep_kernel(Y, A, B, ALOG, DTB, PAR, MASK, QK, GB, PATH, NPATH, KIDS, 
         hs = kh * GROUP + tl.arange(0, GP)
         hm = tl.arange(0, GP) < GROUP
         neg_a = -tl.exp(tl.load(ALOG + hs, mask=hm, other=0.0).to(tl.float32))
-        x = tl.load(A + j * HV + hs, mask=hm, other=0.0).to(tl.float32) + tl.load(DTB + hs, mask=hm, other=0.0).to(tl.float32)
+        x = tl.load(A + j * sab + hs, mask=hm, other=0.0).to(tl.float32) + tl.load(DTB + hs, mask=hm, other=0.0).to(tl.float32)
         g = neg_a * tl.where(x > 20.0, x, tl.log(1.0 + tl.exp(x)))
-        b = tl.load(B + j * HV + hs, mask=hm, other=0.0).to(tl.float32)
+        b = tl.load(B + j * sab + hs, mask=hm, other=0.0).to(tl.float32)
         tl.store(GB + (j * HV + hs) * 2, tl.exp(g), mask=hm)
         tl.store(GB + (j * HV + hs) * 2 + 1, 1.0 / (1.0 + tl.exp(-b)), mask=hm)
     if LAYOUT and kh == 0:
@@ -314,7 +322,7 @@ def _tree_chunk_kernel(QK, GB, Y, S0, MASK, O, T, HV, C, stride_mask, TP: tl.con
 
 
 @triton.jit
-def _recurrent_path_kernel(Y, A, B, ALOG, DTB, S, PATH, LEN, HV, C, P: tl.constexpr, GROUP: tl.constexpr,
+def _recurrent_path_kernel(Y, A, B, ALOG, DTB, S, PATH, LEN, HV, C, sab, P: tl.constexpr, GROUP: tl.constexpr,
                            HK: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr, BV: tl.constexpr, PDL: tl.constexpr = False):
     pdl.enter(PDL)
     h = tl.program_id(0)
@@ -328,8 +336,8 @@ def _recurrent_path_kernel(Y, A, B, ALOG, DTB, S, PATH, LEN, HV, C, P: tl.conste
     for j in range(0, P):  # P: the path's capacity (constexpr); entries from n on are padding
         if j < n:
             i = tl.load(PATH + j)
-            a = tl.load(A + i * HV + h).to(tl.float32)
-            b = tl.load(B + i * HV + h).to(tl.float32)
+            a = tl.load(A + i * sab + h).to(tl.float32)
+            b = tl.load(B + i * sab + h).to(tl.float32)
             s, o = _delta_step(s, Y + i * C, a, b, neg_a, dtb, h, ik, iv, GROUP, HK, DK, DV)
     tl.store(ptr, s)
 
@@ -338,23 +346,25 @@ def tree_conv(x, window, weight, parents):
     if not (x.is_cuda or _interpreting()):
         return tree_conv_ref(x, window, weight, parents)
     t, c = x.shape
-    if not (x.is_contiguous() and window.is_contiguous() and weight.is_contiguous()) or weight.shape[0] != c:
-        raise ValueError("tree_conv: contiguous x [T, C], window [C, K-1], weight [C, K] expected")
+    if not (x.stride(1) == 1 and window.is_contiguous() and weight.is_contiguous()) or weight.shape[0] != c:
+        raise ValueError("tree_conv: x [T, C] (rows may be strided), contiguous window [C, K-1] and weight [C, K] expected")
     y = torch.empty(t, c, dtype=torch.float32, device=x.device)
     block = 512
-    _tree_conv_kernel[(t, triton.cdiv(c, block))](x, window, weight, parents, y, c, K=weight.shape[1], BLOCK=block,
+    _tree_conv_kernel[(t, triton.cdiv(c, block))](x, window, weight, parents, y, c, x.stride(0), K=weight.shape[1], BLOCK=block,
                                                  **pdl.kwargs(y))
     return y
 
 
-def _check_step_inputs(name, y, a, b, state, num_k_heads, k_dim, v_dim) -> None:
+def _check_step_inputs(name, y, a, b, state, num_k_heads, k_dim, v_dim) -> int:
+    """-> the gates' row stride (a and b may be views of one projection's rows)."""
     hv = state.shape[0]
     if y.dtype != torch.float32 or not y.is_contiguous() or state.dtype != torch.float32 or not state.is_contiguous():
         raise ValueError(f"{name}: contiguous fp32 y and state expected")
     if state.shape != (hv, k_dim, v_dim) or y.shape[1] != 2 * num_k_heads * k_dim + hv * v_dim:
         raise ValueError(f"{name}: shapes y{tuple(y.shape)} state{tuple(state.shape)} do not match")
-    if a.shape != (y.shape[0], hv) or b.shape != a.shape or not (a.is_contiguous() and b.is_contiguous()):
-        raise ValueError(f"{name}: contiguous gates a, b [{y.shape[0]}, {hv}] expected")
+    if a.shape != (y.shape[0], hv) or b.shape != a.shape or a.stride(1) != 1 or b.stride(1) != 1 or a.stride(0) != b.stride(0):
+        raise ValueError(f"{name}: gates a, b [{y.shape[0]}, {hv}] with unit column stride and one row stride expected")
+    return a.stride(0)
 
 
 def tree_recurrent(y, a, b, a_log, dt_bias, state, parents, tree_mask, num_k_heads: int, k_dim: int, v_dim: int, *,
@@ -367,7 +377,7 @@ def tree_recurrent(y, a, b, a_log, dt_bias, state, parents, tree_mask, num_k_hea
     form. The keyword arguments pick a variant (benchmarks); None = the module defaults."""
     if not (y.is_cuda or _interpreting()):
         return tree_recurrent_ref(y, a, b, a_log, dt_bias, state, parents, num_k_heads, k_dim, v_dim)
-    _check_step_inputs("tree_recurrent", y, a, b, state, num_k_heads, k_dim, v_dim)
+    sab = _check_step_inputs("tree_recurrent", y, a, b, state, num_k_heads, k_dim, v_dim)
     t, c = y.shape
     if tree_mask.shape != (t, t) or tree_mask.stride(1) != 1 or parents.shape != (t,):
         raise ValueError("tree_recurrent: parents [T] and a tree mask [T, T] with unit column stride expected")
@@ -375,8 +385,9 @@ def tree_recurrent(y, a, b, a_log, dt_bias, state, parents, tree_mask, num_k_hea
     group = hv // num_k_heads
     tp = triton.next_power_of_2(t)
     o = torch.empty(t, hv, v_dim, dtype=torch.float32, device=y.device)
-    bv = min(block_v or TREE_BLOCK_V, v_dim)
-    warps = num_warps or TREE_WARPS
+    osplit = TREE_OUT_SPLIT if out_split is None else out_split
+    bv = min(block_v or (TREE_OUT_SPLIT_BLOCK_V if osplit else TREE_BLOCK_V), v_dim)
+    warps = num_warps or (TREE_OUT_SPLIT_WARPS if osplit else TREE_WARPS)
     dev = y.device
     qk = torch.empty(t, 2, num_k_heads, k_dim, dtype=torch.float32, device=dev)
     gb = torch.empty(t, hv, 2, dtype=torch.float32, device=dev)
@@ -385,7 +396,7 @@ def tree_recurrent(y, a, b, a_log, dt_bias, state, parents, tree_mask, num_k_hea
     npath, nkids = ints[2 * (t + 1) * tp : 2 * (t + 1) * tp + t + 1], ints[2 * (t + 1) * tp + t + 1 :]
     use_chunk = (chunk if chunk is not None else t <= TREE_CHUNK_MAX) and k_dim >= 16 and k_dim % min(32, k_dim) == 0  # tl.dot: K >= 16
     _tree_prep_kernel[(t if use_chunk else t + 1, num_k_heads)](
-        y, a, b, a_log, dt_bias, parents, tree_mask, qk, gb, path, npath, kids, nkids, hv, c, tree_mask.stride(0), T=t, TP=tp,
+        y, a, b, a_log, dt_bias, parents, tree_mask, qk, gb, path, npath, kids, nkids, hv, c, tree_mask.stride(0), sab, T=t, TP=tp,
         GROUP=group, GP=triton.next_power_of_2(group), HK=num_k_heads, DK=k_dim, LAYOUT=not use_chunk, **pdl.kwargs(y))
     if use_chunk:
         tpc = max(16, tp)  # tl.dot tiles: 16 rows at least
@@ -398,7 +409,7 @@ def tree_recurrent(y, a, b, a_log, dt_bias, state, parents, tree_mask, num_k_hea
     _tree_walk_kernel[(hv, v_dim // bv, (t + 1) * ksplit)](qk, gb, y, state, path, npath, kids, nkids, o, hv, c, TP=tp, GROUP=group,
                                                 HK=num_k_heads, DK=k_dim, DV=v_dim, BV=bv, KSPLIT=ksplit,
                                                 BOUNDED=_interpreting(), num_warps=warps,
-                                                OUT_SPLIT=TREE_OUT_SPLIT if out_split is None else out_split, **pdl.kwargs(y))
+                                                OUT_SPLIT=osplit, **pdl.kwargs(y))
     return o
 
 
@@ -408,11 +419,11 @@ def recurrent_path(y, a, b, a_log, dt_bias, state, path, path_len, num_k_heads: 
     (graph-safe: a commit graph replays with any path of at most P nodes)."""
     if not (y.is_cuda or _interpreting()):
         return recurrent_path_ref(y, a, b, a_log, dt_bias, state, path, path_len, num_k_heads, k_dim, v_dim)
-    _check_step_inputs("recurrent_path", y, a, b, state, num_k_heads, k_dim, v_dim)
+    sab = _check_step_inputs("recurrent_path", y, a, b, state, num_k_heads, k_dim, v_dim)
     if path.dim() != 1 or path_len.numel() != 1 or not path.is_contiguous():
         raise ValueError("recurrent_path: contiguous path [P] and path_len [1] expected")
     hv = state.shape[0]
     bv = min(STEP_BLOCK_V, v_dim)
-    _recurrent_path_kernel[(hv, v_dim // bv)](y, a, b, a_log, dt_bias, state, path, path_len, hv, y.shape[1],
+    _recurrent_path_kernel[(hv, v_dim // bv)](y, a, b, a_log, dt_bias, state, path, path_len, hv, y.shape[1], sab,
                                               P=path.shape[0], GROUP=hv // num_k_heads, HK=num_k_heads, DK=k_dim, DV=v_dim, BV=bv,
                                               **pdl.kwargs(y))

@@ -52,13 +52,14 @@ def _rmsnorm_kernel(X, R, W, Y, S, sx, sr, N, eps, HAS_RES: tl.constexpr, UNIT: 
 
 
 @triton.jit
-def _rmsnorm_gated_kernel(X, G, W, Y, sx, sg, N, eps, BLOCK: tl.constexpr, PDL: tl.constexpr = False):
+def _rmsnorm_gated_kernel(X, G, W, Y, sx, sg_outer, sg, GH, N, eps, BLOCK: tl.constexpr, PDL: tl.constexpr = False):
+    """Row r of x; its gate row is (r // GH, r % GH) of a gate [R / GH, GH, N] with strides (sg_outer, sg, 1)."""
     pdl.enter(PDL)
     row = tl.program_id(0)
     cols = tl.arange(0, BLOCK)
     m = cols < N
     x = tl.load(X + row * sx + cols, mask=m, other=0.0).to(Y.dtype.element_ty).to(tl.float32)  # x in the output dtype
-    g = tl.load(G + row * sg + cols, mask=m, other=0.0).to(tl.float32)
+    g = tl.load(G + (row // GH) * sg_outer + (row % GH) * sg + cols, mask=m, other=0.0).to(tl.float32)
     w = tl.load(W + cols, mask=m, other=0.0).to(tl.float32)
     var = tl.sum(x * x, axis=0) / N
     y = x * tl.rsqrt(var + eps) * w * (g / (1.0 + tl.exp(-g)))
@@ -90,17 +91,27 @@ def rmsnorm(x, weight, eps: float, unit_offset: bool = False, residual=None):
 
 
 def rmsnorm_gated(x, gate, weight, eps: float, out_dtype=None):
-    """out_dtype: the result's dtype (default x.dtype); an fp32 x (the recurrence's output) is
-    rounded to it on load, as x.to(out_dtype) would, without a separate copy kernel."""
+    """x, gate: [..., N] -> [..., N]. out_dtype: the result's dtype (default x.dtype); an fp32 x (the
+    recurrence's output) is rounded to it on load, as x.to(out_dtype) would, without a separate copy
+    kernel. A 3-d gate [T, H, N] may be a strided view (the Gated DeltaNet's z, a slice of its input
+    projection's rows): read in place, not copied."""
     if not (x.is_cuda or _interpreting()):
         return rmsnorm_gated_ref(x, gate, weight, eps, out_dtype)
     shape = x.shape
-    x2, g2 = x.reshape(-1, shape[-1]), gate.reshape(-1, shape[-1])
-    _check_rows("rmsnorm_gated", x2, g2)
+    x2 = x.reshape(-1, shape[-1])
+    if gate.shape != shape:
+        raise ValueError(f"rmsnorm_gated: gate {tuple(gate.shape)} and x {tuple(shape)} differ")
+    if gate.dim() == 3 and gate.stride(2) == 1:
+        g2, gh, sg_outer, sg = gate, gate.shape[1], gate.stride(0), gate.stride(1)
+    else:
+        g2 = gate.reshape(-1, shape[-1])
+        _check_rows("rmsnorm_gated", g2)
+        gh, sg_outer, sg = 1, g2.stride(0), 0
+    _check_rows("rmsnorm_gated", x2)
     y = torch.empty(x2.shape, dtype=out_dtype or x.dtype, device=x.device)
     n = x2.shape[1]
-    _rmsnorm_gated_kernel[(x2.shape[0],)](x2, g2, weight, y, x2.stride(0), g2.stride(0), n, eps, BLOCK=triton.next_power_of_2(n),
-                                          **pdl.kwargs(x))
+    _rmsnorm_gated_kernel[(x2.shape[0],)](x2, g2, weight, y, x2.stride(0), sg_outer, sg, gh, n, eps,
+                                          BLOCK=triton.next_power_of_2(n), **pdl.kwargs(x))
     return y.view(shape)
 
 

@@ -31,6 +31,9 @@ SHAPES = {
                         layer_types=tuple("full_attention" if (i + 1) % 4 == 0 else "linear_attention" for i in range(64)),
                         linear_conv_kernel_dim=4, linear_key_head_dim=128, linear_value_head_dim=128,
                         linear_num_key_heads=16, linear_num_value_heads=48),
+    # SmolLM2-135M-Instruct (the embedded default): llama, 30 layers, hidden 576, 9 q / 3 kv heads of 64, MLP 1536
+    "smollm2-135m": dict(arch="llama", vocab_size=49152, hidden_size=576, intermediate_size=1536, num_layers=30,
+                         num_heads=9, num_kv_heads=3, head_dim=64, tie_word_embeddings=True, rope_theta=100000.0),
     # small shapes to check the script itself
     "tiny-dense": dict(arch="qwen3", vocab_size=1000, hidden_size=256, intermediate_size=512, num_layers=4,
                        num_heads=4, num_kv_heads=2, head_dim=64, qk_norm=True),

@@ -47,10 +47,14 @@ def add_parser(sub) -> None:
                         "answered like the others: more distinct prompts than the builtin list (default 0)")
     d.add_argument("--self-prompt-temperature", type=float, default=1.0, help="sampling temperature of the self-written prompts (default 1.0)")
     d.add_argument("--gen-time-limit", type=float, default=None, help="stop generating after this many seconds")
+    d.add_argument("--gen-engine", choices=("auto", "treeflash", "hf"), default="auto",
+                   help="who answers the prompts: treeflash's batched generator (static KV cache, the decode step as "
+                        "one CUDA graph; dense llama/qwen2/qwen3 targets) or transformers' generate; auto (default): "
+                        "treeflash for a dense target on CUDA, else transformers")
     d.add_argument("--gen-static", action="store_true",
-                   help="pad every generate call to one shape (--gen-batch-size prompts, the longest prompt --max-len allows) "
-                        "on a static KV cache, which transformers compiles on CUDA; falls back to the dynamic cache "
-                        "with a warning if that fails (default: off, not yet measured on a GPU)")
+                   help="with transformers' generate: pad every call to one shape (--gen-batch-size prompts, the longest "
+                        "prompt --max-len allows) on a static KV cache, which transformers compiles on CUDA; falls back "
+                        "to the dynamic cache with a warning if that fails (default: off)")
     d.add_argument("--generate-only", action="store_true",
                    help="stop once the data is saved (DIR/train/data.safetensors); train later with --resume")
     t = p.add_argument_group("training")
@@ -108,7 +112,8 @@ def run(args: argparse.Namespace) -> int:
         from treeflash.train.data import max_prompt_len
 
         static = (args.gen_batch_size, max_prompt_len(args.max_len, args.max_new_tokens))
-    twin = TargetTwin(target, dcfg.target_layer_ids, tuple(sorted(eos)), pad, static_shape=static)
+    twin = TargetTwin(target, dcfg.target_layer_ids, tuple(sorted(eos)), pad, static_shape=static,
+                      engine=getattr(args, "gen_engine", "auto"))
     work.mkdir(parents=True, exist_ok=True)
     run_file.write_text(json.dumps({"target": loaded.source, "layers": layers, "block_size": block_size, "mask_token_id": mask_id,
                                     "target_layer_ids": list(dcfg.target_layer_ids), "argv": sys.argv[1:]}, indent=2))
@@ -196,6 +201,7 @@ def _dataset(args, loaded, twin, work: Path, progress: bool):
                                 args.temperature, time_limit, progress, args.seed,
                                 args.extra_passes, args.extra_temperature)
         data.meta["prompts"] = args.prompts
+        data.meta["engine"] = twin.engine
         if own_meta is not None:
             data.meta["self_prompts"] = own_meta
     data.save(path)

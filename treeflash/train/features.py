@@ -69,14 +69,30 @@ class Generated:
     finished: bool  # True when the target emitted an end token within max_new_tokens
 
 
+GEN_ENGINES = ("auto", "treeflash", "hf")
+
+
 class TargetTwin:
     def __init__(self, target: CausalLM, capture_layers: tuple[int, ...], eos_ids: tuple[int, ...], pad_id: int,
-                 static_shape: tuple[int, int] | None = None):
+                 static_shape: tuple[int, int] | None = None, engine: str = "auto"):
         self.target, self.capture_layers = target, tuple(capture_layers)
         self.eos_ids, self.pad_id = tuple(eos_ids), int(pad_id)
-        # (batch, prompt width): every `generate` call padded to this one shape with a static KV cache,
-        # which transformers compiles on CUDA (one compile for the whole run); None: dynamic cache
-        self.static_shape = static_shape
+        # who answers the prompts: treeflash's BatchGenerator (train/batch_gen.py: static cache, the
+        # decode step as a CUDA graph; dense targets), or transformers' generate; auto = treeflash
+        # for a dense target on CUDA, else transformers
+        if engine not in GEN_ENGINES:
+            raise ValueError(f"generation engine {engine!r}: one of {', '.join(GEN_ENGINES)}")
+        from treeflash.train import batch_gen
+
+        if engine == "treeflash" and not batch_gen.supports(target):
+            raise ModelLoadError(f"train-drafter: --gen-engine treeflash takes dense llama/qwen2/qwen3 targets, "
+                                 f"not {target.config.arch!r} (use --gen-engine hf)")
+        use_ours = engine == "treeflash" or (engine == "auto" and target.device.type == "cuda" and batch_gen.supports(target))
+        self.batch_gen = batch_gen.BatchGenerator(target, self.eos_ids) if use_ours else None
+        self.engine = "treeflash" if use_ours else "hf"
+        # (batch, prompt width): every transformers `generate` call padded to this one shape with a static
+        # KV cache, which transformers compiles on CUDA (one compile for the whole run); None: dynamic cache
+        self.static_shape = None if use_ours else static_shape
         self.hf = _build_twin(target)
         self.num_layers = target.config.num_layers
         bad = [i for i in self.capture_layers if not 0 <= i < self.num_layers]
@@ -92,6 +108,8 @@ class TargetTwin:
         """One batched `generate` over left-padded prompts; greedy at temperature 0. With static_shape
         (and prompts that fit it) the call is padded to that shape, rows repeating the first prompt,
         and runs on a static cache; if that fails the twin says so once and goes on dynamically."""
+        if self.batch_gen is not None:
+            return self.batch_gen.generate(prompts, max_new_tokens, temperature, seed)
         shape = self.static_shape
         if shape is not None and len(prompts) <= shape[0] and max(len(p) for p in prompts) <= shape[1]:
             try:

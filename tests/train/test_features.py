@@ -122,3 +122,18 @@ def test_batch_generator_refuses_hybrid_targets():
     with pytest.raises(ModelLoadError, match="gen-engine treeflash"):
         TargetTwin(target, (0,), eos_ids=(96,), pad_id=0, engine="treeflash")
     assert TargetTwin(target, (0,), eos_ids=(96,), pad_id=0).engine == "hf"
+
+
+def test_batch_generator_failure_falls_back_to_transformers_with_a_warning(monkeypatch):
+    _, target = make_pair("llama", num_hidden_layers=2)
+    twin = TargetTwin(target, (0,), eos_ids=(96,), pad_id=0, engine="treeflash")
+    want = TargetTwin(target, (0,), eos_ids=(96,), pad_id=0, engine="hf").generate([[5, 6, 7]], 4)
+
+    def boom(*a, **k):
+        raise RuntimeError("CUDA graph capture failed")
+
+    monkeypatch.setattr(twin.batch_gen, "generate", boom)
+    with pytest.warns(UserWarning, match="batched generation failed"):
+        out = twin.generate([[5, 6, 7]], 4)
+    assert twin.engine == "hf" and twin.batch_gen is None
+    assert out[0].response_ids == want[0].response_ids

@@ -109,7 +109,12 @@ class TargetTwin:
         (and prompts that fit it) the call is padded to that shape, rows repeating the first prompt,
         and runs on a static cache; if that fails the twin says so once and goes on dynamically."""
         if self.batch_gen is not None:
-            return self.batch_gen.generate(prompts, max_new_tokens, temperature, seed)
+            try:
+                return self.batch_gen.generate(prompts, max_new_tokens, temperature, seed)
+            except torch.cuda.OutOfMemoryError as e:  # the batch's KV cache did not fit: transformers' cache grows instead
+                self._fall_back(e)
+            except RuntimeError as e:  # noqa: BLE001 - say why once, go on with transformers
+                self._fall_back(e)
         shape = self.static_shape
         if shape is not None and len(prompts) <= shape[0] and max(len(p) for p in prompts) <= shape[1]:
             try:
@@ -120,6 +125,13 @@ class TargetTwin:
                               "going on with a dynamic cache")
                 self.static_shape = None
         return self._generate(prompts, max_new_tokens, temperature, seed)
+
+    def _fall_back(self, e: Exception) -> None:
+        warnings.warn(f"train-drafter: treeflash's batched generation failed ({type(e).__name__}: {e}); "
+                      "going on with transformers' generate")
+        self.batch_gen, self.engine = None, "hf"
+        if self.device.type == "cuda":
+            torch.cuda.empty_cache()
 
     def _generate(self, prompts, max_new_tokens, temperature, seed, width: int | None = None) -> list[Generated]:
         from transformers import GenerationConfig

@@ -4,6 +4,7 @@ a graph replay). Prints the table and writes it as JSON.
 
     python bench/gpu_profile.py --shape qwen3-8b --out bench/results/gpu_profile_8b.json
     python bench/gpu_profile.py --shape qwen3.5-27b --fused-rows 0     # the unfused layers
+    python bench/gpu_profile.py --shape smollm2-135m --drafter-layers 3  # a DFlash drafter's graphed pass
 """
 
 from __future__ import annotations
@@ -23,6 +24,28 @@ from treeflash.models.runner import CudaGraphRunner  # noqa: E402
 from treeflash.models.step import StepInput  # noqa: E402
 
 
+def drafter_pass_graph(model, runner, args):
+    """A random DFlash drafter's graph for a pass with one new context row, after a prompt of
+    `--context` rows (as gpu_speed.bench_drafter times it)."""
+    from treeflash.spec.dflash import DFlashDrafter
+    from treeflash.spec.dflash_model import DFlashModel
+    from treeflash.train.recipe import drafter_config
+    from treeflash.train.trainer import init_weights
+
+    c = model.config
+    draft = DFlashModel(drafter_config(c, args.drafter_layers, args.block_size, c.vocab_size - 1))
+    init_weights(draft, seed=1)
+    draft = draft.to(device=model.device, dtype=model.dtype).eval()
+    drafter = DFlashDrafter(model, draft, budget=64)
+    width = len(draft.config.target_layer_ids) * c.hidden_size
+    drafter.static_passes(runner.max_len)
+    drafter.observe([0] * args.context, torch.randn(args.context, width, device=model.device, dtype=model.dtype))
+    drafter.draft_logits(0)  # the prompt's pass (eager)
+    drafter.observe([0], torch.randn(1, width, device=model.device, dtype=model.dtype))
+    drafter._static_pass(0)  # the graphed pass's inputs are in place; replays repeat it
+    return drafter.graphs.passes[1]
+
+
 @torch.inference_mode()
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -31,6 +54,9 @@ def main() -> None:
     p.add_argument("--context", type=int, default=512)
     p.add_argument("--replays", type=int, default=10)
     p.add_argument("--bucket", type=int, default=1, help="profile the verify graph of this many nodes (1: decode)")
+    p.add_argument("--drafter-layers", type=int, default=0,
+                   help="profile a random DFlash drafter's graphed pass (this many layers, --block-size) instead")
+    p.add_argument("--block-size", type=int, default=16)
     p.add_argument("--out", default=None)
     args = p.parse_args()
     model = build_model(args.shape).fuse_projections(fused_rows=args.fused_rows)
@@ -38,7 +64,9 @@ def main() -> None:
     buckets = tuple(sorted({1, args.bucket}))
     runner = CudaGraphRunner(model, cache, buckets=buckets)
     runner.forward(StepInput.plain(torch.randint(0, 1000, (args.context,), device="cuda"), 0), compute_logits=False)
-    if args.bucket == 1:
+    if args.drafter_layers:
+        graph = drafter_pass_graph(model, runner, args)
+    elif args.bucket == 1:
         runner.forward(StepInput.plain(torch.zeros(1, dtype=torch.long, device="cuda"), cache.seq_len))
         graph = runner.decode
     else:

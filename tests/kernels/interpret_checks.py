@@ -320,6 +320,10 @@ def groups() -> dict[str, dict]:
         "fused_combine_masked_end_long": (check_with_options, ({"FUSED_COMBINE": True}, check_attention_masked_end, "bf16", "q8_0", 1, None, 2048)),
         "split_cap_masked_end_long": (check_with_options, ({"STATIC_SPLIT_CAP": 2}, check_attention_masked_end, "bf16", "bf16", 3, None, 2048)),
         "split_cap_fused_masked_end": (check_with_options, ({"STATIC_SPLIT_CAP": 2, "FUSED_COMBINE": True}, check_attention_masked_end, "q8_0", "q4_0", 1, None, 2048)),
+        # one split writes the output itself (no partials, no combine): tq3_0 V's rotated output, a tree,
+        # a long buffer's end
+        "one_split_verify_tree_tq3_0_v": (check_attention, ("q8_0", "tq3_0", 64, 6, 2, len(tree), 100, tree, 1)),
+        "one_split_masked_end_verify": (check_attention_masked_end, ("bf16", "q4_0", 4, 1)),
         "attention_rejects_bad_input": (check_attention_rejects_bad_input, ()),
     }
     # int8 q.k on a q8_0 K (LaunchConfig.k_int8): Qwen3.5-27B's GQA (24 query / 4 KV heads, group 6)

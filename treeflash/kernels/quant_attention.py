@@ -42,10 +42,16 @@ from treeflash.kernels.scratch import scratch
 FMT_IDS = {"q8_0": 1, "q4_0": 2, "tq3_0": 3}  # anything dense is 0
 LOG2E = 1.4426950408889634
 COMBINE_CHUNK = 64
-# Two launch options not yet measured on the GPU (bench/gpu_speed.py --attn-fused-combine / --static-split-cap 4
-# time them; both pass the interpreter checks):
+# Two launch options, both off: measured slower or no faster on the H200 at the SmolLM2-135M shape
+# (bench/results/s17/smollm2/smol_ab.json, decode graph 0.82 ms by default): the fused combine 0.95 ms,
+# the split cap 4 0.82 ms (bench/gpu_speed.py --attn-fused-combine / --static-split-cap 4).
 FUSED_COMBINE = False  # the last split program merges the splits (an atomic ticket): no _combine_kernel launch
 STATIC_SPLIT_CAP = 0  # static mode (slots given), > 0: at most this many key blocks per split over a long buffer
+# One split (splits == 1: a key axis of one block, or num_splits=1) writes the output itself, with no
+# combine launch. Planning one split for short contexts on purpose was measured slower on the H200
+# (bench/results/s17/single_split/: SmolLM2 decode graph 1.07 ms against 0.82, 8B 4.85 against 4.45 ms
+# at 11 key blocks): a handful of programs walking the keys one block after another cost more than the
+# combine launch they save, so plan_splits still spreads the keys over the SMs.
 
 
 @triton.jit
@@ -104,7 +110,7 @@ def _partial_kernel(
     q_ptr, ks_ptr, kc_ptr, vs_ptr, vc_ptr, mask_ptr, end_ptr, m_ptr, l_ptr, acc_ptr, out_ptr, ticket_ptr,
     start, num_tokens, kv_len, end_idx, num_kv_heads, scale_log2, stride_qt, stride_qh,
     KEY_MASK: tl.constexpr, HAS_END: tl.constexpr, DYN_LOOP: tl.constexpr,
-    FUSE_COMBINE: tl.constexpr, NUM_SPLITS: tl.constexpr, SKIP_EMPTY: tl.constexpr, GROUP: tl.constexpr, D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+    FUSE_COMBINE: tl.constexpr, NUM_SPLITS: tl.constexpr, DIRECT: tl.constexpr, SKIP_EMPTY: tl.constexpr, GROUP: tl.constexpr, D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     BLOCKS_PER_SPLIT: tl.constexpr, FMT_K: tl.constexpr, FMT_V: tl.constexpr, DOT: tl.constexpr,
     PREFETCH: tl.constexpr, DEQ: tl.constexpr, C0: tl.constexpr, C1: tl.constexpr, C2: tl.constexpr, C3: tl.constexpr,
     PDL: tl.constexpr = False, K_INT8: tl.constexpr = False,
@@ -183,6 +189,11 @@ def _partial_kernel(
         m_i = m_new
         if PREFETCH:
             ka, kb, ks, va, vb, vs = ka2, kb2, ks2, va2, vb2, vs2
+    if DIRECT:  # the only split: the output itself
+        fin = (t * num_heads + h).to(tl.int64)
+        tl.store(out_ptr + fin[:, None] * D + _columns(FMT_V, D, DEQ)[None, :], (acc / l_i[:, None]).to(out_ptr.dtype.element_ty),
+                 mask=row_ok[:, None])
+        return
     out_row = split.to(tl.int64) * (num_tokens * num_heads) + t * num_heads + h
     tl.store(m_ptr + out_row, m_i, mask=row_ok)
     tl.store(l_ptr + out_row, l_i, mask=row_ok)
@@ -350,19 +361,20 @@ def _launch(q, k, v, vis, start, kv_len, key_mask, scale, num_splits, config, sl
     c0, c1, c2, c3 = formats.TQ3_CENTROIDS
     rotated_out = v.name == "tq3_0"
     out = torch.empty(n, num_heads, head_dim, dtype=torch.float32 if rotated_out else in_dtype, device=q.device)
-    fuse = FUSED_COMBINE
+    direct = splits == 1
+    fuse = FUSED_COMBINE and not direct
     tickets = scratch("quant_attention.tickets", q.device, m_tiles * num_kv_heads, torch.int32) if fuse else m
     _partial_kernel[(m_tiles, num_kv_heads, splits)](
         q, k.scales if fmt_k else k.codes, k.codes, v.scales if fmt_v else v.codes, v.codes, vis,
         slots if slots is not None else vis, m, l, acc, out, tickets,
         start, n, kv_len, n - 1, num_kv_heads, scale * LOG2E, q.stride(0), q.stride(1),
         KEY_MASK=key_mask, HAS_END=slots is not None, DYN_LOOP=not _interpreting(),
-        FUSE_COMBINE=fuse, NUM_SPLITS=splits if fuse else 1, SKIP_EMPTY=skip_empty,
+        FUSE_COMBINE=fuse, NUM_SPLITS=splits if fuse else 1, DIRECT=direct, SKIP_EMPTY=skip_empty,
         GROUP=group, D=head_dim, BLOCK_M=block_m, BLOCK_N=block_n, BLOCKS_PER_SPLIT=per_split,
         FMT_K=fmt_k, FMT_V=fmt_v, DOT=dot, PREFETCH=cfg.prefetch, DEQ=DEQ_IDS[cfg.dequant], C0=c0, C1=c1, C2=c2, C3=c3,
         num_warps=cfg.num_warps, num_stages=cfg.num_stages, K_INT8=cfg.k_int8 and k.name == "q8_0", **pdl.kwargs(q),
     )
-    if not fuse:
+    if not (fuse or direct):
         chunk = min(COMBINE_CHUNK if splits <= 128 else COMBINE_CHUNK // 2, head_dim)
         _combine_kernel[(n * num_heads, head_dim // chunk)](
             m, l, acc, out, n * num_heads, splits, D=head_dim, D_CHUNK=chunk, SPLITS=_next_pow2(splits), SKIP_EMPTY=skip_empty,

@@ -5,6 +5,7 @@ configurations. Each configuration is first checked against gemv_reference.
     python bench/gpu_gemv.py --out bench/results/gpu_gemv.json
     python bench/gpu_gemv.py --projections 8b.o,8b.down --max-configs 8
     python bench/gpu_gemv.py --projections 8b.swiglu,27b.swiglu --out bench/results/gpu_gemv_swiglu.json
+    python bench/gpu_gemv.py --projections smol.qkv,smol.o,smol.down,smol.swiglu --out bench/results/gpu_gemv_smol.json
 
 Timing as bench/gpu_linear.py: CUDA-graph replay (triton.testing.do_bench_cudagraph) of one call on
 each of several copies of the weight in turn (>= 256 MB per round, 5x the L2), so every byte comes
@@ -41,6 +42,11 @@ PROJECTIONS = {  # name: (N, K)
     "27b.down": (5120, 17408),
     "27b.attn_qkv": (14336, 5120),
     "27b.in_proj": (16480, 5120),  # the Gated DeltaNet layers' fused q/k/v, z, b, a projection
+    # SmolLM2-135M (the embedded default): cuBLAS takes ~3.9 us a call here, 464 us of a 0.9 ms decode
+    # step (bench/results/s17/smollm2/prof_decode.json), for 0.16-0.9 us of bytes each
+    "smol.qkv": (960, 576),
+    "smol.o": (576, 576),
+    "smol.down": (576, 1536),
 }
 
 
@@ -102,7 +108,7 @@ def run_projection(name: str, bw: float, max_configs: int, grid: str) -> dict:
     return _sweep(name, n, k, bw, gemv_reference, F.linear, gemv, [default] + others[: max_configs - 1], default)
 
 
-SWIGLU = {"8b.swiglu": (24576, 4096), "27b.swiglu": (34816, 5120)}  # gate_up [2I, K]
+SWIGLU = {"8b.swiglu": (24576, 4096), "27b.swiglu": (34816, 5120), "smol.swiglu": (3072, 576)}  # gate_up [2I, K]
 SWIGLU_GRID = [(bn, bk, w) for bn in (2, 4, 8) for bk in (512, 1024, 2048) for w in (4, 8) if bn * bk <= 8192]
 
 

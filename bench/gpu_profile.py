@@ -19,7 +19,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import torch  # noqa: E402
 from torch.profiler import ProfilerActivity, profile  # noqa: E402
 
-from bench.gpu_shapes import build_model  # noqa: E402
+from bench.gpu_shapes import build_model, random_drafter  # noqa: E402
 from treeflash.models.runner import CudaGraphRunner  # noqa: E402
 from treeflash.models.step import StepInput  # noqa: E402
 
@@ -27,17 +27,8 @@ from treeflash.models.step import StepInput  # noqa: E402
 def drafter_pass_graph(model, runner, args):
     """A random DFlash drafter's graph for a pass with one new context row, after a prompt of
     `--context` rows (as gpu_speed.bench_drafter times it)."""
-    from treeflash.spec.dflash import DFlashDrafter
-    from treeflash.spec.dflash_model import DFlashModel
-    from treeflash.train.recipe import drafter_config
-    from treeflash.train.trainer import init_weights
-
-    c = model.config
-    draft = DFlashModel(drafter_config(c, args.drafter_layers, args.block_size, c.vocab_size - 1))
-    init_weights(draft, seed=1)
-    draft = draft.to(device=model.device, dtype=model.dtype).eval()
-    drafter = DFlashDrafter(model, draft, budget=64)
-    width = len(draft.config.target_layer_ids) * c.hidden_size
+    drafter = random_drafter(model, args.drafter_layers, args.block_size)
+    width = len(drafter.model.config.target_layer_ids) * model.config.hidden_size
     drafter.static_passes(runner.max_len)
     drafter.observe([0] * args.context, torch.randn(args.context, width, device=model.device, dtype=model.dtype))
     drafter.draft_logits(0)  # the prompt's pass (eager)

@@ -137,3 +137,18 @@ def step_bytes(model: CausalLM, cache, context: int) -> int:
     c = model.config
     kv = len(c.attention_layer_ids) * context * c.num_kv_heads * c.head_dim * 2 * 2  # bf16 K and V
     return weight_bytes(model) + kv + state_bytes(model)
+
+
+def random_drafter(model: CausalLM, layers: int, block_size: int, budget: int = 64):
+    """A DFlashDrafter over a random DFlash drafter of `layers` layers and `block_size` for `model`
+    (its weights as the trainer initializes them), on the model's device and dtype."""
+    from treeflash.spec.dflash import DFlashDrafter
+    from treeflash.spec.dflash_model import DFlashModel
+    from treeflash.train.recipe import drafter_config
+    from treeflash.train.trainer import init_weights
+
+    c = model.config
+    draft = DFlashModel(drafter_config(c, layers, block_size, c.vocab_size - 1))
+    init_weights(draft, seed=1)
+    draft = draft.to(device=model.device, dtype=model.dtype).eval()
+    return DFlashDrafter(model, draft, budget=budget)

@@ -23,7 +23,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from gpu_shapes import (DEV, build_model, cuda_time, measure_bandwidth, step_bytes, sync,  # noqa: E402
+from gpu_shapes import (DEV, build_model, cuda_time, measure_bandwidth, random_drafter, step_bytes, sync,  # noqa: E402
                         wall_time, weight_bytes)
 from treeflash.models.runner import CudaGraphRunner  # noqa: E402
 from treeflash.models.step import StepInput  # noqa: E402
@@ -189,17 +189,9 @@ def bench_drafter(model: CausalLM, runner: CudaGraphRunner, args) -> dict:
     eager (every op launched from the host) against its CUDA graph, n new context rows per pass
     (what a step that committed n tokens hands over), at a `--context`-row draft context. Each pass
     ends with what the decoder reads back: the logits (eager) or the packed top-k (graph)."""
-    from treeflash.spec.dflash import DFlashDrafter
-    from treeflash.spec.dflash_model import DFlashModel
-    from treeflash.train.recipe import drafter_config
-    from treeflash.train.trainer import init_weights
-
-    c = model.config
-    draft = DFlashModel(drafter_config(c, args.drafter_layers, args.block_size, c.vocab_size - 1))
-    init_weights(draft, seed=1)
-    draft = draft.to(device=model.device, dtype=model.dtype).eval()
-    drafter = DFlashDrafter(model, draft, budget=64)
-    width = len(draft.config.target_layer_ids) * c.hidden_size
+    drafter = random_drafter(model, args.drafter_layers, args.block_size)
+    draft = drafter.model
+    width = len(draft.config.target_layer_ids) * model.config.hidden_size
     ctx = torch.randn(args.context, width, device=model.device, dtype=model.dtype)
     t0 = time.perf_counter()
     drafter.static_passes(runner.max_len)

@@ -302,3 +302,53 @@ def test_gen_static_gives_the_same_data(trained, tmp_path):
         data = Dataset.load(out / "train" / "data.safetensors")
         runs[name] = [data.sequence(i).tolist() for i in range(len(data))]
     assert runs["static"] == runs["dynamic"] and runs["static"]
+
+
+def test_export_keeps_the_best_held_out_estimate(trained, tmp_path, monkeypatch):
+    """With tau_est falling after its peak, out/ holds the peak's weights (config.json says which
+    step), the checkpoint the latest (for resume), and a resumed trainer still knows the best;
+    export_best=False exports the latest."""
+    from safetensors.torch import load_file
+
+    from treeflash.spec.dflash_model import DFlashModel
+    from treeflash.train.features import TargetTwin
+    from treeflash.train.recipe import drafter_config
+    from treeflash.train.trainer import Trainer, TrainConfig, init_weights
+
+    _, out, loaded = trained
+    data = Dataset.load(out / "train" / "data.safetensors")
+    train, held = data.subset(list(range(len(data) - 1))), data.subset([len(data) - 1])
+    dcfg = drafter_config(loaded.config, 2, 6, 259)
+    twin = TargetTwin(loaded.model, dcfg.target_layer_ids, (2,), 0)
+    taus = iter([1.5, 2.0, 1.7, 1.6, 1.9, 1.8])  # evaluations at steps 2, 4, 6 (then a resumed run: 8, 10, 12)
+
+    def fake_eval(self, max_sequences=64):
+        return {"step": self.step, "heldout_loss": 1.0, "accept_len": 0.0, "tau_est": next(taus), "acc_per_depth": [], "blocks": 1}
+
+    monkeypatch.setattr(Trainer, "evaluate", fake_eval)
+
+    def trainer(where, steps, best=True):
+        model = DFlashModel(dcfg)
+        init_weights(model, seed=0)
+        config = TrainConfig(steps=steps, batch_size=4, blocks_per_seq=4, eval_every=2, checkpoint_every=100, lr=2e-3,
+                             export_dtype="float32", export_best=best)
+        return Trainer(loaded.model, twin, model, train, held, config, where)
+
+    t = trainer(tmp_path / "a", 6)
+    t.run(progress=False)
+    meta = json.loads((tmp_path / "a" / "config.json").read_text())["treeflash"]
+    assert meta["step"] == 4 and meta["heldout"]["tau_est"] == 2.0 and "best held-out" in meta["chosen"]
+    exported = load_dflash(str(tmp_path / "a"), device="cpu", dtype=torch.float32).state_dict()
+    for name, w in t.best["state"].items():
+        torch.testing.assert_close(exported[name], w, msg=name)
+    latest = load_file(str(tmp_path / "a" / "train" / "checkpoint" / "drafter.safetensors"))
+    assert any(not torch.equal(latest[n], w) for n, w in t.best["state"].items())  # the checkpoint holds step 6
+    resumed = trainer(tmp_path / "a", 12)
+    resumed.load()
+    assert resumed.best["row"]["step"] == 4
+    resumed.run(progress=False)  # 8: 1.6, 10: 1.9, 12: 1.8 -> step 4's 2.0 stays the best
+    assert json.loads((tmp_path / "a" / "config.json").read_text())["treeflash"]["step"] == 4
+    taus = iter([1.5, 2.0, 1.7])
+    last = trainer(tmp_path / "b", 6, best=False)
+    last.run(progress=False)
+    assert json.loads((tmp_path / "b" / "config.json").read_text())["treeflash"]["step"] == 6

@@ -75,6 +75,8 @@ def add_parser(sub) -> None:
     o.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"])
     o.add_argument("--export-dtype", default="bfloat16", choices=["bfloat16", "float16", "float32"])
     o.add_argument("--max-shard-mb", type=float, default=None, help="split the exported weights into shards of at most this size")
+    o.add_argument("--export-last", action="store_true",
+                   help="export the latest weights (default: those of the evaluation with the best held-out tau_est)")
     o.add_argument("--quiet", action="store_true", help="no progress bars")
     p.set_defaults(func=run)
 
@@ -132,7 +134,7 @@ def run(args: argparse.Namespace) -> int:
     config = TrainConfig(
         steps=args.steps, batch_size=args.batch_size, blocks_per_seq=args.blocks_per_seq, lr=args.lr,
         gamma=args.gamma or None, checkpoint_every=args.checkpoint_every, eval_every=args.eval_every, seed=args.seed,
-        time_limit_s=args.time_limit, export_dtype=args.export_dtype,
+        time_limit_s=args.time_limit, export_dtype=args.export_dtype, export_best=not args.export_last,
         max_shard_bytes=int(args.max_shard_mb * 2**20) if args.max_shard_mb else None,
     )
     provenance = {"target": loaded.source, "data": data.meta, "train_sequences": len(train), "train_tokens": train.response_tokens}
@@ -144,12 +146,16 @@ def run(args: argparse.Namespace) -> int:
     if torch.cuda.is_available() and target.device.type == "cuda":
         torch.backends.cuda.matmul.allow_tf32 = True
     summary = trainer.run(progress=progress)
+    exported = trainer.exported_row()
     summary.update(drafter=str(out), layers=layers, block_size=block_size, target_layer_ids=list(dcfg.target_layer_ids),
-                   mask_token_id=mask_id, data=data.meta)
+                   mask_token_id=mask_id, data=data.meta, exported=exported)
     (work / "summary.json").write_text(json.dumps(summary, indent=2))
     tau = (summary.get("heldout") or {}).get("tau_est")
+    chosen = ""
+    if exported is not None and exported.get("step") != summary["step"]:
+        chosen = f" (exported: step {exported['step']}, tau estimate {exported['tau_est']:.3f}, the best)"
     print(f"[train-drafter] {summary['step']} steps in {summary['seconds']} s; held-out tau estimate "
-          f"{tau if tau is None else round(tau, 3)}; drafter in {out}\n"
+          f"{tau if tau is None else round(tau, 3)}{chosen}; drafter in {out}\n"
           f"  use it: treeflash generate --draft dflash --draft-model {out}"
           + (f" --model {args.target}" if args.target else ""), file=sys.stderr)
     return 0

@@ -20,6 +20,7 @@ EXAMPLES = """examples:
   treeflash train-drafter --out ./smollm2-dflash --resume        # continue from the last checkpoint
   treeflash train-drafter --out ./smollm2-dflash --extra-passes 2 --tokens 3000000   # greedy answers, then 2 sampled rounds
   treeflash train-drafter --out ./smollm2-dflash --self-prompts 6000   # + 6000 questions the target writes itself
+  treeflash train-drafter --out ./smollm2-dflash --gen-engine hf   # answers from transformers' generate, not treeflash's batched CUDA graphs
   treeflash generate --draft dflash --draft-model ./smollm2-dflash --chat "Write quicksort in Python"
 """
 

@@ -55,7 +55,7 @@ VARIANTS: dict[str, dict] = {
     # more programs per SM (splits ~ programs_per_sm * SMs / programs per split): no faster so far
     "flat_n32_w4_p4": dict(dequant="flat", block_n=32, num_warps=4, prefetch=False, programs_per_sm=4),
     "fast_n32_w4_pf_p4": dict(dequant="blocks_fast", block_n=32, num_warps=4, prefetch=True, programs_per_sm=4),
-    # q8_0 K: q.k on int8 tensor cores (k_int8; not yet measured on the GPU, docs/kv.md), V by `dequant`
+    # q8_0 K: q.k on int8 tensor cores (k_int8; on the H200 no faster than flat, docs/kv.md), V by `dequant`
     # (flat: q8_0 V's best; blocks_fast + prefetch: tq3_0/q4_0 V's); any other K runs the dequant path.
     # 64 keys a step take 8 warps: with 4 the sm_90 compile spills at head_dim 256 (offline ptxas)
     "int8k_n32_w4": dict(k_int8=True, dequant="flat", block_n=32, num_warps=4, prefetch=False),

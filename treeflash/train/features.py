@@ -111,9 +111,7 @@ class TargetTwin:
         if self.batch_gen is not None:
             try:
                 return self.batch_gen.generate(prompts, max_new_tokens, temperature, seed)
-            except torch.cuda.OutOfMemoryError as e:  # the batch's KV cache did not fit: transformers' cache grows instead
-                self._fall_back(e)
-            except RuntimeError as e:  # noqa: BLE001 - say why once, go on with transformers
+            except RuntimeError as e:  # out of memory (transformers' cache grows instead), a capture failure: say why once
                 self._fall_back(e)
         shape = self.static_shape
         if shape is not None and len(prompts) <= shape[0] and max(len(p) for p in prompts) <= shape[1]:

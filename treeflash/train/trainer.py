@@ -272,9 +272,8 @@ class Trainer:
         self.export()
 
     def _exports_best(self) -> bool:
-        row = self.history[-1] if self.history else None
-        return (self.config.export_best and self.best is not None
-                and (row is None or self.best["row"]["tau_est"] > row["tau_est"]))
+        # best is set by an evaluation, which also appends to history: history is never empty here
+        return self.config.export_best and self.best is not None and self.best["row"]["tau_est"] > self.history[-1]["tau_est"]
 
     def exported_row(self) -> dict | None:
         """The history row of the weights export() writes (None before any evaluation)."""
@@ -286,8 +285,8 @@ class Trainer:
         """The drafter into out/: the best evaluation's weights (TrainConfig.export_best), else the latest."""
         model, row = self.model, self.history[-1] if self.history else None
         extra = {**self.provenance, "step": self.step, "heldout": row}
-        best = self.best
         if self._exports_best():
+            best = self.best
             model = copy.deepcopy(self.model)
             model.load_state_dict(best["state"])
             extra = {**self.provenance, "step": best["row"]["step"], "heldout": best["row"],

@@ -243,6 +243,8 @@ def vars_of(cfg) -> dict:
 def run_sweep(args, dtype) -> list[dict]:
     pairs = [tuple(p.split("/")) for p in args.sweep_pairs]
     names = ["default", *launch.VARIANTS]
+    if args.sweep_variants:
+        names = ["default", *args.sweep_variants]
     if not args.sweep_all:
         names = [n for n in names if any(n in sweep_names(kt, vt) for kt, vt in pairs)]
     rows = []
@@ -251,7 +253,7 @@ def run_sweep(args, dtype) -> list[dict]:
         k_planes = {t: make_planes(t, context, args.kv_heads, args.head_dim) for t in types}
         v_planes = {t: make_planes(t, context, args.kv_heads, args.head_dim) for t in types}
         for kt, vt in pairs:
-            for name in sweep_names(kt, vt, args.sweep_all):
+            for name in [n for n in sweep_names(kt, vt, args.sweep_all) if n in names]:
                 verify = context == args.contexts[0]
                 if time.time() - args.t0 > args.sweep_budget_s:
                     rows.append({"k_type": kt, "v_type": vt, "context": context, "variant": name, "correct": None,
@@ -290,6 +292,7 @@ def main() -> None:
     ap.add_argument("--sweep", action="store_true", help="time every launch variant (attention_launch.VARIANTS)")
     ap.add_argument("--sweep-pairs", nargs="+", default=list(SWEEP_PAIRS), help="K/V pairs for --sweep, e.g. q8_0/q8_0")
     ap.add_argument("--sweep-all", action="store_true", help="--sweep times every variant on every pair (no SWEEP_SKIP)")
+    ap.add_argument("--sweep-variants", nargs="+", choices=list(launch.VARIANTS), help="--sweep times only these (and the default)")
     ap.add_argument("--sweep-budget-s", type=float, default=270.0, help="--sweep skips what is left after this long")
     ap.add_argument("--contexts", type=int, nargs="+", default=[32768, 131072])
     ap.add_argument("--types", nargs="+", default=list(TYPES), help="K and V types to pair (all pairs)")

@@ -113,9 +113,10 @@ def _partial_kernel(
     FUSE_COMBINE: tl.constexpr, NUM_SPLITS: tl.constexpr, DIRECT: tl.constexpr, SKIP_EMPTY: tl.constexpr, GROUP: tl.constexpr, D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     BLOCKS_PER_SPLIT: tl.constexpr, FMT_K: tl.constexpr, FMT_V: tl.constexpr, DOT: tl.constexpr,
     PREFETCH: tl.constexpr, DEQ: tl.constexpr, C0: tl.constexpr, C1: tl.constexpr, C2: tl.constexpr, C3: tl.constexpr,
-    PDL: tl.constexpr = False, K_INT8: tl.constexpr = False,
+    PDL: tl.constexpr = False, K_INT8: tl.constexpr = False, DEQ_V: tl.constexpr = 0, ASM: tl.constexpr = False,
 ):
     pdl.enter(PDL)
+    DV: tl.constexpr = DEQ_V if DEQ_V > 0 else DEQ  # V's dequantization scheme (0: K's)
     pid_m, kvh, split = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     num_heads = num_kv_heads * GROUP
     rows = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
@@ -148,7 +149,7 @@ def _partial_kernel(
     keys = first + tl.arange(0, BLOCK_N)
     # PREFETCH: the next block's bytes are loaded (into registers) before this block's math
     ka, kb, ks = _load_k(ks_ptr, kc_ptr, keys, kvh, num_kv_heads, keys < end, FMT_K, D, DEQ, K_INT8)
-    va, vb, vs = _load_raw(vs_ptr, vc_ptr, keys, kvh, num_kv_heads, keys < end, FMT_V, D, DEQ)
+    va, vb, vs = _load_raw(vs_ptr, vc_ptr, keys, kvh, num_kv_heads, keys < end, FMT_V, D, DV)
     for b in range(0, n_blocks if DYN_LOOP else BLOCKS_PER_SPLIT):
         keys = first + b * BLOCK_N + tl.arange(0, BLOCK_N)
         key_ok = keys < end
@@ -161,7 +162,7 @@ def _partial_kernel(
         if K_INT8:
             s = _int8_scores(q_codes, q_scales, ka, ks, BLOCK_M, BLOCK_N, D)  # [BLOCK_M, BLOCK_N], log2 domain
         else:
-            k = _dequant(ka, kb, ks, FMT_K, BLOCK_N, D, C0, C1, C2, C3, DEQ)
+            k = _dequant(ka, kb, ks, FMT_K, BLOCK_N, D, C0, C1, C2, C3, DEQ, ASM)
             s = _dot(q, tl.trans(k), DOT) * scale_log2  # [BLOCK_M, BLOCK_N]
         if KEY_MASK:  # mask [T, kv_len] over every slot (static mode)
             m2 = row_ok[:, None] & key_ok[None, :]
@@ -181,17 +182,17 @@ def _partial_kernel(
         p = tl.exp2(s - m_new[:, None])
         l_i = l_i * alpha + tl.sum(p, axis=1)
         if PREFETCH:
-            va2, vb2, vs2 = _load_raw(vs_ptr, vc_ptr, nxt, kvh, num_kv_heads, nxt_ok, FMT_V, D, DEQ)
+            va2, vb2, vs2 = _load_raw(vs_ptr, vc_ptr, nxt, kvh, num_kv_heads, nxt_ok, FMT_V, D, DV)
         else:
-            va, vb, vs = _load_raw(vs_ptr, vc_ptr, keys, kvh, num_kv_heads, key_ok, FMT_V, D, DEQ)
-        v = _dequant(va, vb, vs, FMT_V, BLOCK_N, D, C0, C1, C2, C3, DEQ)
+            va, vb, vs = _load_raw(vs_ptr, vc_ptr, keys, kvh, num_kv_heads, key_ok, FMT_V, D, DV)
+        v = _dequant(va, vb, vs, FMT_V, BLOCK_N, D, C0, C1, C2, C3, DV, ASM)
         acc = acc * alpha[:, None] + _dot(p, v, DOT)
         m_i = m_new
         if PREFETCH:
             ka, kb, ks, va, vb, vs = ka2, kb2, ks2, va2, vb2, vs2
     if DIRECT:  # the only split: the output itself
         fin = (t * num_heads + h).to(tl.int64)
-        tl.store(out_ptr + fin[:, None] * D + _columns(FMT_V, D, DEQ)[None, :], (acc / l_i[:, None]).to(out_ptr.dtype.element_ty),
+        tl.store(out_ptr + fin[:, None] * D + _columns(FMT_V, D, DV)[None, :], (acc / l_i[:, None]).to(out_ptr.dtype.element_ty),
                  mask=row_ok[:, None])
         return
     out_row = split.to(tl.int64) * (num_tokens * num_heads) + t * num_heads + h
@@ -200,7 +201,7 @@ def _partial_kernel(
     acc_ok = row_ok[:, None]
     if SKIP_EMPTY:  # a split past the end leaves its acc rows unwritten (l = 0: the merge skips them)
         acc_ok = acc_ok & (n_blocks > 0)
-    tl.store(acc_ptr + out_row[:, None] * D + _columns(FMT_V, D, DEQ)[None, :], acc, mask=acc_ok)
+    tl.store(acc_ptr + out_row[:, None] * D + _columns(FMT_V, D, DV)[None, :], acc, mask=acc_ok)
     if FUSE_COMBINE:
         # the last split of this (m tile, kv head) to finish merges all of them, in split order
         # (deterministic), and resets its ticket: no combine launch
@@ -330,6 +331,24 @@ def quant_attention_masked(
     return _launch(q, k, v, vis, 0, kv_len, True, scale, num_splits, config, slots)
 
 
+HALF_SCHEMES = (DEQ_IDS["half"], DEQ_IDS["words"])
+
+
+def _schemes(cfg: LaunchConfig, fmt_k: int, fmt_v: int, in_dtype: torch.dtype) -> tuple[str, str]:
+    """The dequantization schemes K and V run. The fp16 ones ("half", "words") need a 16-bit query
+    and no dense side (both dots run in fp16): else "flat". A tq3_0 side under them runs blocks_fast
+    (its fp32 values cast to fp16 for the dot); K_INT8 ignores K's."""
+    deq_k, deq_v = cfg.dequant, cfg.dequant_v or cfg.dequant
+    fp32 = in_dtype == torch.float32 or fmt_k == 0 or fmt_v == 0
+
+    def pick(deq: str, fmt: int) -> str:
+        if DEQ_IDS[deq] not in HALF_SCHEMES:
+            return deq
+        return "blocks_fast" if fmt == FMT_IDS["tq3_0"] else "flat" if fp32 else deq
+
+    return pick(deq_k, fmt_k), pick(deq_v, fmt_v)
+
+
 def _launch(q, k, v, vis, start, kv_len, key_mask, scale, num_splits, config, slots=None):
     n, num_heads, head_dim = q.shape
     num_kv_heads = k.codes.shape[1]
@@ -353,6 +372,9 @@ def _launch(q, k, v, vis, start, kv_len, key_mask, scale, num_splits, config, sl
 
     in_dtype = q.dtype
     dot = {torch.float32: tl.float32, torch.float16: tl.float16, torch.bfloat16: tl.bfloat16}[in_dtype]
+    deq_k, deq_v = _schemes(cfg, fmt_k, fmt_v, in_dtype)
+    if DEQ_IDS[deq_k] in HALF_SCHEMES or DEQ_IDS[deq_v] in HALF_SCHEMES:
+        dot = tl.float16
     if k.name == "tq3_0":
         q = formats.rotate(q)  # fp32, contiguous
     m = torch.empty(splits, n * num_heads, dtype=torch.float32, device=q.device)
@@ -371,8 +393,9 @@ def _launch(q, k, v, vis, start, kv_len, key_mask, scale, num_splits, config, sl
         KEY_MASK=key_mask, HAS_END=slots is not None, DYN_LOOP=not _interpreting(),
         FUSE_COMBINE=fuse, NUM_SPLITS=splits if fuse else 1, DIRECT=direct, SKIP_EMPTY=skip_empty,
         GROUP=group, D=head_dim, BLOCK_M=block_m, BLOCK_N=block_n, BLOCKS_PER_SPLIT=per_split,
-        FMT_K=fmt_k, FMT_V=fmt_v, DOT=dot, PREFETCH=cfg.prefetch, DEQ=DEQ_IDS[cfg.dequant], C0=c0, C1=c1, C2=c2, C3=c3,
-        num_warps=cfg.num_warps, num_stages=cfg.num_stages, K_INT8=cfg.k_int8 and k.name == "q8_0", **pdl.kwargs(q),
+        FMT_K=fmt_k, FMT_V=fmt_v, DOT=dot, PREFETCH=cfg.prefetch, DEQ=DEQ_IDS[deq_k], C0=c0, C1=c1, C2=c2, C3=c3,
+        num_warps=cfg.num_warps, num_stages=cfg.num_stages, K_INT8=cfg.k_int8 and k.name == "q8_0",
+        DEQ_V=DEQ_IDS[deq_v], ASM=not _interpreting(), **pdl.kwargs(q),
     )
     if not (fuse or direct):
         chunk = min(COMBINE_CHUNK if splits <= 128 else COMBINE_CHUNK // 2, head_dim)

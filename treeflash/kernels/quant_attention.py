@@ -336,15 +336,18 @@ HALF_SCHEMES = (DEQ_IDS["half"], DEQ_IDS["words"])
 
 def _schemes(cfg: LaunchConfig, fmt_k: int, fmt_v: int, in_dtype: torch.dtype) -> tuple[str, str]:
     """The dequantization schemes K and V run. The fp16 ones ("half", "words") need a 16-bit query
-    and no dense side (both dots run in fp16): else "flat". A tq3_0 side under them runs blocks_fast
-    (its fp32 values cast to fp16 for the dot); K_INT8 ignores K's."""
+    and no dense side (both dots run in fp16): else the fp32 path, "flat" (q8_0) or "blocks_fast"
+    (q4_0). A tq3_0 side under them runs blocks_fast (its fp32 values cast to fp16 for the dot);
+    K_INT8 ignores K's."""
     deq_k, deq_v = cfg.dequant, cfg.dequant_v or cfg.dequant
     fp32 = in_dtype == torch.float32 or fmt_k == 0 or fmt_v == 0
 
     def pick(deq: str, fmt: int) -> str:
         if DEQ_IDS[deq] not in HALF_SCHEMES:
             return deq
-        return "blocks_fast" if fmt == FMT_IDS["tq3_0"] else "flat" if fp32 else deq
+        if fmt == FMT_IDS["tq3_0"] or fp32 and fmt == FMT_IDS["q4_0"]:
+            return "blocks_fast"
+        return "flat" if fp32 else deq
 
     return pick(deq_k, fmt_k), pick(deq_v, fmt_v)
 
@@ -354,7 +357,9 @@ def _launch(q, k, v, vis, start, kv_len, key_mask, scale, num_splits, config, sl
     num_kv_heads = k.codes.shape[1]
     group = num_heads // num_kv_heads
     fmt_k, fmt_v = FMT_IDS.get(k.name, 0), FMT_IDS.get(v.name, 0)
-    cfg = config or launch_config(head_dim, n * group, dense_kv=fmt_k == fmt_v == 0, q8_kv=fmt_k == fmt_v == FMT_IDS["q8_0"])
+    fp16_kv = fmt_k in (FMT_IDS["q8_0"], FMT_IDS["q4_0"]) and fmt_v in (FMT_IDS["q8_0"], FMT_IDS["q4_0"])
+    cfg = config or launch_config(head_dim, n * group, dense_kv=fmt_k == fmt_v == 0, q8_kv=fmt_k == fmt_v == FMT_IDS["q8_0"],
+                                  fp16_kv=fp16_kv)
     block_m, block_n = cfg.block_m, cfg.block_n
     m_tiles = triton.cdiv(n * group, block_m)
     num_blocks = triton.cdiv(kv_len, block_n)

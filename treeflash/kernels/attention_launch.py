@@ -39,6 +39,9 @@ class LaunchConfig:
     # V's own scheme (None: `dequant`). "half" / "words" (q8_0, q4_0) dequantize to fp16 and run both
     # dots in fp16 when the query is 16-bit and neither side is dense; an fp32 query takes "flat" instead
     dequant_v: str | None = None
+    # registers per thread cap (ptx .maxnreg; None: the compiler's choice): on the H200, words at 4
+    # warps compiles to 174 registers, which holds an SM to 2 programs (ncu); <= 168 lets 3 fit
+    max_regs: int | None = None
 
     def __post_init__(self):
         for name in ("dequant", "dequant_v"):
@@ -74,6 +77,12 @@ VARIANTS: dict[str, dict] = {
     "words_n32_w8": dict(dequant="words", block_n=32, num_warps=8, prefetch=False),
     "words_n64_w8": dict(dequant="words", block_n=64, num_warps=8, prefetch=False),
     "words_n32_w4_p4": dict(dequant="words", block_n=32, num_warps=4, prefetch=False, programs_per_sm=4),
+    # 3 programs per SM: registers capped to 168 (3 x 128 threads fit the 64K register file)
+    "words_n32_w4_r168_p3": dict(dequant="words", block_n=32, num_warps=4, prefetch=False, programs_per_sm=3, max_regs=168),
+    "words_n32_w4_r128_p4": dict(dequant="words", block_n=32, num_warps=4, prefetch=False, programs_per_sm=4, max_regs=128),
+    # 2 stages of cp.async buffers (40 KB of shared memory instead of 60): 4-5 programs fit an SM's 228 KB
+    "words_n32_w4_r128_p4_s2": dict(dequant="words", block_n=32, num_warps=4, num_stages=2, prefetch=False, programs_per_sm=4,
+                                    max_regs=128),
     "halfk_wordsv_n32_w4": dict(dequant="half", dequant_v="words", block_n=32, num_warps=4, prefetch=False),
 }
 

@@ -39,9 +39,6 @@ class LaunchConfig:
     # V's own scheme (None: `dequant`). "half" / "words" (q8_0, q4_0) dequantize to fp16 and run both
     # dots in fp16 when the query is 16-bit and neither side is dense; an fp32 query takes "flat" instead
     dequant_v: str | None = None
-    # registers per thread cap (ptx .maxnreg; None: the compiler's choice): on the H200, words at 4
-    # warps compiles to 174 registers, which holds an SM to 2 programs (ncu); <= 168 lets 3 fit
-    max_regs: int | None = None
 
     def __post_init__(self):
         for name in ("dequant", "dequant_v"):
@@ -77,12 +74,6 @@ VARIANTS: dict[str, dict] = {
     "words_n32_w8": dict(dequant="words", block_n=32, num_warps=8, prefetch=False),
     "words_n64_w8": dict(dequant="words", block_n=64, num_warps=8, prefetch=False),
     "words_n32_w4_p4": dict(dequant="words", block_n=32, num_warps=4, prefetch=False, programs_per_sm=4),
-    # 3 programs per SM: registers capped to 168 (3 x 128 threads fit the 64K register file)
-    "words_n32_w4_r168_p3": dict(dequant="words", block_n=32, num_warps=4, prefetch=False, programs_per_sm=3, max_regs=168),
-    "words_n32_w4_r128_p4": dict(dequant="words", block_n=32, num_warps=4, prefetch=False, programs_per_sm=4, max_regs=128),
-    # 2 stages of cp.async buffers (40 KB of shared memory instead of 60): 4-5 programs fit an SM's 228 KB
-    "words_n32_w4_r128_p4_s2": dict(dequant="words", block_n=32, num_warps=4, num_stages=2, prefetch=False, programs_per_sm=4,
-                                    max_regs=128),
     "halfk_wordsv_n32_w4": dict(dequant="half", dequant_v="words", block_n=32, num_warps=4, prefetch=False),
 }
 
@@ -116,7 +107,11 @@ def launch_config(head_dim: int, rows: int, dense_kv: bool = False, q8_kv: bool 
     dots in fp16; an fp32 query falls back to the fp32 path in quant_attention._schemes): fourth H200
     sweep (bench/results/kv_attention_sweep4.json, head_dim 256), decode at 32K / 128K, fraction of
     the roofline: q8_0/q8_0 0.40 / 0.50 against flat's 0.33 / 0.41, q8_0/q4_0 0.28 / 0.34 against
-    0.19 / 0.21, q4_0/q4_0 0.14 / 0.16 against 0.12 / 0.13. 8 warps or 64 keys a step were slower."""
+    0.19 / 0.21, q4_0/q4_0 0.14 / 0.16 against 0.12 / 0.13. 8 warps or 64 keys a step were slower;
+    at head_dim 128 (bench/results/s18/kv_attention_sweep_hd128.json) 64 keys a step (this default)
+    gave q8_0/q8_0 0.34 / 0.40 against flat's 0.23 / 0.26. More programs per SM with capped registers
+    (ptx .maxnreg 168 or 128, 2 stages) were no faster (kv_attention_sweep5.json): ncu shows 2
+    programs per SM, 4 cycles between issues per warp and the L1/shared-memory pipe 77% busy."""
     block_m = 16 if rows <= 16 else 32
     block_n = 64 if head_dim <= 128 else 32
     if dense_kv:

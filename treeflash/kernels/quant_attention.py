@@ -401,7 +401,6 @@ def _launch(q, k, v, vis, start, kv_len, key_mask, scale, num_splits, config, sl
         FMT_K=fmt_k, FMT_V=fmt_v, DOT=dot, PREFETCH=cfg.prefetch, DEQ=DEQ_IDS[deq_k], C0=c0, C1=c1, C2=c2, C3=c3,
         num_warps=cfg.num_warps, num_stages=cfg.num_stages, K_INT8=cfg.k_int8 and k.name == "q8_0",
         DEQ_V=DEQ_IDS[deq_v], ASM=not _interpreting(), **pdl.kwargs(q),
-        **({"maxnreg": cfg.max_regs} if cfg.max_regs and not _interpreting() else {}),
     )
     if not (fuse or direct):
         chunk = min(COMBINE_CHUNK if splits <= 128 else COMBINE_CHUNK // 2, head_dim)

@@ -20,7 +20,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 TREE = [-1, 0, 0, 1, 2, 2, 4]
-PAIRS = [("q8_0", "q8_0"), ("q4_0", "q4_0"), ("q8_0", "q4_0"), ("q4_0", "tq3_0"), ("tq3_0", "q8_0")]
+PAIRS = [("q8_0", "q8_0"), ("q4_0", "q4_0"), ("q8_0", "q4_0"), ("q4_0", "tq3_0"), ("tq3_0", "q8_0"), ("tq3_0", "tq3_0")]
 # max |error| / max |reference|: p's fp16 rounding, the output's rounding (fp16 2^-11, bf16 2^-8 relative);
 # a wrong unpacking order or scale is off by tens of percent
 REL_TOL = {"float16": 3e-3, "bfloat16": 8e-3}
@@ -135,7 +135,9 @@ def test_schemes_pick_the_fp32_path_for_fp32_or_dense():
     cfg = variant_config("halfk_wordsv_n32_w4", 256, 6)
     q8, tq3 = FMT_IDS["q8_0"], FMT_IDS["tq3_0"]
     assert _schemes(cfg, q8, q8, torch.bfloat16) == ("half", "words")
-    assert _schemes(cfg, q8, tq3, torch.float16) == ("half", "blocks_fast")
+    assert _schemes(cfg, q8, tq3, torch.float16) == ("half", "words")
+    assert _schemes(variant_config("words_n32_w4", 256, 6), tq3, tq3, torch.bfloat16) == ("words", "words")
+    assert _schemes(variant_config("words_n32_w4", 256, 6), tq3, tq3, torch.float32) == ("blocks_fast", "blocks_fast")
     assert _schemes(cfg, tq3, q8, torch.float32) == ("blocks_fast", "flat")
     assert _schemes(cfg, q8, q8, torch.float32) == ("flat", "flat")
     assert _schemes(cfg, 0, q8, torch.bfloat16) == ("flat", "flat")

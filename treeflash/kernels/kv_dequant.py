@@ -44,10 +44,13 @@ def _load_raw(scale_ptr, code_ptr, keys, kvh, num_kv_heads, ok, FMT: tl.constexp
     else:
         s = tl.load(scale_ptr + row[:, None] * NB + tl.arange(0, NB)[None, :], mask=ok[:, None], other=0.0)
         b = ok
-        if DEQ == DEQ_WORDS and FMT != 3:  # q8_0: D / 4 words a row, q4_0: D / 8
-            WPR: tl.constexpr = D // 4 if FMT == 1 else D // 8
-            words = code_ptr.to(tl.pointer_type(tl.int32))
-            a = tl.load(words + row[:, None] * WPR + tl.arange(0, WPR)[None, :], mask=ok[:, None], other=0)
+        if DEQ == DEQ_WORDS and FMT != 3:  # four values an element: q8_0 as D / 4 int32 words, q4_0 as D / 4 int16
+            words = code_ptr.to(tl.pointer_type(tl.int32 if FMT == 1 else tl.int16))
+            a = tl.load(words + row[:, None] * (D // 4) + tl.arange(0, D // 4)[None, :], mask=ok[:, None], other=0)
+        elif DEQ == DEQ_WORDS:  # tq3_0: a block's three words, magnitudes of values 0-15 and 16-31, then the signs
+            base = code_ptr.to(tl.pointer_type(tl.int32)) + row[:, None] * (NB * 3) + tl.arange(0, NB)[None, :] * 3
+            a = tl.join(tl.load(base, mask=ok[:, None], other=0), tl.load(base + 1, mask=ok[:, None], other=0))  # [N, NB, 2]
+            b = tl.load(base + 2, mask=ok[:, None], other=0)
         elif DEQ == DEQ_FLAT or DEQ == DEQ_HALF or DEQ == DEQ_WORDS:
             d = tl.arange(0, D)
             blk, w, m2 = (d // 32)[None, :], (d % 32)[None, :], ok[:, None]
@@ -130,44 +133,103 @@ def _word_to_halves(a, ASM: tl.constexpr):
 
 
 @triton.jit
-def _word_to_nibble_halves(a, ASM: tl.constexpr):
-    """int32 words of eight q4_0 nibbles -> eight exact fp16 tensors (nibble - 8): the low nibbles of
-    bytes 0..3, then the high nibbles. ASM: per pair of nibbles 16 bits apart, a shift, one lop3
-    (mask, or 1024's exponent) and a packed subtract."""
+def _halfword_to_nibble_halves(a, ASM: tl.constexpr):
+    """int16 halfwords of four q4_0 nibbles -> four exact fp16 tensors (nibble - 8): byte 0's low
+    nibble, byte 1's low, byte 0's high, byte 1's high. ASM: two halfwords a register, per output a
+    shift, one lop3 (mask, or 1024's exponent) and a packed subtract."""
     if ASM:
         h = tl.inline_asm_elementwise(
             asm="""{
-            .reg .b32 t, r0, r1, r2, r3, c;
+            .reg .b32 t, c;
             mov.b32 c, 0x64086408;
-            lop3.b32 r0, $8, 0x000F000F, 0x64006400, 0xEA;
-            shr.u32 t, $8, 8;
-            lop3.b32 r1, t, 0x000F000F, 0x64006400, 0xEA;
-            shr.u32 t, $8, 4;
-            lop3.b32 r2, t, 0x000F000F, 0x64006400, 0xEA;
-            shr.u32 t, $8, 12;
-            lop3.b32 r3, t, 0x000F000F, 0x64006400, 0xEA;
-            sub.f16x2 r0, r0, c;
-            sub.f16x2 r1, r1, c;
-            sub.f16x2 r2, r2, c;
-            sub.f16x2 r3, r3, c;
-            mov.b32 {$0, $2}, r0;
-            mov.b32 {$1, $3}, r1;
-            mov.b32 {$4, $6}, r2;
-            mov.b32 {$5, $7}, r3;
+            lop3.b32 $0, $4, 0x000F000F, 0x64006400, 0xEA;
+            shr.u32 t, $4, 8;
+            lop3.b32 $1, t, 0x000F000F, 0x64006400, 0xEA;
+            shr.u32 t, $4, 4;
+            lop3.b32 $2, t, 0x000F000F, 0x64006400, 0xEA;
+            shr.u32 t, $4, 12;
+            lop3.b32 $3, t, 0x000F000F, 0x64006400, 0xEA;
+            sub.f16x2 $0, $0, c;
+            sub.f16x2 $1, $1, c;
+            sub.f16x2 $2, $2, c;
+            sub.f16x2 $3, $3, c;
             }""",
-            constraints="=h,=h,=h,=h,=h,=h,=h,=h,r", args=[a],
-            dtype=(tl.float16,) * 8, is_pure=True, pack=1)
-        lo0, lo1, lo2, lo3, hi0, hi1, hi2, hi3 = h[0], h[1], h[2], h[3], h[4], h[5], h[6], h[7]
+            constraints="=r,=r,=r,=r,r", args=[a], dtype=(tl.float16,) * 4, is_pure=True, pack=2)
+        v0, v1, v2, v3 = h[0], h[1], h[2], h[3]
     else:
-        lo0 = _half_from_bits((a & 15).to(tl.int16), 1032.0)
-        lo1 = _half_from_bits(((a >> 8) & 15).to(tl.int16), 1032.0)
-        lo2 = _half_from_bits(((a >> 16) & 15).to(tl.int16), 1032.0)
-        lo3 = _half_from_bits(((a >> 24) & 15).to(tl.int16), 1032.0)
-        hi0 = _half_from_bits(((a >> 4) & 15).to(tl.int16), 1032.0)
-        hi1 = _half_from_bits(((a >> 12) & 15).to(tl.int16), 1032.0)
-        hi2 = _half_from_bits(((a >> 20) & 15).to(tl.int16), 1032.0)
-        hi3 = _half_from_bits(((a >> 28) & 15).to(tl.int16), 1032.0)
-    return lo0, lo1, lo2, lo3, hi0, hi1, hi2, hi3
+        w = a.to(tl.int32) & 0xFFFF
+        v0 = _half_from_bits((w & 15).to(tl.int16), 1032.0)
+        v1 = _half_from_bits(((w >> 8) & 15).to(tl.int16), 1032.0)
+        v2 = _half_from_bits(((w >> 4) & 15).to(tl.int16), 1032.0)
+        v3 = _half_from_bits(((w >> 12) & 15).to(tl.int16), 1032.0)
+    return v0, v1, v2, v3
+
+
+@triton.jit
+def _join4(a, b, c, d):
+    """[..., 2, 2] whose row-major flattening of the two new dims is a, b, c, d."""
+    return tl.join(tl.join(a, c), tl.join(b, d))
+
+
+@triton.jit
+def _tq3_tables(C0: tl.constexpr, C1: tl.constexpr, C2: tl.constexpr, C3: tl.constexpr):
+    """The four tq3_0 centroids in fp16 as two byte tables for prmt: (low bytes of C0..C3, high bytes)."""
+    c0 = tl.full((), C0, tl.float16).to(tl.int16, bitcast=True).to(tl.int32) & 0xFFFF
+    c1 = tl.full((), C1, tl.float16).to(tl.int16, bitcast=True).to(tl.int32) & 0xFFFF
+    c2 = tl.full((), C2, tl.float16).to(tl.int16, bitcast=True).to(tl.int32) & 0xFFFF
+    c3 = tl.full((), C3, tl.float16).to(tl.int16, bitcast=True).to(tl.int32) & 0xFFFF
+    lo = (c0 & 0xFF) | ((c1 & 0xFF) << 8) | ((c2 & 0xFF) << 16) | ((c3 & 0xFF) << 24)
+    hi = (c0 >> 8) | ((c1 >> 8) << 8) | ((c2 >> 8) << 16) | ((c3 >> 8) << 24)
+    return lo, hi
+
+
+@triton.jit
+def _tq3_quad(mag, sgn, lo, hi, C0: tl.constexpr, C1: tl.constexpr, C2: tl.constexpr, C3: tl.constexpr, ASM: tl.constexpr):
+    """Four fp16 tq3_0 values +-C[m] (unscaled) per element: m = bits 0-1 of byte i of `mag`, the sign
+    = bit 4i of `sgn`, i = 0..3. ASM: the magnitudes become a prmt selector (m, 4 + m per value: low
+    byte from `lo`, high byte from `hi`), two prmt look-ups, and the sign bits xor-ed into bit 15."""
+    if ASM:
+        zero = tl.zeros(mag.shape, tl.int32)
+        h = tl.inline_asm_elementwise(
+            asm="""{
+            .reg .b32 t, sel, r01, r23, x;
+            and.b32 t, $4, 0x03030303;
+            mad.lo.u32 sel, t, 17, 0x40404040;
+            prmt.b32 r01, $6, $7, sel;
+            shr.u32 sel, sel, 16;
+            prmt.b32 r23, $6, $7, sel;
+            shl.b32 x, $5, 15;
+            and.b32 x, x, 0x8000;
+            xor.b32 r01, r01, x;
+            shl.b32 x, $5, 27;
+            and.b32 x, x, 0x80000000;
+            xor.b32 r01, r01, x;
+            shl.b32 x, $5, 7;
+            and.b32 x, x, 0x8000;
+            xor.b32 r23, r23, x;
+            shl.b32 x, $5, 19;
+            and.b32 x, x, 0x80000000;
+            xor.b32 r23, r23, x;
+            mov.b32 {$0, $1}, r01;
+            mov.b32 {$2, $3}, r23;
+            }""",
+            constraints="=h,=h,=h,=h,r,r,r,r", args=[mag, sgn, zero + lo, zero + hi], dtype=(tl.float16,) * 4,
+            is_pure=True, pack=1)
+        v0, v1, v2, v3 = h[0], h[1], h[2], h[3]
+    else:
+        v0 = _tq3_half((mag & 3), sgn & 1, C0, C1, C2, C3)
+        v1 = _tq3_half((mag >> 8) & 3, (sgn >> 4) & 1, C0, C1, C2, C3)
+        v2 = _tq3_half((mag >> 16) & 3, (sgn >> 8) & 1, C0, C1, C2, C3)
+        v3 = _tq3_half((mag >> 24) & 3, (sgn >> 12) & 1, C0, C1, C2, C3)
+    return v0, v1, v2, v3
+
+
+@triton.jit
+def _tq3_half(m, neg, C0: tl.constexpr, C1: tl.constexpr, C2: tl.constexpr, C3: tl.constexpr):
+    """+-C[m] in fp16 (the interpreter's stand-in for _tq3_quad's table look-up)."""
+    c = tl.where(m == 0, tl.full(m.shape, C0, tl.float16), tl.where(m == 1, tl.full(m.shape, C1, tl.float16),
+                 tl.where(m == 2, tl.full(m.shape, C2, tl.float16), tl.full(m.shape, C3, tl.float16))))
+    return tl.where(neg != 0, -c, c)
 
 
 @triton.jit
@@ -196,12 +258,28 @@ def _dequant(
         s2 = tl.reshape(tl.broadcast_to(s[:, :, None], (N, NB, 32)), (N, D))
         b0, b1, b2, b3 = _word_to_halves(a, ASM)
         x = tl.reshape(tl.join(tl.join(b0, b2), tl.join(b1, b3)), (N, D)) * s2
-    elif DEQ == DEQ_WORDS and FMT == 2:  # word i of a block: low nibbles are values 4i..4i+3, high 4i+16..4i+19
+    elif DEQ == DEQ_WORDS and FMT == 2:  # halfword h of a block: values 2h, 2h + 1 (low nibbles), 2h + 16, 2h + 17
         s2 = tl.reshape(tl.broadcast_to(s[:, :, None], (N, NB, 32)), (N, D))
-        lo0, lo1, lo2, lo3, hi0, hi1, hi2, hi3 = _word_to_nibble_halves(a, ASM)
-        even = tl.join(tl.join(lo0, hi0), tl.join(lo2, hi2))
-        odd = tl.join(tl.join(lo1, hi1), tl.join(lo3, hi3))
-        x = tl.reshape(tl.join(even, odd), (N, D)) * s2  # word w's values at 8w..8w+7: lo0..lo3, hi0..hi3
+        v0, v1, v2, v3 = _halfword_to_nibble_halves(a, ASM)
+        x = tl.reshape(tl.join(tl.join(v0, v2), tl.join(v1, v3)), (N, D)) * s2  # element h's values at 4h..4h+3
+    elif DEQ == DEQ_WORDS and FMT == 3:  # values 16w + 4i + k come from magnitude word w, bits 2k of byte i
+        lo, hi = _tq3_tables(C0, C1, C2, C3)
+        mag0, mag1 = tl.split(a)
+        p00, p10, p20, p30 = _tq3_quad(mag0, b, lo, hi, C0, C1, C2, C3, ASM)  # k = 0, word 0: values 4i
+        p01, p11, p21, p31 = _tq3_quad(mag0 >> 2, b >> 1, lo, hi, C0, C1, C2, C3, ASM)
+        p02, p12, p22, p32 = _tq3_quad(mag0 >> 4, b >> 2, lo, hi, C0, C1, C2, C3, ASM)
+        p03, p13, p23, p33 = _tq3_quad(mag0 >> 6, b >> 3, lo, hi, C0, C1, C2, C3, ASM)
+        r00, r10, r20, r30 = _tq3_quad(mag1, b >> 16, lo, hi, C0, C1, C2, C3, ASM)  # word 1: values 16 + 4i + k
+        r01, r11, r21, r31 = _tq3_quad(mag1 >> 2, b >> 17, lo, hi, C0, C1, C2, C3, ASM)
+        r02, r12, r22, r32 = _tq3_quad(mag1 >> 4, b >> 18, lo, hi, C0, C1, C2, C3, ASM)
+        r03, r13, r23, r33 = _tq3_quad(mag1 >> 6, b >> 19, lo, hi, C0, C1, C2, C3, ASM)
+        # joined word first (most significant), then i, then k: unpacked index 16w + 4i + k, the natural order
+        q0 = _join4(tl.join(p00, r00), tl.join(p10, r10), tl.join(p20, r20), tl.join(p30, r30))  # k = 0: [N, NB, 2, 2, 2]
+        q1 = _join4(tl.join(p01, r01), tl.join(p11, r11), tl.join(p21, r21), tl.join(p31, r31))
+        q2 = _join4(tl.join(p02, r02), tl.join(p12, r12), tl.join(p22, r22), tl.join(p32, r32))
+        q3 = _join4(tl.join(p03, r03), tl.join(p13, r13), tl.join(p23, r23), tl.join(p33, r33))
+        s2 = tl.reshape(tl.broadcast_to(s[:, :, None], (N, NB, 32)), (N, D))
+        x = tl.reshape(_join4(q0, q1, q2, q3), (N, D)) * s2
     elif (DEQ == DEQ_HALF or DEQ == DEQ_WORDS) and FMT != 3:
         s2 = tl.reshape(tl.broadcast_to(s[:, :, None], (N, NB, 32)), (N, D))  # fp16
         if FMT == 1:  # code + 128 in 0..255
@@ -237,12 +315,12 @@ def _dequant(
 @triton.jit
 def _columns(FMT: tl.constexpr, D: tl.constexpr, DEQ: tl.constexpr):
     """Original column of each unpacked column: q4_0 (blocks_fast) unpacks value j + 16h of a block at
-    2j + h, q4_0 (words) as _word_to_nibble_halves orders them."""
+    2j + h, q4_0 (words) as _halfword_to_nibble_halves orders them."""
     n = tl.arange(0, D)
     if FMT == 2 and DEQ == DEQ_BLOCKS_FAST:
         n = (n // 32) * 32 + (n % 32) // 2 + 16 * (n % 2)
-    elif FMT == 2 and DEQ == DEQ_WORDS:  # unpacked 8w + r: word w % 4 of block w // 4, nibble r
-        w = n // 8
-        r = n % 8
-        n = (w // 4) * 32 + (w % 4) * 4 + r % 4 + 16 * (r // 4)
+    elif FMT == 2 and DEQ == DEQ_WORDS:  # unpacked 4h + r: halfword h % 8 of block h // 8, value r
+        h = n // 4
+        r = n % 4
+        n = (h // 8) * 32 + (h % 8) * 2 + r % 2 + 16 * (r // 2)
     return n

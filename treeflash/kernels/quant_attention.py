@@ -337,15 +337,15 @@ HALF_SCHEMES = (DEQ_IDS["half"], DEQ_IDS["words"])
 def _schemes(cfg: LaunchConfig, fmt_k: int, fmt_v: int, in_dtype: torch.dtype) -> tuple[str, str]:
     """The dequantization schemes K and V run. The fp16 ones ("half", "words") need a 16-bit query
     and no dense side (both dots run in fp16): else the fp32 path, "flat" (q8_0) or "blocks_fast"
-    (q4_0). A tq3_0 side under them runs blocks_fast (its fp32 values cast to fp16 for the dot);
-    K_INT8 ignores K's."""
+    (q4_0). A tq3_0 side under "half" runs blocks_fast (its fp32 values cast to fp16 for the dot),
+    under "words" its own fp16 path; K_INT8 ignores K's."""
     deq_k, deq_v = cfg.dequant, cfg.dequant_v or cfg.dequant
     fp32 = in_dtype == torch.float32 or fmt_k == 0 or fmt_v == 0
 
     def pick(deq: str, fmt: int) -> str:
         if DEQ_IDS[deq] not in HALF_SCHEMES:
             return deq
-        if fmt == FMT_IDS["tq3_0"] or fp32 and fmt == FMT_IDS["q4_0"]:
+        if fmt == FMT_IDS["tq3_0"] and (fp32 or deq != "words") or fp32 and fmt == FMT_IDS["q4_0"]:
             return "blocks_fast"
         return "flat" if fp32 else deq
 

@@ -103,11 +103,13 @@ def launch_config(head_dim: int, rows: int, dense_kv: bool = False, q8_kv: bool 
     and q8_0; `q8_kv` (q8_0 K and V) at head_dim 256 takes "flat" (2-D per-column loads, no
     reshapes), 0.36 of the roofline at 32K and 0.44 at 128K against 0.23 / 0.26.
 
-    `fp16_kv` (K and V each q8_0 or q4_0) takes "words" (fp16 dequantization from 32-bit words, both
-    dots in fp16; an fp32 query falls back to the fp32 path in quant_attention._schemes): fourth H200
-    sweep (bench/results/kv_attention_sweep4.json, head_dim 256), decode at 32K / 128K, fraction of
-    the roofline: q8_0/q8_0 0.40 / 0.50 against flat's 0.33 / 0.41, q8_0/q4_0 0.28 / 0.34 against
-    0.19 / 0.21, q4_0/q4_0 0.14 / 0.16 against 0.12 / 0.13. 8 warps or 64 keys a step were slower;
+    `fp16_kv` (K and V both compressed) takes "words" (fp16 dequantization from 32-bit words, both
+    dots in fp16; an fp32 query falls back to the fp32 path in quant_attention._schemes). H200 sweeps
+    (bench/results/s18/kv_attention_sweep4.json and sweep6.json, head_dim 256), decode at 32K / 128K,
+    fraction of the roofline: q8_0/q8_0 0.40 / 0.50 against flat's 0.33 / 0.41, q8_0/q4_0 0.28 / 0.34
+    against 0.19 / 0.21, q4_0/q4_0 0.18 / 0.22 against 0.12 / 0.13, q4_0/q8_0 0.25 / 0.30, q8_0/tq3_0
+    0.18 / 0.23 against 0.12 / 0.14, tq3_0/tq3_0 0.07 / 0.08 against 0.06 / 0.07. 8 warps or 64 keys a
+    step were slower;
     at head_dim 128 (bench/results/s18/kv_attention_sweep_hd128.json) 64 keys a step (this default)
     gave q8_0/q8_0 0.34 / 0.40 against flat's 0.23 / 0.26. More programs per SM with capped registers
     (ptx .maxnreg 168 or 128, 2 stages) were no faster (kv_attention_sweep5.json): ncu shows 2

@@ -130,7 +130,7 @@ def test_schemes_pick_the_fp32_path_for_fp32_or_dense():
     import torch
 
     from treeflash.kernels.attention_launch import variant_config
-    from treeflash.kernels.quant_attention import FMT_IDS, _schemes
+    from treeflash.kernels.attention_launch import FMT_IDS, _schemes
 
     cfg = variant_config("halfk_wordsv_n32_w4", 256, 6)
     q8, tq3 = FMT_IDS["q8_0"], FMT_IDS["tq3_0"]

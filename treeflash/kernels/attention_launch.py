@@ -15,6 +15,7 @@ import triton
 
 from treeflash.kernels.kv_dequant import DEQ_IDS
 
+FMT_IDS = {"q8_0": 1, "q4_0": 2, "tq3_0": 3}  # the kernels' FMT_K / FMT_V; anything dense is 0
 MAX_SPLITS = 256  # the combine kernel holds [splits, 64] (over 128 splits: [splits, 32]) partial outputs in registers
 PROGRAMS_PER_SM = 2
 
@@ -139,3 +140,24 @@ def plan_splits(
     want = max(1, min(num_blocks, want, MAX_SPLITS))
     per_split = _next_pow2(triton.cdiv(num_blocks, want))
     return triton.cdiv(num_blocks, per_split), per_split
+
+
+HALF_SCHEMES = (DEQ_IDS["half"], DEQ_IDS["words"])  # fp16 dequantization: both dots in fp16
+
+
+def _schemes(cfg: LaunchConfig, fmt_k: int, fmt_v: int, in_dtype: torch.dtype) -> tuple[str, str]:
+    """The dequantization schemes K and V run. The fp16 ones ("half", "words") need a 16-bit query
+    and no dense side (both dots run in fp16): else the fp32 path, "flat" (q8_0) or "blocks_fast"
+    (q4_0). A tq3_0 side under "half" runs blocks_fast (its fp32 values cast to fp16 for the dot),
+    under "words" its own fp16 path; K_INT8 ignores K's."""
+    deq_k, deq_v = cfg.dequant, cfg.dequant_v or cfg.dequant
+    fp32 = in_dtype == torch.float32 or fmt_k == 0 or fmt_v == 0
+
+    def pick(deq: str, fmt: int) -> str:
+        if DEQ_IDS[deq] not in HALF_SCHEMES:
+            return deq
+        if fmt == FMT_IDS["tq3_0"] and (fp32 or deq != "words") or fp32 and fmt == FMT_IDS["q4_0"]:
+            return "blocks_fast"
+        return "flat" if fp32 else deq
+
+    return pick(deq_k, fmt_k), pick(deq_v, fmt_v)

@@ -33,13 +33,14 @@ import triton.language as tl
 from treeflash.kernels import pdl
 
 from treeflash.kernels import kv_formats as formats
-from treeflash.kernels.attention_launch import MAX_SPLITS, LaunchConfig, _next_pow2, launch_config, plan_splits
+from treeflash.kernels.attention_launch import (  # noqa: F401  (FMT_IDS: re-exported)
+    FMT_IDS, HALF_SCHEMES, MAX_SPLITS, LaunchConfig, _next_pow2, _schemes, launch_config, plan_splits,
+)
 from treeflash.kernels.kv_dequant import DEQ_IDS, _columns, _dequant, _load_q8_blocks, _load_raw
 from treeflash.kernels.kv_quant import Planes, _round_half_away, _safe_inverse
 from treeflash.kernels.norm import _interpreting
 from treeflash.kernels.scratch import scratch
 
-FMT_IDS = {"q8_0": 1, "q4_0": 2, "tq3_0": 3}  # anything dense is 0
 LOG2E = 1.4426950408889634
 COMBINE_CHUNK = 64
 # Two launch options, both off: measured slower or no faster on the H200 at the SmolLM2-135M shape
@@ -329,27 +330,6 @@ def quant_attention_masked(
     if slots is not None and (slots.dim() != 1 or slots.shape[0] != n or slots.device != q.device or slots.dtype != torch.long):
         raise ValueError(f"quant_attention_masked: slots must be long [{n}] on {q.device}")
     return _launch(q, k, v, vis, 0, kv_len, True, scale, num_splits, config, slots)
-
-
-HALF_SCHEMES = (DEQ_IDS["half"], DEQ_IDS["words"])
-
-
-def _schemes(cfg: LaunchConfig, fmt_k: int, fmt_v: int, in_dtype: torch.dtype) -> tuple[str, str]:
-    """The dequantization schemes K and V run. The fp16 ones ("half", "words") need a 16-bit query
-    and no dense side (both dots run in fp16): else the fp32 path, "flat" (q8_0) or "blocks_fast"
-    (q4_0). A tq3_0 side under "half" runs blocks_fast (its fp32 values cast to fp16 for the dot),
-    under "words" its own fp16 path; K_INT8 ignores K's."""
-    deq_k, deq_v = cfg.dequant, cfg.dequant_v or cfg.dequant
-    fp32 = in_dtype == torch.float32 or fmt_k == 0 or fmt_v == 0
-
-    def pick(deq: str, fmt: int) -> str:
-        if DEQ_IDS[deq] not in HALF_SCHEMES:
-            return deq
-        if fmt == FMT_IDS["tq3_0"] and (fp32 or deq != "words") or fp32 and fmt == FMT_IDS["q4_0"]:
-            return "blocks_fast"
-        return "flat" if fp32 else deq
-
-    return pick(deq_k, fmt_k), pick(deq_v, fmt_v)
 
 
 def _launch(q, k, v, vis, start, kv_len, key_mask, scale, num_splits, config, slots=None):

@@ -225,6 +225,11 @@ TUNED: dict[tuple[int, int], GemvConfig] = {  # bench/results/gpu_gemv.json (wid
     (4096, 12288): GemvConfig(4, 1024, 1, 4),  # Qwen3-8B down: 25.2 vs 29.5-29.7
     (5120, 6144): GemvConfig(16, 1024, 1, 4),  # Qwen3.5-27B linear-attention out_proj, attention o_proj: 16.7 vs 17.5
     (5120, 17408): GemvConfig(4, 2048, 1, 4),  # Qwen3.5-27B down: 42.8 vs 49.8-50.0
+    # SmolLM2-135M (the embedded default), bench/results/s18/gpu_gemv_smol.json: at these sizes a call
+    # is latency, not bytes (0.16-0.9 us of them), and cuBLAS takes 3-5 us
+    (960, 576): GemvConfig(4, 512, 1, 8),  # fused q/k/v: 2.05 us vs cuBLAS 3.60
+    (576, 576): GemvConfig(4, 512, 1, 4),  # o_proj: 1.32 vs 3.11
+    (576, 1536): GemvConfig(4, 1024, 1, 8),  # down: 2.28 vs 4.73
 }
 
 
@@ -241,6 +246,7 @@ TUNED_NORM_IN: dict[tuple[int, int], GemvConfig] = {
 TUNED_SWIGLU: dict[tuple[int, int], GemvConfig] = {
     (24576, 4096): GemvConfig(2, 2048, 1, 4),  # Qwen3-8B gate_up: 47.3 us vs cuBLAS + silu_mul 50.6
     (34816, 5120): GemvConfig(2, 2048, 1, 4),  # Qwen3.5-27B gate_up: 79.1 vs 89.9 (bench/results/gpu_gemv_swiglu.json)
+    (3072, 576): GemvConfig(2, 1024, 1, 4),  # SmolLM2-135M gate_up: 2.03 vs 5.92 (bench/results/s18/gpu_gemv_smol.json)
 }
 
 

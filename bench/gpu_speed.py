@@ -301,6 +301,8 @@ def main() -> None:
     p.add_argument("--gemv-table", default=None, help="with --gemv: take gemv's per-shape configurations from this bench/gpu_gemv.py JSON")
     p.add_argument("--gemv-norm", action=argparse.BooleanOptionalAction, default=None,
                    help="the residual add + RMSNorm as the epilogue of the decode step's o_proj/out_proj/down GEMVs (default: the library's, off)")
+    p.add_argument("--gemv-rows", type=int, default=None,
+                   help="verify projections of up to this many rows on gemv's tuned shapes, row by row (gemv.ROWS_MAX; 0: cuBLAS)")
     p.add_argument("--gemv-norm-in", choices=["off", "qkv", "all"], default=None,
                    help="the residual add + RMSNorm as the prologue of the decode step's fused GEMVs: qkv/in_proj only, "
                         "or gate_up too (gemv.NORM_PROLOGUE, NORM_PROLOGUE_SWIGLU; default: the library's, off)")
@@ -332,6 +334,9 @@ def main() -> None:
     if args.gemv_norm is not None:
         gemv.NORM_EPILOGUE = args.gemv_norm
     args.gemv_norm_used = gemv.USE_GEMV and gemv.NORM_EPILOGUE
+    if args.gemv_rows is not None:
+        gemv.ROWS_MAX = args.gemv_rows
+    args.gemv_rows_used = gemv.ROWS_MAX if gemv.USE_GEMV else 0
     if args.gemv_norm_in is not None:
         gemv.NORM_PROLOGUE = args.gemv_norm_in != "off"
         gemv.NORM_PROLOGUE_SWIGLU = args.gemv_norm_in == "all"

@@ -89,13 +89,42 @@ def norm_in_cases(dtype) -> dict:
     return out
 
 
+def rows_cases(dtype) -> dict:
+    """Rows mode (gemv and gemv_swiglu on [M, K]): every row bit for bit the one-row call's, and
+    within rounding of the reference; a bias; ragged N, K and I tails."""
+    from treeflash.kernels.gemv import GemvConfig, gemv, gemv_reference, gemv_swiglu, gemv_swiglu_reference
+
+    out = {}
+    for m, n, k, bias, cfg in [(5, 40, 96, True, (8, 32, 1, 4)), (16, 33, 257, False, (4, 64, 1, 2)), (3, 64, 1024, False, None)]:
+        x = torch.randn(m, k).to(dtype)
+        w = (torch.randn(n, k) / k**0.5).to(dtype)
+        b = torch.randn(n).to(dtype) if bias else None
+        config = GemvConfig(*cfg) if cfg else None
+        y = gemv(x, w, b, config=config)
+        ones = torch.cat([gemv(x[i:i + 1], w, b, config=config) for i in range(m)])
+        ref = gemv_reference(x, w, b)
+        assert y.shape == ref.shape == (m, n) and y.dtype == dtype
+        out[f"rows_m{m}_n{n}_k{k}_{cfg}"] = [(y.float() - ref.float()).abs().max().item(), ref.float().abs().max().item(),
+                                             bool(torch.equal(y, ones))]
+        i = n  # gate_up [2I, K]
+        gu = (torch.randn(2 * i, k) / k**0.5).to(dtype)
+        scfg = GemvConfig(cfg[0], cfg[1], 1, cfg[3]) if cfg else None
+        sy = gemv_swiglu(x, gu, config=scfg)
+        sones = torch.cat([gemv_swiglu(x[j:j + 1], gu, config=scfg) for j in range(m)])
+        sref = gemv_swiglu_reference(x, gu)
+        assert sy.shape == sref.shape == (m, i)
+        out[f"rows_swiglu_m{m}_i{i}_k{k}_{cfg}"] = [(sy.float() - sref.float()).abs().max().item(),
+                                                    sref.float().abs().max().item(), bool(torch.equal(sy, sones))]
+    return out
+
+
 def main(dtype_name: str, mode: str = "gemv") -> None:
     from treeflash.kernels.gemv import GemvConfig, gemv, gemv_reference
 
     dtype = getattr(torch, dtype_name)
     torch.manual_seed(0)
-    if mode in ("norm", "swiglu", "norm_in"):
-        print(json.dumps({"norm": norm_cases, "swiglu": swiglu_cases, "norm_in": norm_in_cases}[mode](dtype)))
+    if mode in ("norm", "swiglu", "norm_in", "rows"):
+        print(json.dumps({"norm": norm_cases, "swiglu": swiglu_cases, "norm_in": norm_in_cases, "rows": rows_cases}[mode](dtype)))
         return
     out = {}
     for n, k, bias, cfg in CASES:

@@ -50,6 +50,40 @@ def test_gemv_norm_prologue_matches_norm_then_project(dtype, rel):
         assert same, case
 
 
+@pytest.mark.parametrize("dtype,rel", [("float32", 1e-5), ("bfloat16", 2**-5)])
+def test_gemv_rows_mode_is_the_one_row_call_per_row(dtype, rel):
+    """Several rows in one launch (verify's projections with gemv.ROWS_MAX): each row bit for bit
+    what its own one-row call gives (the same program on another row), near the reference (bf16
+    SwiGLU: g and u each round to bf16 before the product, by the interpreter's truncating casts)."""
+    errors = run_module("tests.kernels.gemv_checks", dtype, "rows")
+    assert len(errors) == 6
+    for case, (err, scale, same) in errors.items():
+        assert err <= rel * max(scale, 1.0), (case, err, scale)
+        assert same, case
+
+
+def test_rows_mode_routing():
+    """projection.linear sends up to gemv.ROWS_MAX rows of a tuned shape to gemv, and only then."""
+    from treeflash.kernels import gemv as g
+    from treeflash.kernels import projection
+
+    w = torch.randn(8, 16)
+    saved = (g.TUNED.copy(), g.ROWS_MAX, projection._interpreting)
+    g.TUNED[(8, 16)] = g.GemvConfig(4, 16, 1, 1)
+    projection._interpreting = lambda: True
+    try:
+        g.ROWS_MAX = 0
+        assert projection._takes_gemv(torch.randn(1, 16), w) and not projection._takes_gemv(torch.randn(4, 16), w)
+        g.ROWS_MAX = 4
+        assert projection._takes_gemv(torch.randn(4, 16), w) and not projection._takes_gemv(torch.randn(5, 16), w)
+        g.TUNED[(8, 16)] = g.GemvConfig(4, 16, 2, 1)  # split-K: one row only
+        assert projection._takes_gemv(torch.randn(1, 16), w) and not projection._takes_gemv(torch.randn(2, 16), w)
+    finally:
+        g.TUNED.clear()
+        g.TUNED.update(saved[0])
+        g.ROWS_MAX, projection._interpreting = saved[1], saved[2]
+
+
 def test_gemv_rejects_bad_input():
     from treeflash.kernels import gemv as g
 
@@ -57,7 +91,11 @@ def test_gemv_rejects_bad_input():
     g._interpreting = lambda: True  # the wrapper's checks run before any launch
     try:
         with pytest.raises(ValueError, match="x must be"):
-            g.gemv(torch.randn(2, 8), torch.randn(4, 8))
+            g.gemv(torch.randn(2, 7), torch.randn(4, 8))
+        with pytest.raises(ValueError, match="without split-K"):
+            g.gemv(torch.randn(2, 8), torch.randn(4, 8), config=g.GemvConfig(4, 4, 2, 1))
+        with pytest.raises(ValueError, match="one row"):
+            g.gemv(torch.randn(2, 8), torch.randn(4, 8), norm=(torch.randn(1, 4), torch.randn(4), 1e-6, False))
         with pytest.raises(ValueError, match="bias"):
             g.gemv(torch.randn(1, 8), torch.randn(4, 8), torch.randn(3))
         with pytest.raises(ValueError, match="contiguous"):
@@ -74,3 +112,4 @@ def test_gemv_on_cpu_is_the_reference():
     x, w, b = torch.randn(1, 16), torch.randn(5, 16), torch.randn(5)
     assert torch.equal(gemv(x, w, b), gemv_reference(x, w, b))
     assert gemv(x[0], w).shape == (5,)
+    assert gemv(torch.randn(3, 16), w).shape == (3, 5)

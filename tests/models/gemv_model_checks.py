@@ -79,6 +79,43 @@ def prologue_main() -> None:
                       "layers": len(model.model.layers)}))
 
 
+def rows_main() -> None:
+    """Rows mode (gemv.ROWS_MAX): a 5-token step (as a chain verify) runs its projections on the
+    GEMVs row by row; logits against plain torch, and how many multi-row GEMV calls ran."""
+    torch.manual_seed(0)
+    model = tiny_model().fuse_projections()
+    gemv.TUNED[(32, 32)] = gemv.GemvConfig(8, 32, 1, 4)
+    gemv.TUNED[(32, 64)] = gemv.GemvConfig(8, 16, 1, 2)
+    gemv.TUNED_SWIGLU[(128, 32)] = gemv.GemvConfig(8, 16, 1, 2)
+    ids = torch.randint(0, 61, (16,))
+    rows = []
+    orig_gemv, orig_swiglu = gemv.gemv, gemv.gemv_swiglu
+
+    def counted(fn):
+        def run(x, *a, **kw):
+            rows.append(x.shape[0] if x.dim() == 2 else 1)
+            return fn(x, *a, **kw)
+        return run
+
+    def step(model):
+        cache = model.new_cache(64)
+        model(StepInput.plain(ids[:10], 0), cache)
+        return model(StepInput.plain(ids[10:15], 10), cache).logits
+
+    gemv.gemv, gemv.gemv_swiglu = counted(orig_gemv), counted(orig_swiglu)
+    try:
+        with torch.no_grad():
+            gemv.USE_GEMV, gemv.ROWS_MAX = False, 0
+            ref = step(model)
+            gemv.USE_GEMV, gemv.ROWS_MAX = True, 8
+            rows.clear()
+            got = step(model)
+    finally:
+        gemv.gemv, gemv.gemv_swiglu, gemv.ROWS_MAX = orig_gemv, orig_swiglu, 0
+    print(json.dumps({"rows_err": (got - ref).abs().max().item(), "scale": ref.abs().max().item(),
+                      "multi_row_calls": sum(1 for r in rows if r == 5), "calls": len(rows), "layers": len(model.model.layers)}))
+
+
 def main() -> None:
     torch.manual_seed(0)
     model = tiny_model().fuse_projections()
@@ -101,4 +138,4 @@ def main() -> None:
 if __name__ == "__main__":
     import sys
 
-    prologue_main() if sys.argv[1:] == ["prologue"] else main()
+    {"prologue": prologue_main, "rows": rows_main}.get(sys.argv[1] if sys.argv[1:] else "", main)()

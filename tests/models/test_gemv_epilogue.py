@@ -22,3 +22,10 @@ def test_decode_with_norm_prologue_matches_plain_torch():
     assert r["prologue_err"] <= 1e-5 * max(r["scale"], 1.0), r
     # qkv / in_proj only (NORM_PROLOGUE_SWIGLU off): the input norms of layers 1-3
     assert r["qkv_only_calls"] == 5 * (r["layers"] - 1) and r["qkv_only_err"] <= 1e-5 * max(r["scale"], 1.0), r
+
+
+def test_verify_step_with_gemv_rows_matches_plain_torch():
+    """gemv.ROWS_MAX: a 5-token step's projections run on the GEMVs, one program column per row."""
+    r = run_module("tests.models.gemv_model_checks", "rows")
+    assert r["multi_row_calls"] > 0 and r["multi_row_calls"] == r["calls"], r
+    assert r["rows_err"] <= 1e-5 * max(r["scale"], 1.0), r

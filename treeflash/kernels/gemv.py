@@ -55,6 +55,12 @@ NORM_EPILOGUE = os.environ.get("TREEFLASH_GEMV_NORM", "0") == "1"
 _NORM_IN = os.environ.get("TREEFLASH_GEMV_NORM_IN", "0")
 NORM_PROLOGUE = _NORM_IN in ("1", "all", "qkv")
 NORM_PROLOGUE_SWIGLU = _NORM_IN in ("1", "all")
+# up to this many rows (a verify step's nodes) take the GEMVs too, one program column per row (grid
+# axis "rows"): each row's arithmetic is then the one-row decode call's, bit for bit, so a verify
+# pass projects exactly as plain decoding does (batch-invariant projections), and at the SmolLM2
+# shapes cuBLAS's 3-6 us per call is what verify spends most of its time on. 0 (the default) keeps
+# multi-row projections on cuBLAS: not yet timed on the H200. TREEFLASH_GEMV_ROWS=32 turns it on.
+ROWS_MAX = int(os.environ.get("TREEFLASH_GEMV_ROWS", "0"))
 
 
 
@@ -106,6 +112,9 @@ def _gemv_kernel(
     """NORM_IN (split 1 only; R, NW, S, eps its residual, norm weight, stream out): x is the norm's
     input, not yet added: y = W rmsnorm(x + R) (see `gemv_norm_in`)."""
     pid_n, s = tl.program_id(0), tl.program_id(1)
+    m = tl.program_id(2).to(tl.int64)  # the row of x (rows mode, SPLIT_K 1 and no NORM; else 0)
+    X += m * K
+    Y += m * N
     rows = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     row_ok = rows < N
     w_rows = W + rows.to(tl.int64)[:, None] * K
@@ -159,6 +168,9 @@ def _gemv_swiglu_kernel(X, W, Y, I, R, NW, S, eps, K: tl.constexpr, BLOCK_N: tl.
     [2I, K]): both tiles of each step in one program, so no [2I] intermediate and no SiLU-mul launch.
     g and u are rounded to the output dtype first, as the unfused path (gemv, then silu_mul) does."""
     pid = tl.program_id(0)
+    m = tl.program_id(1).to(tl.int64)  # the row of x (rows mode, no NORM_IN; else 0)
+    X += m * K
+    Y += m * I
     rows = pid * BLOCK_N + tl.arange(0, BLOCK_N)
     row_ok = rows < I
     g_rows = W + rows.to(tl.int64)[:, None] * K
@@ -274,7 +286,7 @@ def load_table(path: str, margin: float = 0.98) -> dict[str, str]:
 
 
 def gemv_reference(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
-    """x [1, K], weight [N, K] -> [1, N] in x.dtype (fp32 accumulation)."""
+    """x [M, K], weight [N, K] -> [M, N] in x.dtype (fp32 accumulation)."""
     y = F.linear(x.float(), weight.float(), None if bias is None else bias.float())
     return y.to(x.dtype)
 
@@ -290,6 +302,8 @@ def _norm_stream(name: str, residual: torch.Tensor, norm_weight: torch.Tensor, w
 def gemv(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None,
          config: GemvConfig | None = None, norm: tuple | None = None, norm_in: tuple | None = None):
     """y = x W^T (+ bias) for one row: x [1, K] (or [K]), weight [N, K] contiguous -> [1, N] (or [N]).
+    x [M, K] (rows mode: no norm, no split-K): M one-row calls in one launch, each row bit for bit
+    what gemv(x[i:i + 1]) gives.
     With norm = (residual, norm_weight, eps, unit_offset): (rmsnorm(y + residual), y + residual),
     the add and norm in the launch's last program (see `gemv_add_norm`). With norm_in = (residual
     [K], norm_weight [K], eps, unit_offset): (rmsnorm(x + residual) W^T, x + residual), the add and
@@ -299,22 +313,25 @@ def gemv(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None
             return gemv_add_norm_reference(x, weight, *norm, bias=bias)
         if norm_in is not None:
             return gemv_norm_in_reference(x, weight, *norm_in, bias=bias)
-        return gemv_reference(x.reshape(1, -1), weight, bias).reshape(*x.shape[:-1], weight.shape[0])
+        return gemv_reference(x.reshape(-1, x.shape[-1]), weight, bias).reshape(*x.shape[:-1], weight.shape[0])
     n, k = weight.shape
-    if x.numel() != k or x.shape[-1] != k or (x.dim() == 2 and x.shape[0] != 1) or x.dim() > 2:
-        raise ValueError(f"gemv: x must be [1, {k}] or [{k}], got {tuple(x.shape)}")
+    m_rows = x.shape[0] if x.dim() == 2 else 1
+    if x.shape[-1] != k or x.dim() > 2 or m_rows < 1:
+        raise ValueError(f"gemv: x must be [M, {k}] or [{k}], got {tuple(x.shape)}")
+    if m_rows > 1 and (norm is not None or norm_in is not None):
+        raise ValueError("gemv: a norm epilogue or prologue takes one row")
     if not weight.is_contiguous() or weight.device != x.device:
         raise ValueError("gemv: weight must be contiguous and on x's device")
     if bias is not None and (bias.shape != (n,) or not bias.is_contiguous()):
         raise ValueError(f"gemv: bias must be contiguous [{n}]")
-    xv = x.reshape(k)
-    if xv.stride(0) != 1:
-        xv = xv.contiguous()
+    xv = x.reshape(m_rows * k) if x.is_contiguous() else x.contiguous().reshape(m_rows * k)
     cfg = config or gemv_config(n, k)
     n_blocks = triton.cdiv(n, cfg.block_n)
     k_split = triton.cdiv(triton.cdiv(k, cfg.split_k), cfg.block_k) * cfg.block_k  # columns per split
     split = triton.cdiv(k, k_split)
-    y = torch.empty(n, dtype=x.dtype, device=x.device)
+    if m_rows > 1 and split > 1:
+        raise ValueError("gemv: several rows need a configuration without split-K")
+    y = torch.empty(m_rows * n, dtype=x.dtype, device=x.device)
     if split > 1:
         partials = scratch("gemv.partials", x.device, split * n, torch.float32, minimum=1 << 20)
         tickets = scratch("gemv.tickets", x.device, n_blocks, torch.int32, minimum=1 << 16)
@@ -335,7 +352,7 @@ def gemv(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None
         residual, norm_weight, eps, unit_offset = norm
         stream, normed = _norm_stream("gemv_add_norm", residual, norm_weight, n, x), torch.empty_like(y)
         ticket = scratch("gemv.norm_ticket", x.device, 1, torch.int32, minimum=16)
-    _gemv_kernel[(n_blocks, split)](
+    _gemv_kernel[(n_blocks, split, m_rows)](
         xv, weight, bias if bias is not None else weight, y, partials, tickets, n,
         residual, norm_weight, stream, normed, ticket, eps,
         K=k, HAS_BIAS=bias is not None, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, SPLIT_K=split, K_SPLIT=k_split,
@@ -385,12 +402,13 @@ def gemv_norm_in(x: torch.Tensor, weight: torch.Tensor, residual: torch.Tensor, 
 
 
 def gemv_swiglu_reference(x: torch.Tensor, gate_up: torch.Tensor) -> torch.Tensor:
-    """x [1, K], gate_up [2I, K] -> silu(x G^T) * (x U^T) [1, I], each projection rounded to x.dtype first."""
-    return silu_mul_ref(gemv_reference(x.reshape(1, -1), gate_up))
+    """x [M, K], gate_up [2I, K] -> silu(x G^T) * (x U^T) [M, I], each projection rounded to x.dtype first."""
+    return silu_mul_ref(gemv_reference(x.reshape(-1, x.shape[-1]), gate_up))
 
 
 def gemv_swiglu(x: torch.Tensor, gate_up: torch.Tensor, config: GemvConfig | None = None, norm_in: tuple | None = None):
-    """The decode step's MLP input half in one launch: x [1, K], gate_up [2I, K] -> [1, I]. With
+    """The decode step's MLP input half in one launch: x [1, K], gate_up [2I, K] -> [1, I] (x [M, K]
+    without norm_in: M rows, each as its one-row call, -> [M, I]). With
     norm_in = (residual, norm_weight, eps, unit_offset): the add and RMSNorm before it as the
     prologue, as in `gemv_norm_in` -> (y, stream)."""
     if not (x.is_cuda or _interpreting()):
@@ -399,10 +417,12 @@ def gemv_swiglu(x: torch.Tensor, gate_up: torch.Tensor, config: GemvConfig | Non
             return gemv_swiglu_reference(normed, gate_up), stream.reshape(x.shape)
         return gemv_swiglu_reference(x, gate_up)
     two_i, k = gate_up.shape
-    if two_i % 2 or x.numel() != k or not gate_up.is_contiguous():
-        raise ValueError(f"gemv_swiglu: x [1, {k}] and a contiguous [2I, {k}] weight expected, got {tuple(x.shape)}")
+    m_rows = x.numel() // k if x.dim() == 2 else 1
+    if two_i % 2 or x.shape[-1] != k or x.dim() > 2 or not gate_up.is_contiguous() or (m_rows > 1 and norm_in is not None):
+        raise ValueError(f"gemv_swiglu: x [M, {k}] (one row with norm_in) and a contiguous [2I, {k}] weight expected, "
+                         f"got {tuple(x.shape)}")
     shape = x.shape
-    x = x.reshape(k).contiguous()
+    x = x.reshape(m_rows * k).contiguous()
     if norm_in is not None:
         residual, norm_weight, eps, unit_offset = norm_in
         stream = _norm_stream("gemv_swiglu", residual, norm_weight, k, x)
@@ -413,8 +433,8 @@ def gemv_swiglu(x: torch.Tensor, gate_up: torch.Tensor, config: GemvConfig | Non
     if cfg.split_k != 1:
         raise ValueError("gemv_swiglu: split_k must be 1")
     i = two_i // 2
-    y = torch.empty(1, i, dtype=x.dtype, device=x.device)
-    _gemv_swiglu_kernel[(triton.cdiv(i, cfg.block_n),)](x, gate_up, y, i, residual, norm_weight, stream, eps, K=k,
+    y = torch.empty(m_rows, i, dtype=x.dtype, device=x.device)
+    _gemv_swiglu_kernel[(triton.cdiv(i, cfg.block_n), m_rows)](x, gate_up, y, i, residual, norm_weight, stream, eps, K=k,
                                                         BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k,
                                                         STEPS=triton.cdiv(k, cfg.block_k), num_warps=cfg.num_warps,
                                                         NORM_IN=norm_in is not None, UNIT=unit_offset, **pdl.kwargs(x))

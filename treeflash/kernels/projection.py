@@ -42,10 +42,13 @@ def swiglu(x: torch.Tensor | PendingNorm, gate_up: torch.Tensor) -> torch.Tensor
 
 
 def _takes_gemv(x: torch.Tensor, weight: torch.Tensor, table: dict | None = None) -> bool:
-    """One row on CUDA (or the interpreter) with a weight shape in `table`, gemv on."""
+    """One row on CUDA (or the interpreter) with a weight shape in `table`, gemv on; or up to
+    gemv.ROWS_MAX rows (rows mode, a configuration without split-K)."""
     table = gemv.TUNED if table is None else table
-    return (gemv.USE_GEMV and (x.is_cuda or _interpreting()) and x.dim() == 2 and x.shape[0] == 1
-            and tuple(weight.shape) in table and weight.is_contiguous())
+    if not (gemv.USE_GEMV and (x.is_cuda or _interpreting()) and x.dim() == 2 and weight.is_contiguous()):
+        return False
+    cfg = table.get(tuple(weight.shape))
+    return cfg is not None and (x.shape[0] == 1 or 1 < x.shape[0] <= gemv.ROWS_MAX and cfg.split_k == 1)
 
 
 @dataclass
@@ -85,7 +88,8 @@ def takes_prologue(x: torch.Tensor, weight: torch.Tensor, table: dict | None = N
     NORM_PROLOGUE_SWIGLU for gate_up; a tuned shape without split-K)."""
     table = gemv.TUNED if table is None else table
     kind_on = gemv.NORM_PROLOGUE_SWIGLU if table is gemv.TUNED_SWIGLU else True
-    return gemv.NORM_PROLOGUE and kind_on and _takes_gemv(x, weight, table) and table[tuple(weight.shape)].split_k == 1
+    return (gemv.NORM_PROLOGUE and kind_on and x.shape[0] == 1 and _takes_gemv(x, weight, table)
+            and table[tuple(weight.shape)].split_k == 1)
 
 
 def linear(x: torch.Tensor | PendingNorm, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
@@ -125,6 +129,7 @@ def project(module: nn.Module, x: torch.Tensor, defer: bool = False) -> torch.Te
     """apply(module, x); with defer, a Deferred instead where that projection would take gemv (one
     row, a TUNED shape, no bias) and NORM_EPILOGUE is on. The caller must hand the result to
     `RMSNorm.add_forward` (or call `.value()`)."""
-    if defer and gemv.NORM_EPILOGUE and type(module) is nn.Linear and module.bias is None and _takes_gemv(x, module.weight):
+    if (defer and gemv.NORM_EPILOGUE and type(module) is nn.Linear and module.bias is None and x.shape[0] == 1
+            and _takes_gemv(x, module.weight)):
         return Deferred(x, module.weight)
     return apply(module, x)

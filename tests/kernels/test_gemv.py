@@ -78,6 +78,13 @@ def test_rows_mode_routing():
         assert projection._takes_gemv(torch.randn(4, 16), w) and not projection._takes_gemv(torch.randn(5, 16), w)
         g.TUNED[(8, 16)] = g.GemvConfig(4, 16, 2, 1)  # split-K: one row only
         assert projection._takes_gemv(torch.randn(1, 16), w) and not projection._takes_gemv(torch.randn(2, 16), w)
+        g.TUNED[(8, 16)] = g.GemvConfig(4, 16, 1, 1)
+        big = g.ROWS_WEIGHT_BYTES
+        g.ROWS_WEIGHT_BYTES = 8 * 16 * 4 - 1  # a weight too large to stay in L2: one row only
+        try:
+            assert projection._takes_gemv(torch.randn(1, 16), w) and not projection._takes_gemv(torch.randn(2, 16), w)
+        finally:
+            g.ROWS_WEIGHT_BYTES = big
     finally:
         g.TUNED.clear()
         g.TUNED.update(saved[0])

@@ -61,6 +61,10 @@ NORM_PROLOGUE_SWIGLU = _NORM_IN in ("1", "all")
 # shapes cuBLAS's 3-6 us per call is what verify spends most of its time on. 0 (the default) keeps
 # multi-row projections on cuBLAS: not yet timed on the H200. TREEFLASH_GEMV_ROWS=32 turns it on.
 ROWS_MAX = int(os.environ.get("TREEFLASH_GEMV_ROWS", "0"))
+# rows mode re-reads the weight once per row: only weights small enough to stay in L2 between the row
+# programs take it (the H200's L2 is 50 MB; SmolLM2's largest projection is 3.5 MB, an 8B down_proj
+# 100 MB, which 32 rows would read 32 times from memory)
+ROWS_WEIGHT_BYTES = 8 << 20
 
 
 

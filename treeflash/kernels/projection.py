@@ -43,12 +43,16 @@ def swiglu(x: torch.Tensor | PendingNorm, gate_up: torch.Tensor) -> torch.Tensor
 
 def _takes_gemv(x: torch.Tensor, weight: torch.Tensor, table: dict | None = None) -> bool:
     """One row on CUDA (or the interpreter) with a weight shape in `table`, gemv on; or up to
-    gemv.ROWS_MAX rows (rows mode, a configuration without split-K)."""
+    gemv.ROWS_MAX rows (rows mode: a configuration without split-K, a weight of at most
+    gemv.ROWS_WEIGHT_BYTES)."""
     table = gemv.TUNED if table is None else table
     if not (gemv.USE_GEMV and (x.is_cuda or _interpreting()) and x.dim() == 2 and weight.is_contiguous()):
         return False
     cfg = table.get(tuple(weight.shape))
-    return cfg is not None and (x.shape[0] == 1 or 1 < x.shape[0] <= gemv.ROWS_MAX and cfg.split_k == 1)
+    if cfg is None or x.shape[0] == 1:
+        return cfg is not None
+    return (x.shape[0] <= gemv.ROWS_MAX and cfg.split_k == 1
+            and weight.numel() * weight.element_size() <= gemv.ROWS_WEIGHT_BYTES)
 
 
 @dataclass

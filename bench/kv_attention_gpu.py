@@ -187,8 +187,8 @@ def sweep_variant(k: Planes, v: Planes, context: int, name: str, args, dtype, ve
     row = {"k_type": k.name, "v_type": v.name, "context": context, "variant": name}
     try:
         # "default": what quant_attention picks for this pair (the q8_0/q8_0 and dense choices included)
-        pair = dict(dense_kv=k.name not in qa.FMT_IDS and v.name not in qa.FMT_IDS, q8_kv=k.name == v.name == "q8_0",
-                    fp16_kv=k.name in qa.FMT_IDS and v.name in qa.FMT_IDS)
+        pair = dict(dense_kv=k.name not in qa.FMT_IDS and v.name not in qa.FMT_IDS,
+                    compressed_kv=k.name in qa.FMT_IDS and v.name in qa.FMT_IDS)
         cfg1 = launch.launch_config(head_dim, group, **pair) if name == "default" else launch.variant_config(name, head_dim, group)
         cfgv = launch.launch_config(head_dim, VERIFY_NODES * group, **pair)
         if name != "default":

@@ -11,14 +11,11 @@ The inline PTX itself runs only on a GPU: bench/kv_attention_gpu.py checks every
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[2]
+from tests.kernels.interpret import run_module
+
 TREE = [-1, 0, 0, 1, 2, 2, 4]
 PAIRS = [("q8_0", "q8_0"), ("q4_0", "q4_0"), ("q8_0", "q4_0"), ("q4_0", "tq3_0"), ("tq3_0", "q8_0"), ("tq3_0", "tq3_0")]
 # max |error| / max |reference|: p's fp16 rounding, the output's rounding (fp16 2^-11, bf16 2^-8 relative);
@@ -112,12 +109,7 @@ def main() -> None:
 @pytest.fixture(scope="module")
 def results() -> dict[str, str | None]:
     pytest.importorskip("triton")
-    env = {**os.environ, "TRITON_INTERPRET": "1", "PYTHONPATH": str(ROOT)}
-    proc = subprocess.run([sys.executable, "-m", "tests.kernels.test_quant_attention_half"], cwd=ROOT, env=env,
-                          capture_output=True, text=True, timeout=900)
-    if proc.returncode != 0:
-        raise RuntimeError(f"fp16 scheme checks failed:\n{proc.stderr[-4000:]}")
-    return json.loads(proc.stdout.strip().splitlines()[-1])
+    return run_module("tests.kernels.test_quant_attention_half")
 
 
 def test_fp16_schemes_match_the_reference(results):

@@ -94,8 +94,8 @@ def test_k_int8_is_opt_in():
 
     for head_dim in (64, 128, 256):
         for rows in (1, 6, 96):
-            for dense, q8 in ((False, False), (True, False), (False, True)):
-                assert not launch_config(head_dim, rows, dense_kv=dense, q8_kv=q8).k_int8
+            for dense, compressed in ((False, False), (True, False), (False, True)):
+                assert not launch_config(head_dim, rows, dense_kv=dense, compressed_kv=compressed).k_int8
     int8k = [name for name, fields in VARIANTS.items() if fields.get("k_int8")]
     assert int8k and all(name.startswith("int8k") for name in int8k)
     assert all(variant_config(name, 256, 6).k_int8 for name in int8k)

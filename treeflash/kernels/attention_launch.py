@@ -86,7 +86,7 @@ def variant_config(name: str, head_dim: int, rows: int) -> LaunchConfig:
     return dataclasses.replace(launch_config(head_dim, rows), **VARIANTS[name])
 
 
-def launch_config(head_dim: int, rows: int, dense_kv: bool = False, q8_kv: bool = False, fp16_kv: bool = False) -> LaunchConfig:
+def launch_config(head_dim: int, rows: int, dense_kv: bool = False, compressed_kv: bool = False) -> LaunchConfig:
     """The fixed launch configuration for a head_dim and T * G query rows (no autotuning).
 
     Measured on an H200 (decode at 32K context, 24 query / 4 KV heads, head_dim 256), with the
@@ -101,10 +101,10 @@ def launch_config(head_dim: int, rows: int, dense_kv: bool = False, q8_kv: bool 
 
     Measured since (two H200 sweeps, bench/results/kv_attention_sweep*.json): blocks_fast is a little
     faster than blocks for tq3_0 (0.06-0.07 of the roofline against 0.05-0.06), the same for q4_0
-    and q8_0; `q8_kv` (q8_0 K and V) at head_dim 256 takes "flat" (2-D per-column loads, no
-    reshapes), 0.36 of the roofline at 32K and 0.44 at 128K against 0.23 / 0.26.
+    and q8_0; q8_0/q8_0 at head_dim 256 was fastest with "flat" (2-D per-column loads, no reshapes),
+    0.36 of the roofline at 32K and 0.44 at 128K against 0.23 / 0.26 (flat remains the fp32 path).
 
-    `fp16_kv` (K and V both compressed) takes "words" (fp16 dequantization from 32-bit words, both
+    `compressed_kv` (K and V both compressed) takes "words" (fp16 dequantization from 32-bit words, both
     dots in fp16; an fp32 query falls back to the fp32 path in quant_attention._schemes). H200 sweeps
     (bench/results/s18/kv_attention_sweep4.json and sweep6.json, head_dim 256), decode at 32K / 128K,
     fraction of the roofline: q8_0/q8_0 0.40 / 0.50 against flat's 0.33 / 0.41, q8_0/q4_0 0.28 / 0.34
@@ -119,10 +119,8 @@ def launch_config(head_dim: int, rows: int, dense_kv: bool = False, q8_kv: bool 
     block_n = 64 if head_dim <= 128 else 32
     if dense_kv:
         return LaunchConfig(block_m, block_n, 4 if head_dim <= 128 else 8, 3, PROGRAMS_PER_SM, prefetch=False)
-    if fp16_kv:
+    if compressed_kv:
         return LaunchConfig(block_m, block_n, 4, 3, PROGRAMS_PER_SM, prefetch=False, dequant="words")
-    if q8_kv and head_dim == 256:  # the fastest q8_0/q8_0 variant in both H200 sweeps (flat_n32_w4)
-        return LaunchConfig(block_m, 32, 4, 3, PROGRAMS_PER_SM, prefetch=False, dequant="flat")
     return LaunchConfig(block_m, block_n, 4, 3, PROGRAMS_PER_SM, prefetch=True, dequant="blocks_fast")
 
 

@@ -245,6 +245,12 @@ def _tq3_value(mag, neg, C0: tl.constexpr, C1: tl.constexpr, C2: tl.constexpr, C
 
 
 @triton.jit
+def _per_value(s, N: tl.constexpr, D: tl.constexpr):
+    """Block scales [N, D/32] -> [N, D], each value's own (its block's), in s's dtype."""
+    return tl.reshape(tl.broadcast_to(s[:, :, None], (N, D // 32, 32)), (N, D))
+
+
+@triton.jit
 def _dequant(
     a, b, s, FMT: tl.constexpr, N: tl.constexpr, D: tl.constexpr,
     C0: tl.constexpr, C1: tl.constexpr, C2: tl.constexpr, C3: tl.constexpr, DEQ: tl.constexpr, ASM: tl.constexpr = False,
@@ -255,11 +261,11 @@ def _dequant(
     if FMT == 0:
         x = a.to(tl.float32)
     elif DEQ == DEQ_WORDS and FMT == 1:  # byte j of word i is value 4i + j
-        s2 = tl.reshape(tl.broadcast_to(s[:, :, None], (N, NB, 32)), (N, D))
+        s2 = _per_value(s, N, D)
         b0, b1, b2, b3 = _word_to_halves(a, ASM)
         x = tl.reshape(tl.join(tl.join(b0, b2), tl.join(b1, b3)), (N, D)) * s2
     elif DEQ == DEQ_WORDS and FMT == 2:  # halfword h of a block: values 2h, 2h + 1 (low nibbles), 2h + 16, 2h + 17
-        s2 = tl.reshape(tl.broadcast_to(s[:, :, None], (N, NB, 32)), (N, D))
+        s2 = _per_value(s, N, D)
         v0, v1, v2, v3 = _halfword_to_nibble_halves(a, ASM)
         x = tl.reshape(tl.join(tl.join(v0, v2), tl.join(v1, v3)), (N, D)) * s2  # element h's values at 4h..4h+3
     elif DEQ == DEQ_WORDS and FMT == 3:  # values 16w + 4i + k come from magnitude word w, bits 2k of byte i
@@ -278,10 +284,10 @@ def _dequant(
         q1 = _join4(tl.join(p01, r01), tl.join(p11, r11), tl.join(p21, r21), tl.join(p31, r31))
         q2 = _join4(tl.join(p02, r02), tl.join(p12, r12), tl.join(p22, r22), tl.join(p32, r32))
         q3 = _join4(tl.join(p03, r03), tl.join(p13, r13), tl.join(p23, r23), tl.join(p33, r33))
-        s2 = tl.reshape(tl.broadcast_to(s[:, :, None], (N, NB, 32)), (N, D))
+        s2 = _per_value(s, N, D)
         x = tl.reshape(_join4(q0, q1, q2, q3), (N, D)) * s2
     elif (DEQ == DEQ_HALF or DEQ == DEQ_WORDS) and FMT != 3:
-        s2 = tl.reshape(tl.broadcast_to(s[:, :, None], (N, NB, 32)), (N, D))  # fp16
+        s2 = _per_value(s, N, D)  # fp16
         if FMT == 1:  # code + 128 in 0..255
             x = _half_from_bits(a.to(tl.int16) + 128, 1152.0) * s2
         else:
@@ -295,8 +301,7 @@ def _dequant(
             q = _int_to_float((a.to(tl.int32) >> (4 * (w // 16))) & 15, 8.0)
         else:
             q = _tq3_value((a.to(tl.int32) >> (2 * (w % 4))) & 3, (b.to(tl.int32) >> (w % 8)) & 1, C0, C1, C2, C3)
-        s2 = tl.broadcast_to(s.to(tl.float32)[:, :, None], (N, NB, 32))
-        x = q * tl.reshape(s2, (N, D))
+        x = q * _per_value(s.to(tl.float32), N, D)
     else:  # DEQ_BLOCKS_FAST
         if FMT == 1:
             q = _int_to_float(a.to(tl.int32) + 128, 128.0)

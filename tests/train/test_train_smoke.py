@@ -352,3 +352,33 @@ def test_export_keeps_the_best_held_out_estimate(trained, tmp_path, monkeypatch)
     last = trainer(tmp_path / "b", 6, best=False)
     last.run(progress=False)
     assert json.loads((tmp_path / "b" / "config.json").read_text())["treeflash"]["step"] == 6
+
+
+def test_init_starts_from_an_exported_drafter(trained, tmp_path):
+    """--init: a new run (fresh optimizer, new data with another seed) from the exported weights; with a
+    vanishing learning rate the export after one step is the drafter it started from."""
+    from safetensors.torch import load_file
+
+    target, out, _ = trained
+    new = tmp_path / "more"
+    args = [a for a in TRAIN if a not in ("--max-shard-mb", "0.04")]
+    assert main(["train-drafter", "--target", str(target), "--out", str(new), "--init", str(out), "--seed", "1",
+                 "--steps", "1", *args, "--lr", "1e-30", "--export-last"]) == 0
+    run = json.loads((new / "train" / "run.json").read_text())
+    assert run["init"] == str(out) and run["layers"] == 2 and run["block_size"] == 6
+    before = {k: v for f in sorted(out.glob("model-*.safetensors")) for k, v in load_file(f).items()}
+    after = load_file(new / "model.safetensors")
+    assert before.keys() == after.keys()
+    for name in before:
+        assert torch.equal(before[name], after[name]), name
+    assert json.loads((new / "config.json").read_text())["treeflash"]["init"] == str(out)
+
+
+def test_init_errors_name_the_flag(trained, tmp_path, capsys):
+    target, out, _ = trained
+    base = ["train-drafter", "--target", str(target), "--out", str(tmp_path / "x"), *TRAIN]
+    assert main([*base, "--init", str(out), "--resume"]) != 0
+    assert "--init starts a new run and --resume continues one" in capsys.readouterr().err
+    assert main([*base, "--init", str(tmp_path / "missing")]) != 0
+    err = capsys.readouterr().err
+    assert "--init" in err and "missing" in err

@@ -18,6 +18,7 @@ EXAMPLES = """examples:
   treeflash train-drafter --out ./smollm2-dflash                 # the embedded SmolLM2-135M, builtin prompts
   treeflash train-drafter --target ./Qwen3-8B --out ./q3-dflash --layers 5 --tokens 5000000 --steps 20000
   treeflash train-drafter --out ./smollm2-dflash --resume        # continue from the last checkpoint
+  treeflash train-drafter --out ./smollm2-dflash-v2 --init ./smollm2-dflash --seed 1   # more training, new data, from a drafter
   treeflash train-drafter --out ./smollm2-dflash --extra-passes 2 --tokens 3000000   # greedy answers, then 2 sampled rounds
   treeflash train-drafter --out ./smollm2-dflash --self-prompts 6000   # + 6000 questions the target writes itself
   treeflash train-drafter --out ./smollm2-dflash --gen-engine hf   # answers from transformers' generate, not treeflash's batched CUDA graphs
@@ -68,6 +69,10 @@ def add_parser(sub) -> None:
     t.add_argument("--eval-every", type=int, default=100, help="held-out acceptance estimate every N steps")
     t.add_argument("--time-limit", type=float, default=None, help="fit the training into this many seconds (fewer steps)")
     t.add_argument("--resume", action="store_true", help="continue from DIR/train (data, weights, optimizer, step)")
+    t.add_argument("--init", default=None, metavar="DRAFTER",
+                   help="start from this exported drafter's weights (a DFlash directory trained for this target; its "
+                        "layers, block size and mask token replace --layers/--block-size) with a fresh optimizer and "
+                        "schedule: more training on new data (another --seed) without redoing the first run")
     t.add_argument("--seed", type=int, default=0)
     t.add_argument("--cache-features", default="auto", choices=["auto", "on", "off"],
                    help="capture the target's features for all the data once, before training, instead of every "
@@ -101,9 +106,13 @@ def run(args: argparse.Namespace) -> int:
     target = loaded.model
     tok = loaded.tokenizer
     run_file = work / "run.json"
+    init = _init_drafter(args, target) if args.init else None
     if args.resume and run_file.is_file():
         saved = json.loads(run_file.read_text())
         layers, block_size, mask_id = saved["layers"], saved["block_size"], saved["mask_token_id"]
+    elif init is not None:
+        c = init.config
+        layers, block_size, mask_id = c.num_layers, c.block_size, c.mask_token_id
     else:
         layers, block_size = args.layers, args.block_size
         mask_id = pick_mask_token(tok, target.config.vocab_size)
@@ -118,8 +127,12 @@ def run(args: argparse.Namespace) -> int:
     twin = TargetTwin(target, dcfg.target_layer_ids, tuple(sorted(eos)), pad, static_shape=static,
                       engine=getattr(args, "gen_engine", "auto"))
     work.mkdir(parents=True, exist_ok=True)
+    if init is not None and tuple(init.config.target_layer_ids) != tuple(dcfg.target_layer_ids):
+        raise InvalidRequestError(f"--init {args.init}: the drafter reads target layers {list(init.config.target_layer_ids)}, "
+                                  f"train-drafter would read {list(dcfg.target_layer_ids)} for {layers} layers", "init")
     run_file.write_text(json.dumps({"target": loaded.source, "layers": layers, "block_size": block_size, "mask_token_id": mask_id,
-                                    "target_layer_ids": list(dcfg.target_layer_ids), "argv": sys.argv[1:]}, indent=2))
+                                    "target_layer_ids": list(dcfg.target_layer_ids), "init": args.init,
+                                    "argv": sys.argv[1:]}, indent=2))
 
     data = _dataset(args, loaded, twin, work, progress)
     if args.generate_only:
@@ -132,13 +145,18 @@ def run(args: argparse.Namespace) -> int:
 
     model = DFlashModel(dcfg)
     init_weights(model, args.seed)
+    if init is not None:
+        try:
+            model.load_state_dict({k: v.float() for k, v in init.state_dict().items()}, strict=True)
+        except RuntimeError as e:
+            raise InvalidRequestError(f"--init {args.init}: its weights do not fit a drafter for this target: {e}", "init") from None
     config = TrainConfig(
         steps=args.steps, batch_size=args.batch_size, blocks_per_seq=args.blocks_per_seq, lr=args.lr,
         gamma=args.gamma or None, checkpoint_every=args.checkpoint_every, eval_every=args.eval_every, seed=args.seed,
         time_limit_s=args.time_limit, export_dtype=args.export_dtype, export_best=not args.export_last,
         max_shard_bytes=int(args.max_shard_mb * 2**20) if args.max_shard_mb else None,
     )
-    provenance = {"target": loaded.source, "data": data.meta, "train_sequences": len(train), "train_tokens": train.response_tokens}
+    provenance = {"target": loaded.source, "init": args.init, "data": data.meta, "train_sequences": len(train), "train_tokens": train.response_tokens}
     stores = _feature_stores(args, twin, train, heldout, progress)
     trainer = Trainer(target, twin, model, train, heldout, config, out, provenance, stores)
     if args.resume and (work / "checkpoint" / "state.json").is_file():
@@ -162,10 +180,26 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
+def _init_drafter(args: argparse.Namespace, target):
+    """--init: the exported drafter to start from, checked against the target (fp32, on the CPU)."""
+    from treeflash.errors import ModelLoadError
+    from treeflash.spec.dflash import _check_pair
+    from treeflash.spec.dflash_model import load_dflash
+
+    try:
+        init = load_dflash(args.init)
+        _check_pair(target, init)
+    except ModelLoadError as e:
+        raise InvalidRequestError(f"--init {args.init}: {e}", "init") from None
+    return init
+
+
 def _check(args: argparse.Namespace) -> None:
     for name in ("layers", "tokens", "steps", "batch_size", "blocks_per_seq", "max_new_tokens", "gen_batch_size", "checkpoint_every", "eval_every"):
         if getattr(args, name) < 1:
             raise InvalidRequestError(f"--{name.replace('_', '-')} must be >= 1", name)
+    if getattr(args, "init", None) and args.resume:
+        raise InvalidRequestError("--init starts a new run and --resume continues one: pass one of them", "init")
     if args.block_size < 2:
         raise InvalidRequestError("--block-size must be >= 2", "block_size")
     if args.max_len < 16:

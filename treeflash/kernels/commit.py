@@ -3,9 +3,11 @@ one launch per cache instead of PyTorch's gather + scatter (+ concatenation) seq
 inside the commit CUDA graph, whose kernel count is on the critical path of every speculative step.
 
 - `commit_rows`: attention cache rows, K and V together: rows dest[j] <- rows src[j] for j < n
-  (n on the device). Every program copies its column block for j = 0, 1, ... in order, which is
-  safe in place: src[j] >= dest[j] > dest[j'] for every j' < j (the path is increasing), so a row
-  is read before anything overwrites it.
+  (n on the device). Each program loads its column block of all kept rows at once ([P, BLOCK]:
+  the loads are independent, so a path costs about one memory latency, not one per row), then a
+  barrier, then the stores: in place, nothing is overwritten before every row is read, as in the
+  reference's index_select + index_copy_. (The first version walked j = 0, 1, ... with two
+  dependent loads per row: ~P memory latencies per launch, once per attention layer per step.)
 - `conv_window_commit`: a Gated DeltaNet conv window [C, K-1] <- the columns `rows` of
   cat(window^T, inputs)^T ([C, K-1+T]; inputs may be a row-strided view); each program loads its
   channels' K-1 new columns before it stores any of them (in place).
@@ -22,24 +24,23 @@ import triton
 import triton.language as tl
 
 from treeflash.kernels import pdl
-
 from treeflash.kernels.norm import _interpreting
 
 
-
 @triton.jit
-def _commit_rows_kernel(K, V, DEST, SRC, N, ROW: tl.constexpr, P: tl.constexpr, BLOCK: tl.constexpr, PDL: tl.constexpr = False):
+def _commit_rows_kernel(K, V, DEST, SRC, N, ROW: tl.constexpr, P: tl.constexpr, P2: tl.constexpr, BLOCK: tl.constexpr,
+                        PDL: tl.constexpr = False):
     pdl.enter(PDL)
-    col = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
-    ok = col < ROW
+    col = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)  # [BLOCK]
     buf = K if tl.program_id(1) == 0 else V
-    n = tl.load(N)
-    for j in range(P):
-        if j < n:
-            src = tl.load(SRC + j).to(tl.int64)
-            dest = tl.load(DEST + j).to(tl.int64)
-            val = tl.load(buf + src * ROW + col, mask=ok)
-            tl.store(buf + dest * ROW + col, val, mask=ok)
+    j = tl.arange(0, P2)  # [P2]
+    keep = (j < P) & (j < tl.load(N))
+    src = tl.load(SRC + j, mask=keep, other=0).to(tl.int64)
+    dest = tl.load(DEST + j, mask=keep, other=0).to(tl.int64)
+    ok = keep[:, None] & (col < ROW)[None, :]  # [P2, BLOCK]
+    val = tl.load(buf + src[:, None] * ROW + col[None, :], mask=ok)
+    tl.debug_barrier()  # every row of the block is read (by every thread) before any is overwritten
+    tl.store(buf + dest[:, None] * ROW + col[None, :], val, mask=ok)
 
 
 def commit_rows_reference(k: torch.Tensor, v: torch.Tensor, dest: torch.Tensor, src: torch.Tensor, n: torch.Tensor) -> None:
@@ -58,8 +59,10 @@ def commit_rows(k: torch.Tensor, v: torch.Tensor, dest: torch.Tensor, src: torch
         raise ValueError("commit_rows: contiguous K and V of one dtype and row size expected")
     if dest.shape != src.shape or dest.dim() != 1 or n.numel() != 1:
         raise ValueError("commit_rows: dest and src [P], n [1] expected")
-    block = min(1024, triton.next_power_of_2(row))
-    _commit_rows_kernel[(triton.cdiv(row, block), 2)](k, v, dest, src, n, ROW=row, P=dest.shape[0], BLOCK=block,
+    p = dest.shape[0]
+    p2 = triton.next_power_of_2(p)
+    block = max(16, min(1024, triton.next_power_of_2(row), 8192 // p2))  # a [P2, BLOCK] tile of <= 8K values
+    _commit_rows_kernel[(triton.cdiv(row, block), 2)](k, v, dest, src, n, ROW=row, P=p, P2=p2, BLOCK=block,
                                                         **pdl.kwargs(k))
 
 

@@ -174,3 +174,27 @@ def test_rows_kept_over_budget_zero_steps_survive_the_next_replay():
     with torch.inference_mode():
         fresh = target(StepInput.plain(torch.tensor(dec.tokens), 0), target.new_cache(len(dec.tokens)), capture_layers=drafter.capture_layers)
     torch.testing.assert_close(held, fresh.captured[len(prompt) : len(prompt) + 6], atol=1e-5, rtol=0)
+
+
+def test_observed_rows_are_views_until_a_timing_pass_would_overwrite_them():
+    """An accepted prefix reaches the drafter as a view of the verify pass's captured rows (no
+    gather); --budget auto's timer replays verify graphs that overwrite that buffer on a GPU, so
+    the drafter copies its pending views first. (On the CPU the static passes write fresh tensors,
+    so only the copy itself can be checked here.)"""
+    from treeflash.spec.decoder import _rows
+
+    _, target = make_pair("qwen3")
+    model = random_drafter(target)
+    captured = torch.randn(8, 2 * target.config.hidden_size)
+    chain, tree = _rows(captured, [0, 1, 2]), _rows(captured, [0, 2, 5])
+    assert chain._base is captured and chain.data_ptr() == captured.data_ptr()
+    assert tree._base is None and torch.equal(tree, captured[[0, 2, 5]])
+    cache = target.new_cache(64)
+    drafter = DFlashDrafter(target, model, budget="auto")
+    runner = CudaGraphRunner(target, cache, capture_layers=drafter.capture_layers, use_graphs=False)
+    drafter.bind_runner(runner)
+    drafter.observe([1, 2, 3], chain)
+    assert drafter._pending[0].data_ptr() == captured.data_ptr()
+    drafter.tuner.measure(3)
+    kept = drafter._pending[0]
+    assert kept.data_ptr() != captured.data_ptr() and torch.equal(kept, captured[:3])

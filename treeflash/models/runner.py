@@ -10,6 +10,7 @@ from __future__ import annotations
 import gc
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 
 from treeflash.kv.cache import ModelCache
@@ -110,6 +111,9 @@ class CudaGraphRunner(EagerRunner):
         pin = dev.type == "cuda"
         self.host_ints = torch.zeros(self.n_int, dtype=torch.long, pin_memory=pin)
         self.host_mask = torch.zeros(tmax, tmax, dtype=torch.bool, pin_memory=pin)
+        # numpy views of the same (pinned) memory: the host fills them between two graphs of a
+        # speculative step, where each torch indexing op costs microseconds and numpy's far less
+        self._hi, self._hm = self.host_ints.numpy(), self.host_mask.numpy()
         self.ints = torch.zeros(self.n_int, dtype=torch.long, device=dev)
         self.tree_mask = torch.zeros(tmax, tmax, dtype=torch.bool, device=dev)
         self.key_pos = torch.arange(self.max_len, device=dev)
@@ -222,22 +226,23 @@ class CudaGraphRunner(EagerRunner):
         cache = self.cache
         cache.begin(n, verify=step.is_verify)
         tm = self.buckets[-1]
-        h = self.host_ints
+        h = self._hi  # numpy view of host_ints
         t = 1 if not step.is_verify else next(b for b in self.buckets if b >= n)
-        h[:n] = step.input_ids.cpu()
+        h[:n] = step.input_ids.cpu().numpy()
         h[n:t] = 0
         if step.is_verify:
-            h[tm : tm + n] = step.depths.cpu()
+            h[tm : tm + n] = step.depths.cpu().numpy()
             h[tm + n : tm + t] = 1  # padding nodes: children of the root that no real node sees
-            h[2 * tm : 2 * tm + n] = step.parents.cpu()
+            h[2 * tm : 2 * tm + n] = step.parents.cpu().numpy()
             h[2 * tm + n : 2 * tm + t] = 0
-            self.host_mask[:n, :n] = step.tree_mask.cpu()
-            self.host_mask[n:t, :t] = False
-            self.host_mask[:t, n:t] = False
-            if t > n:  # padding nodes see the root and themselves (one indexed write, not 2 per node)
-                pad = torch.arange(n, t)
-                self.host_mask[pad, 0] = True
-                self.host_mask[pad, pad] = True
+            m = self._hm  # numpy view of host_mask
+            m[:n, :n] = step.tree_mask.cpu().numpy()
+            m[n:t, :t] = False
+            m[:t, n:t] = False
+            if t > n:  # padding nodes see the root and themselves
+                pad = np.arange(n, t)
+                m[pad, 0] = True
+                m[pad, pad] = True
         else:
             h[tm] = 0
         h[3 * tm] = cache.seq_len
@@ -293,17 +298,18 @@ class CudaGraphRunner(EagerRunner):
             return cache.commit(path)
         t, self._last_bucket = self._last_bucket, None
         tm = self.buckets[-1]
-        h = self.host_ints
+        h = self._hi  # numpy view of host_ints
         o = 3 * tm + 1
         start = cache.seq_len
-        padded = path + [path[-1]] * (t - len(path))
-        h[o : o + t] = torch.tensor(padded) + start
-        h[o + tm : o + tm + t] = torch.arange(t) + start
+        h[o : o + len(path)] = path
+        h[o + len(path) : o + t] = path[-1]
+        h[o : o + t] += start
+        h[o + tm : o + tm + t] = np.arange(start, start + t)
         h[o + 2 * tm] = len(path)
         if self.k1:
             rows = list(range(self.k1)) + [self.k1 + p for p in path]
-            h[o + 2 * tm + 1 : o + 2 * tm + 1 + self.k1] = torch.tensor(rows[-self.k1 :])
-        self.ints.copy_(h, non_blocking=True)
+            h[o + 2 * tm + 1 : o + 2 * tm + 1 + self.k1] = rows[-self.k1 :]
+        self.ints.copy_(self.host_ints, non_blocking=True)
         self._install(self.graphs[t])
         self.graphs[t].commit()
         cache.seq_len += len(path)

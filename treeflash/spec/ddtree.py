@@ -17,7 +17,6 @@ budget tuner relies on this to read off what a smaller tree would have accepted.
 from __future__ import annotations
 
 import heapq
-import itertools
 import math
 
 import torch
@@ -57,41 +56,53 @@ def best_first(top_lp: list[list[float]], budget: int, seed_chain: bool = False)
     """top_lp[d][r]: log-prob of the rank-r candidate at depth d + 1, each row sorted descending.
 
     Returns (parents, ranks) of the tree's nodes, root first (parents[0] = -1, ranks[0] = -1).
-    Candidates scoring -inf (impossible tokens) never enter."""
+    Candidates scoring -inf (impossible tokens) never enter. Equal scores pop first-pushed first.
+    (Written without helper closures: this runs on the host between the drafter's and the
+    target's graphs, once a step.)"""
     num_depths = len(top_lp)
     width = len(top_lp[0]) if num_depths else 0
     parents, ranks, scores, depths = [-1], [-1], [0.0], [0]
     heap: list[tuple[float, int, int, int, int]] = []  # (-score, push order, parent, depth, rank)
-    order = itertools.count()  # equal scores pop first-pushed first
-
-    def push(parent: int, depth: int, rank: int) -> None:
-        if depth > num_depths or rank >= width:
-            return
-        score = scores[parent] + top_lp[depth - 1][rank]
-        if score > -math.inf:
-            heapq.heappush(heap, (-score, next(order), parent, depth, rank))
-
-    def add(parent: int, depth: int, rank: int, score: float) -> int:
-        parents.append(parent)
-        ranks.append(rank)
-        scores.append(score)
-        depths.append(depth)
-        return len(parents) - 1
-
+    push, pop, inf = heapq.heappush, heapq.heappop, math.inf
+    order = 0
     if seed_chain:
         node = 0
         for d in range(1, min(num_depths, budget) + 1):
             score = scores[node] + top_lp[d - 1][0]
-            if score == -math.inf:
+            if score == -inf:
                 break
-            node = add(node, d, 0, score)
-        for chain_node in range(1, len(parents)):
-            push(parents[chain_node], depths[chain_node], 1)  # the chain's second-best siblings
-    else:
-        push(0, 1, 0)
+            parents.append(node)
+            ranks.append(0)
+            scores.append(score)
+            depths.append(d)
+            node = len(parents) - 1
+        if width > 1:
+            for chain_node in range(1, len(parents)):  # the chain's second-best siblings
+                parent, d = parents[chain_node], depths[chain_node]
+                score = scores[parent] + top_lp[d - 1][1]
+                if score > -inf:
+                    push(heap, (-score, order, parent, d, 1))
+                    order += 1
+    elif num_depths and width:
+        score = top_lp[0][0]
+        if score > -inf:
+            push(heap, (-score, order, 0, 1, 0))
+            order += 1
     while heap and len(parents) <= budget:
-        neg, _, parent, depth, rank = heapq.heappop(heap)
-        node = add(parent, depth, rank, -neg)
-        push(parent, depth, rank + 1)  # next sibling
-        push(node, depth + 1, 0)  # first child
+        neg, _, parent, depth, rank = pop(heap)
+        parents.append(parent)
+        ranks.append(rank)
+        scores.append(-neg)
+        depths.append(depth)
+        node = len(parents) - 1
+        if rank + 1 < width:  # next sibling
+            score = scores[parent] + top_lp[depth - 1][rank + 1]
+            if score > -inf:
+                push(heap, (-score, order, parent, depth, rank + 1))
+                order += 1
+        if depth < num_depths:  # first child
+            score = -neg + top_lp[depth][0]
+            if score > -inf:
+                push(heap, (-score, order, node, depth + 1, 0))
+                order += 1
     return parents, ranks

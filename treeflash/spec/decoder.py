@@ -95,8 +95,7 @@ class Decoder:
         committed = [self.root, *result.tokens[:-1]]
         self.tokens.extend(committed)
         if self.drafter is not None:
-            hidden = None if out.captured is None else out.captured[torch.tensor(result.path, device=out.captured.device)]
-            self.drafter.observe(committed, hidden)
+            self.drafter.observe(committed, _rows(out.captured, result.path))
         self.root = result.tokens[-1]
         if self.want_logprobs is not None:
             self._logprobs(out.logits[torch.tensor(result.path, device=out.logits.device)], result.tokens)
@@ -166,6 +165,18 @@ class Decoder:
             vals, idx = lp.topk(k, dim=-1)
             tops = [list(zip(i, v)) for i, v in zip(idx.tolist(), vals.tolist())]
         self.last_logprobs = list(zip(tokens, chosen, tops))
+
+
+def _rows(captured: torch.Tensor | None, path: list[int]) -> torch.Tensor | None:
+    """The captured hidden states of the committed nodes. A path that is a prefix of the node
+    order (the top-1 chain of a seeded DDTree, any accepted chain) is a view: no index tensor to
+    upload, no gather launch. On a GPU the view is the verify graph's output buffer; the drafter
+    consumes it in its next `propose`, which comes before the next target pass."""
+    if captured is None:
+        return None
+    if path[-1] == len(path) - 1:  # increasing from 0: exactly 0, 1, ..., k
+        return captured[: len(path)]
+    return captured[torch.tensor(path, device=captured.device)]
 
 
 def _fit(tree: DraftTree, room: int) -> DraftTree:

@@ -63,7 +63,13 @@ class DFlashDrafter(Drafter):
         """Time verify passes through the decoder's own runner (graphs on a GPU) for --budget auto,
         and, beside a static-shape runner, draft through static passes too (CUDA graphs on a GPU)."""
         if self.tuner is not None:
-            self.tuner.measure = runner_verify_timer(runner)
+            timer = runner_verify_timer(runner)
+
+            def measure(context_len: int):
+                self._own_pending()  # the timed verify passes overwrite the buffer the observed rows may view
+                return timer(context_len)
+
+            self.tuner.measure = measure
         if getattr(runner, "max_len", None) is not None and hasattr(runner, "use_graphs"):
             try:
                 self.static_passes(runner.max_len, runner.use_graphs)
@@ -98,6 +104,10 @@ class DFlashDrafter(Drafter):
             tree, draft_s = self._last
             self.tuner.record(tree.budget, _accepted_nodes(tree, committed_ids), draft_s)
         self._last = None
+
+    def _own_pending(self) -> None:
+        """Copy the observed rows that are views of a target output buffer (Drafter.observe)."""
+        self._pending = [r.clone() if r._base is not None else r for r in self._pending]
 
     @torch.inference_mode()
     def propose(self, ctx: DraftContext) -> DraftTree:

@@ -59,6 +59,7 @@ class DraftGraphs:
         self.depth_ids = torch.arange(c.block_size, device=dev)
         pin = dev.type == "cuda"
         self.host_ints = torch.zeros(2, dtype=torch.long, pin_memory=pin)
+        self._hi = self.host_ints.numpy()
         self.ints = torch.zeros(2, dtype=torch.long, device=dev)
         width = len(c.target_layer_ids) * c.hidden_size
         self.ctx_in = torch.zeros(c.block_size, width, dtype=model.fc.weight.dtype, device=dev)
@@ -104,7 +105,7 @@ class DraftGraphs:
         for r in rows:
             self.ctx_in[off : off + r.shape[0]].copy_(r)
             off += r.shape[0]
-        self.host_ints[0], self.host_ints[1] = self.cache.length, root
+        self._hi[0], self._hi[1] = self.cache.length, root  # numpy view of host_ints: no torch op per write
         self.ints.copy_(self.host_ints, non_blocking=True)
         p = self.passes[off]
         p.replay()

@@ -57,7 +57,10 @@ class Drafter(ABC):
     def propose(self, ctx: DraftContext) -> DraftTree: ...
 
     def observe(self, committed_ids: list[int], hidden: torch.Tensor | None) -> None:
-        """Tokens just committed to the target cache, with captured hidden states [n, C] (or None)."""
+        """Tokens just committed to the target cache, with captured hidden states [n, C] (or None).
+
+        `hidden` may be a view of the target's output buffer (on a GPU, a CUDA graph's), which the
+        next target pass overwrites: a drafter that keeps it past that pass keeps a copy."""
 
     def bind_runner(self, runner: Any) -> None:
         """The engine hands over the target's runner (CUDA graphs on a GPU) once it exists."""

@@ -303,6 +303,8 @@ def main() -> None:
                    help="the residual add + RMSNorm as the epilogue of the decode step's o_proj/out_proj/down GEMVs (default: the library's, off)")
     p.add_argument("--gemv-rows", type=int, default=None,
                    help="verify projections of up to this many rows on gemv's tuned shapes, row by row (gemv.ROWS_MAX; 0: cuBLAS)")
+    p.add_argument("--gemv-rows-group", type=int, default=None,
+                   help="rows per program in gemv's rows mode (gemv.ROWS_GROUP; 1: one program column per row)")
     p.add_argument("--gemv-norm-in", choices=["off", "qkv", "all"], default=None,
                    help="the residual add + RMSNorm as the prologue of the decode step's fused GEMVs: qkv/in_proj only, "
                         "or gate_up too (gemv.NORM_PROLOGUE, NORM_PROLOGUE_SWIGLU; default: the library's, off)")
@@ -337,6 +339,11 @@ def main() -> None:
     if args.gemv_rows is not None:
         gemv.ROWS_MAX = args.gemv_rows
     args.gemv_rows_used = gemv.ROWS_MAX if gemv.USE_GEMV else 0
+    if args.gemv_rows_group is not None:
+        if args.gemv_rows_group < 1:
+            p.error("--gemv-rows-group must be >= 1")
+        gemv.ROWS_GROUP = args.gemv_rows_group
+    args.gemv_rows_group_used = gemv.ROWS_GROUP
     if args.gemv_norm_in is not None:
         gemv.NORM_PROLOGUE = args.gemv_norm_in != "off"
         gemv.NORM_PROLOGUE_SWIGLU = args.gemv_norm_in == "all"

@@ -34,6 +34,7 @@ import triton.language as tl
 from treeflash.kernels import pdl
 
 from treeflash.kernels.activation import silu_mul_ref
+from treeflash.kernels.gemv_rows import gemv_rows, gemv_swiglu_rows
 from treeflash.kernels.norm import _interpreting, rmsnorm_ref
 from treeflash.kernels.scratch import scratch
 
@@ -55,17 +56,20 @@ NORM_EPILOGUE = os.environ.get("TREEFLASH_GEMV_NORM", "0") == "1"
 _NORM_IN = os.environ.get("TREEFLASH_GEMV_NORM_IN", "0")
 NORM_PROLOGUE = _NORM_IN in ("1", "all", "qkv")
 NORM_PROLOGUE_SWIGLU = _NORM_IN in ("1", "all")
-# up to this many rows (a verify step's nodes) take the GEMVs too, one program column per row (grid
-# axis "rows"): each row's arithmetic is then the one-row decode call's, bit for bit, so a verify
-# pass projects exactly as plain decoding does (batch-invariant projections), and at the SmolLM2
-# shapes cuBLAS's 3-6 us per call is what verify spends most of its time on. 0 (the default) keeps
-# multi-row projections on cuBLAS: not yet timed on the H200. TREEFLASH_GEMV_ROWS=32 turns it on.
+# up to this many rows (a verify step's nodes) take the GEMVs too (rows mode: `_gemv_rows_kernel`,
+# `_gemv_swiglu_rows_kernel`): each row's arithmetic is the one-row decode call's, bit for bit, so a
+# verify pass projects exactly as plain decoding does (batch-invariant projections), and at the
+# SmolLM2 shapes cuBLAS's 3-6 us per call is what verify spends most of its time on. 0 (the
+# default) keeps multi-row projections on cuBLAS. TREEFLASH_GEMV_ROWS=32 turns it on.
+# Measured on the H200 with one row per program (ROWS_GROUP 1): verify graphs 1.45 / 2.48 ms at 16 /
+# 32 nodes against cuBLAS's 0.96 / 0.98 (docs/performance.md), each row re-reading the weight from L2.
 ROWS_MAX = int(os.environ.get("TREEFLASH_GEMV_ROWS", "0"))
-# rows mode re-reads the weight once per row: only weights small enough to stay in L2 between the row
-# programs take it (the H200's L2 is 50 MB; SmolLM2's largest projection is 3.5 MB, an 8B down_proj
-# 100 MB, which 32 rows would read 32 times from memory)
+# rows per program in rows mode: a program reads its weight tile from L2 once and from L1 for the
+# other rows of its group (not yet timed on the H200 for groups > 1; TREEFLASH_GEMV_ROWS_GROUP)
+ROWS_GROUP = int(os.environ.get("TREEFLASH_GEMV_ROWS_GROUP", "8"))
+# rows mode re-reads the weight once per group: only weights small enough to stay in L2 take it (the
+# H200's L2 is 50 MB; SmolLM2's largest projection is 3.5 MB, an 8B down_proj 100 MB)
 ROWS_WEIGHT_BYTES = 8 << 20
-
 
 
 @triton.jit
@@ -116,9 +120,6 @@ def _gemv_kernel(
     """NORM_IN (split 1 only; R, NW, S, eps its residual, norm weight, stream out): x is the norm's
     input, not yet added: y = W rmsnorm(x + R) (see `gemv_norm_in`)."""
     pid_n, s = tl.program_id(0), tl.program_id(1)
-    m = tl.program_id(2).to(tl.int64)  # the row of x (rows mode, SPLIT_K 1 and no NORM; else 0)
-    X += m * K
-    Y += m * N
     rows = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     row_ok = rows < N
     w_rows = W + rows.to(tl.int64)[:, None] * K
@@ -172,9 +173,6 @@ def _gemv_swiglu_kernel(X, W, Y, I, R, NW, S, eps, K: tl.constexpr, BLOCK_N: tl.
     [2I, K]): both tiles of each step in one program, so no [2I] intermediate and no SiLU-mul launch.
     g and u are rounded to the output dtype first, as the unfused path (gemv, then silu_mul) does."""
     pid = tl.program_id(0)
-    m = tl.program_id(1).to(tl.int64)  # the row of x (rows mode, no NORM_IN; else 0)
-    X += m * K
-    Y += m * I
     rows = pid * BLOCK_N + tl.arange(0, BLOCK_N)
     row_ok = rows < I
     g_rows = W + rows.to(tl.int64)[:, None] * K
@@ -336,6 +334,8 @@ def gemv(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None
     if m_rows > 1 and split > 1:
         raise ValueError("gemv: several rows need a configuration without split-K")
     y = torch.empty(m_rows * n, dtype=x.dtype, device=x.device)
+    if m_rows > 1:
+        return gemv_rows(xv, weight, bias, y, m_rows, cfg, ROWS_GROUP).reshape(m_rows, n)
     if split > 1:
         partials = scratch("gemv.partials", x.device, split * n, torch.float32, minimum=1 << 20)
         tickets = scratch("gemv.tickets", x.device, n_blocks, torch.int32, minimum=1 << 16)
@@ -356,7 +356,7 @@ def gemv(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None
         residual, norm_weight, eps, unit_offset = norm
         stream, normed = _norm_stream("gemv_add_norm", residual, norm_weight, n, x), torch.empty_like(y)
         ticket = scratch("gemv.norm_ticket", x.device, 1, torch.int32, minimum=16)
-    _gemv_kernel[(n_blocks, split, m_rows)](
+    _gemv_kernel[(n_blocks, split)](
         xv, weight, bias if bias is not None else weight, y, partials, tickets, n,
         residual, norm_weight, stream, normed, ticket, eps,
         K=k, HAS_BIAS=bias is not None, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, SPLIT_K=split, K_SPLIT=k_split,
@@ -438,7 +438,9 @@ def gemv_swiglu(x: torch.Tensor, gate_up: torch.Tensor, config: GemvConfig | Non
         raise ValueError("gemv_swiglu: split_k must be 1")
     i = two_i // 2
     y = torch.empty(m_rows, i, dtype=x.dtype, device=x.device)
-    _gemv_swiglu_kernel[(triton.cdiv(i, cfg.block_n), m_rows)](x, gate_up, y, i, residual, norm_weight, stream, eps, K=k,
+    if m_rows > 1:
+        return gemv_swiglu_rows(x, gate_up, y, m_rows, cfg, ROWS_GROUP)
+    _gemv_swiglu_kernel[(triton.cdiv(i, cfg.block_n),)](x, gate_up, y, i, residual, norm_weight, stream, eps, K=k,
                                                         BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k,
                                                         STEPS=triton.cdiv(k, cfg.block_k), num_warps=cfg.num_warps,
                                                         NORM_IN=norm_in is not None, UNIT=unit_offset, **pdl.kwargs(x))

@@ -141,3 +141,38 @@ def test_too_many_draft_layers_for_a_shallow_target_is_a_clear_error():
     assert target_layer_ids(30, 3) == (1, 14, 27) and target_layer_ids(6, 2) == (1, 3)
     with pytest.raises(InvalidRequestError, match="--layers 2"):
         target_layer_ids(4, 2)
+
+
+class _Tok:
+    """The tokenizer surface pick_mask_token reads."""
+
+    def __init__(self, tokens: list[str], added: dict[str, int], special: list[int], mask=None):
+        self.tokens, self.added, self.all_special_ids, self.mask_token_id = tokens, added, special, mask
+        self.bos_token_id = self.eos_token_id = self.pad_token_id = self.unk_token_id = None
+
+    def __len__(self):
+        return len(self.tokens)
+
+    def convert_ids_to_tokens(self, i):
+        return self.tokens[i]
+
+    def get_added_vocab(self):
+        return self.added
+
+
+def test_mask_token_is_one_the_data_never_contains():
+    from treeflash.train.recipe import pick_mask_token
+
+    base = [f"t{i}" for i in range(20)]
+    assert pick_mask_token(_Tok(base, {}, [], mask=7), 20) == 7  # the tokenizer's own
+    assert pick_mask_token(_Tok(base, {}, []), 24) == 20  # embedding rows past the vocabulary
+    # a GGUF vocabulary (Qwen2.5): chat tokens, then [PAD<n>] rows to the end -> the first pad row
+    gguf = base[:15] + ["<|endoftext|>", "<|im_start|>", "<|im_end|>", "[PAD18]", "[PAD19]"]
+    added = {"<|endoftext|>": 15, "<|im_start|>": 16, "<|im_end|>": 17}
+    assert pick_mask_token(_Tok(gguf, added, [15, 17]), 20) == 18
+    # no pad rows: the highest added token that is not special and not a chat control token
+    # (<|im_start|> appears in every chat prompt)
+    smol = base[:14] + ["<jupyter_code>", "<empty_output>", "<|endoftext|>", "<|im_start|>", "<|im_end|>", "t19"]
+    added = {"<jupyter_code>": 14, "<empty_output>": 15, "<|endoftext|>": 16, "<|im_start|>": 17, "<|im_end|>": 18}
+    assert pick_mask_token(_Tok(smol, added, [16, 18]), 20) == 15
+    assert pick_mask_token(_Tok(base, {}, []), 20) == 19  # nothing else: the last id

@@ -272,15 +272,31 @@ def lr_at(step: int, total: int, peak: float, warmup: float = 0.04, floor: float
 
 
 def pick_mask_token(tokenizer, vocab_size: int) -> int:
-    """A token id the data never contains, for the MASK rows: the tokenizer's mask token; else an
-    embedding row past the tokenizer's vocabulary (padding rows, as Qwen checkpoints have); else
-    the highest-id added token that is not a special (bos/eos/pad/unk) or chat token; else the last id."""
+    """A token id the data never contains, for the MASK rows, in this order:
+    - the tokenizer's mask token;
+    - an embedding row past the tokenizer's vocabulary (padding rows, as Qwen checkpoints have);
+    - the first of the padding rows a GGUF vocabulary names `[PAD<n>]` at its end (llama.cpp fills
+      the rows past the real vocabulary with them: Qwen2.5's GGUF has [PAD151665] .. [PAD151935],
+      so the GGUF target picks what its Hugging Face twin picks);
+    - the highest-id added token that is neither special (bos/eos/pad/unk) nor a chat control token
+      (`<|...|>`, e.g. <|im_start|>, which every chat prompt contains);
+    - the last id."""
     mask = getattr(tokenizer, "mask_token_id", None)
     if mask is not None and 0 <= mask < vocab_size:
         return int(mask)
     if len(tokenizer) < vocab_size:
         return len(tokenizer)
+    first_pad = vocab_size
+    while first_pad > 0 and _is_gguf_pad(tokenizer.convert_ids_to_tokens(first_pad - 1)):
+        first_pad -= 1
+    if first_pad < vocab_size:
+        return first_pad
     special = {getattr(tokenizer, f"{k}_token_id", None) for k in ("bos", "eos", "pad", "unk")}
     special |= set(getattr(tokenizer, "all_special_ids", []) or [])
-    added = sorted((i for i in tokenizer.get_added_vocab().values() if i not in special and i < vocab_size), reverse=True)
+    added = sorted((i for t, i in tokenizer.get_added_vocab().items()
+                    if i not in special and i < vocab_size and not (t.startswith("<|") and t.endswith("|>"))), reverse=True)
     return int(added[0]) if added else vocab_size - 1
+
+
+def _is_gguf_pad(token: str | None) -> bool:
+    return bool(token) and token.startswith("[PAD") and token.endswith("]") and token[4:-1].isdigit()

@@ -376,9 +376,25 @@ def test_init_starts_from_an_exported_drafter(trained, tmp_path):
 
 def test_init_errors_name_the_flag(trained, tmp_path, capsys):
     target, out, _ = trained
+    assert main(["train-drafter", "--target", str(target), "--out", str(out), *TRAIN, "--init", str(out), "--resume"]) != 0
+    assert "holds a checkpoint: --resume continues it and --init would start over" in capsys.readouterr().err
     base = ["train-drafter", "--target", str(target), "--out", str(tmp_path / "x"), *TRAIN]
-    assert main([*base, "--init", str(out), "--resume"]) != 0
-    assert "--init starts a new run and --resume continues one" in capsys.readouterr().err
     assert main([*base, "--init", str(tmp_path / "missing")]) != 0
     err = capsys.readouterr().err
     assert "--init" in err and "missing" in err
+
+
+def test_init_trains_on_saved_data(trained, tmp_path):
+    """--generate-only data, then --init --resume before any checkpoint: the saved sequences, the drafter's weights."""
+    import shutil
+
+    target, out, _ = trained
+    part = tmp_path / "part"
+    (part / "train").mkdir(parents=True)
+    shutil.copy(out / "train" / "data.safetensors", part / "train" / "data.safetensors")
+    args = [a for a in TRAIN if a not in ("--max-shard-mb", "0.04")]
+    assert main(["train-drafter", "--target", str(target), "--out", str(part), "--init", str(out), "--resume",
+                 "--steps", "2", *args]) == 0
+    summary = json.loads((part / "train" / "summary.json").read_text())
+    assert summary["step"] == 2 and summary["data"] == Dataset.load(out / "train" / "data.safetensors").meta
+    assert json.loads((part / "train" / "run.json").read_text())["init"] == str(out)

@@ -19,6 +19,8 @@ EXAMPLES = """examples:
   treeflash train-drafter --target ./Qwen3-8B --out ./q3-dflash --layers 5 --tokens 5000000 --steps 20000
   treeflash train-drafter --out ./smollm2-dflash --resume        # continue from the last checkpoint
   treeflash train-drafter --out ./smollm2-dflash-v2 --init ./smollm2-dflash --seed 1   # more training, new data, from a drafter
+  treeflash train-drafter --out ./big --tokens 20000000 --generate-only --seed 3       # data first (one job) ...
+  treeflash train-drafter --out ./big --init ./smollm2-dflash --resume --steps 20000  # ... then train on it from a drafter
   treeflash train-drafter --out ./smollm2-dflash --extra-passes 2 --tokens 3000000   # greedy answers, then 2 sampled rounds
   treeflash train-drafter --out ./smollm2-dflash --self-prompts 6000   # + 6000 questions the target writes itself
   treeflash train-drafter --out ./smollm2-dflash --gen-engine hf   # answers from transformers' generate, not treeflash's batched CUDA graphs
@@ -72,7 +74,8 @@ def add_parser(sub) -> None:
     t.add_argument("--init", default=None, metavar="DRAFTER",
                    help="start from this exported drafter's weights (a DFlash directory trained for this target; its "
                         "layers, block size and mask token replace --layers/--block-size) with a fresh optimizer and "
-                        "schedule: more training on new data (another --seed) without redoing the first run")
+                        "schedule: more training on new data (another --seed) without redoing the first run. With "
+                        "--resume before any checkpoint exists: train on the data DIR already holds (--generate-only)")
     t.add_argument("--seed", type=int, default=0)
     t.add_argument("--cache-features", default="auto", choices=["auto", "on", "off"],
                    help="capture the target's features for all the data once, before training, instead of every "
@@ -101,18 +104,26 @@ def run(args: argparse.Namespace) -> int:
     work = out / "train"
     if (work / "checkpoint").exists() and not args.resume:
         raise InvalidRequestError(f"{out} already holds a training run: pass --resume to continue it, or another --out", "out")
+    if args.init and args.resume and (work / "checkpoint" / "state.json").is_file():
+        raise InvalidRequestError(f"{out} holds a checkpoint: --resume continues it and --init would start over from "
+                                  f"{args.init}; pass one of them (--init with --resume trains on DIR's saved data only "
+                                  "before any checkpoint exists)", "init")
     progress = not args.quiet
     loaded = load_model(args.target, device=args.device, progress=progress)
     target = loaded.model
     tok = loaded.tokenizer
     run_file = work / "run.json"
     init = _init_drafter(args, target) if args.init else None
-    if args.resume and run_file.is_file():
-        saved = json.loads(run_file.read_text())
-        layers, block_size, mask_id = saved["layers"], saved["block_size"], saved["mask_token_id"]
-    elif init is not None:
+    if init is not None:
         c = init.config
         layers, block_size, mask_id = c.num_layers, c.block_size, c.mask_token_id
+        saved = json.loads(run_file.read_text()) if args.resume and run_file.is_file() else None
+        if saved is not None and (saved["layers"], saved["block_size"], saved["mask_token_id"]) != (layers, block_size, mask_id):
+            raise InvalidRequestError(f"--init {args.init}: {layers} layers, block {block_size}, mask {mask_id}; the saved run "
+                                      f"in {work} has {saved['layers']}, {saved['block_size']}, {saved['mask_token_id']}", "init")
+    elif args.resume and run_file.is_file():
+        saved = json.loads(run_file.read_text())
+        layers, block_size, mask_id = saved["layers"], saved["block_size"], saved["mask_token_id"]
     else:
         layers, block_size = args.layers, args.block_size
         mask_id = pick_mask_token(tok, target.config.vocab_size)
@@ -198,8 +209,6 @@ def _check(args: argparse.Namespace) -> None:
     for name in ("layers", "tokens", "steps", "batch_size", "blocks_per_seq", "max_new_tokens", "gen_batch_size", "checkpoint_every", "eval_every"):
         if getattr(args, name) < 1:
             raise InvalidRequestError(f"--{name.replace('_', '-')} must be >= 1", name)
-    if getattr(args, "init", None) and args.resume:
-        raise InvalidRequestError("--init starts a new run and --resume continues one: pass one of them", "init")
     if args.block_size < 2:
         raise InvalidRequestError("--block-size must be >= 2", "block_size")
     if args.max_len < 16:

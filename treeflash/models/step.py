@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 
 
@@ -72,14 +73,15 @@ class StepInput:
             depth[i] = depth[p] + 1
             rows.append(rows[p][:i] + b"\x01" + rows[p][i + 1 :])
         mask = torch.frombuffer(bytearray(b"".join(rows)), dtype=torch.bool).view(n, n)
-        depths = torch.tensor(depth, dtype=torch.long)
+        # numpy, then from_numpy: torch.tensor(list) costs ~10 us a call on the host, a numpy array ~3
+        depth_np = np.array(depth, dtype=np.int64)
         return StepInput(
             input_ids=input_ids,
-            positions=(depths + start).to(dev),
+            positions=torch.from_numpy(depth_np + start).to(dev),
             start=start,
-            parents=torch.tensor(par, dtype=torch.long, device=dev),
+            parents=torch.from_numpy(np.array(par, dtype=np.int64)).to(dev),
             tree_mask=mask.to(dev),
-            depths=depths.to(dev),
+            depths=torch.from_numpy(depth_np).to(dev),
         )
 
     @staticmethod

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 
 
@@ -58,5 +59,5 @@ class DraftTree:
 
     @staticmethod
     def chain(root: int, drafts: list[int], device: torch.device | str = "cpu", child_probs: torch.Tensor | None = None) -> "DraftTree":
-        ids = torch.tensor([root, *drafts], dtype=torch.long, device=device)
+        ids = torch.from_numpy(np.array([root, *drafts], dtype=np.int64)).to(device)  # ~3x cheaper than torch.tensor(list)
         return DraftTree(ids, list(range(-1, len(drafts))), child_probs)

@@ -23,7 +23,7 @@ import triton
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 from treeflash.kernels.gemv import _gemv_kernel, _gemv_swiglu_kernel
-from treeflash.kernels.gemv_rows import _gemv_rows_kernel, _gemv_swiglu_rows_kernel
+from treeflash.kernels.gemv_rows import _gemv_rows_kernel
 from treeflash.kernels.commit import _commit_rows_kernel
 BIN = os.path.join(os.path.dirname(triton.__file__), "backends/nvidia/bin/")
 
@@ -46,10 +46,9 @@ one = dict(K=K, HAS_BIAS=False, BLOCK_N=BN, BLOCK_K=BK, SPLIT_K=1, K_SPLIT=1024,
 print("one-row gemv", comp(_gemv_kernel, one_sig, one, W, div=("X", "W", "Y")))
 rows_sig = dict(X="*bf16", W="*bf16", B="*bf16", Y="*bf16", M="i32", N="i32")
 for g in (1, 8):
-    print(f"rows gemv g{g}", comp(_gemv_rows_kernel, rows_sig, dict(K=K, HAS_BIAS=False, BLOCK_N=BN, BLOCK_K=BK, STEPS=2, GROUP=g, PDL=True), W, div=("X", "W", "Y")))
+    print(f"rows gemv g{g}", comp(_gemv_rows_kernel, rows_sig, dict(K=K, HAS_BIAS=False, SWIGLU=False, BLOCK_N=BN, BLOCK_K=BK, STEPS=2, GROUP=g, PDL=True), W, div=("X", "W", "Y")))
 sw_sig = dict(X="*bf16", W="*bf16", Y="*bf16", I="i32", R="*bf16", NW="*bf16", S="*bf16", eps="fp32")
 print("one-row swiglu", comp(_gemv_swiglu_kernel, sw_sig, dict(K=576, BLOCK_N=2, BLOCK_K=1024, STEPS=1, PDL=True, NORM_IN=False, UNIT=False), 4, div=("X", "W", "Y")))
-swr_sig = dict(X="*bf16", W="*bf16", Y="*bf16", M="i32", I="i32")
-print("rows swiglu g8", comp(_gemv_swiglu_rows_kernel, swr_sig, dict(K=576, BLOCK_N=2, BLOCK_K=1024, STEPS=1, GROUP=8, PDL=True), 4, div=("X", "W", "Y")))
+print("rows swiglu g8", comp(_gemv_rows_kernel, rows_sig, dict(K=576, HAS_BIAS=False, SWIGLU=True, BLOCK_N=2, BLOCK_K=1024, STEPS=1, GROUP=8, PDL=True), 4, div=("X", "W", "Y")))
 c_sig = dict(K="*bf16", V="*bf16", DEST="*i64", SRC="*i64", N="*i64")
 print("commit_rows P32", comp(_commit_rows_kernel, c_sig, dict(ROW=192, P=32, P2=32, BLOCK=256, PDL=True), 4))

@@ -56,8 +56,8 @@ NORM_EPILOGUE = os.environ.get("TREEFLASH_GEMV_NORM", "0") == "1"
 _NORM_IN = os.environ.get("TREEFLASH_GEMV_NORM_IN", "0")
 NORM_PROLOGUE = _NORM_IN in ("1", "all", "qkv")
 NORM_PROLOGUE_SWIGLU = _NORM_IN in ("1", "all")
-# up to this many rows (a verify step's nodes) take the GEMVs too (rows mode: `_gemv_rows_kernel`,
-# `_gemv_swiglu_rows_kernel`): each row's arithmetic is the one-row decode call's, bit for bit, so a
+# up to this many rows (a verify step's nodes) take the GEMVs too (rows mode: `_gemv_rows_kernel`, SwiGLU
+# included): each row's arithmetic is the one-row decode call's, bit for bit, so a
 # verify pass projects exactly as plain decoding does (batch-invariant projections), and at the
 # SmolLM2 shapes cuBLAS's 3-6 us per call is what verify spends most of its time on. 0 (the
 # default) keeps multi-row projections on cuBLAS. TREEFLASH_GEMV_ROWS=32 turns it on.

@@ -35,44 +35,31 @@ def _row_dot(X, w_rows, row_ok, K: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K:
 
 
 @triton.jit
-def _gemv_rows_kernel(X, W, B, Y, M, N, K: tl.constexpr, HAS_BIAS: tl.constexpr, BLOCK_N: tl.constexpr,
-                      BLOCK_K: tl.constexpr, STEPS: tl.constexpr, GROUP: tl.constexpr, PDL: tl.constexpr = False):
-    """Rows mode of `_gemv_kernel` (split 1, no norm): program (n block, g) computes rows g*GROUP ..
-    g*GROUP + GROUP - 1 of y [M, N], one after another over the same weight tile (L1 after the first)."""
+def _gemv_rows_kernel(X, W, B, Y, M, N, K: tl.constexpr, HAS_BIAS: tl.constexpr, SWIGLU: tl.constexpr,
+                      BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, STEPS: tl.constexpr, GROUP: tl.constexpr,
+                      PDL: tl.constexpr = False):
+    """Rows mode of `_gemv_kernel` (split 1, no norm) or, with SWIGLU, of `_gemv_swiglu_kernel` (W =
+    [gate; up], [2N, K]; no norm prologue): program (n block, g) computes rows g*GROUP .. g*GROUP +
+    GROUP - 1 of y [M, N], one after another over the same weight tile (L1 after the first)."""
     pid_n, g = tl.program_id(0), tl.program_id(1)
     rows = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     row_ok = rows < N
     w_rows = W + rows.to(tl.int64)[:, None] * K
+    u_rows = W + (rows + N).to(tl.int64)[:, None] * K  # SWIGLU: the up half
     pdl.trigger(PDL)
     pdl.wait(PDL)
     for r in range(GROUP):
         m = (g * GROUP + r).to(tl.int64)
         if m < M:
             part = _row_dot(X + m * K, w_rows, row_ok, K, BLOCK_N, BLOCK_K, STEPS)
-            if HAS_BIAS:
+            if SWIGLU:  # g and u round to the output dtype first, as in the one-row kernel
+                up = _row_dot(X + m * K, u_rows, row_ok, K, BLOCK_N, BLOCK_K, STEPS)
+                gate = part.to(Y.dtype.element_ty).to(tl.float32)
+                up = up.to(Y.dtype.element_ty).to(tl.float32)
+                part = gate / (1.0 + tl.exp(-gate)) * up
+            elif HAS_BIAS:
                 part += tl.load(B + rows, mask=row_ok, other=0.0).to(tl.float32)
             tl.store(Y + m * N + rows, part.to(Y.dtype.element_ty), mask=row_ok)
-
-
-@triton.jit
-def _gemv_swiglu_rows_kernel(X, W, Y, M, I, K: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-                             STEPS: tl.constexpr, GROUP: tl.constexpr, PDL: tl.constexpr = False):
-    """Rows mode of `_gemv_swiglu_kernel` (no norm prologue), GROUP rows a program as in `_gemv_rows_kernel`."""
-    pid, g = tl.program_id(0), tl.program_id(1)
-    rows = pid * BLOCK_N + tl.arange(0, BLOCK_N)
-    row_ok = rows < I
-    g_rows = W + rows.to(tl.int64)[:, None] * K
-    u_rows = W + (rows + I).to(tl.int64)[:, None] * K
-    pdl.trigger(PDL)
-    pdl.wait(PDL)
-    for r in range(GROUP):
-        m = (g * GROUP + r).to(tl.int64)
-        if m < M:
-            gate = _row_dot(X + m * K, g_rows, row_ok, K, BLOCK_N, BLOCK_K, STEPS)
-            up = _row_dot(X + m * K, u_rows, row_ok, K, BLOCK_N, BLOCK_K, STEPS)
-            gate = gate.to(Y.dtype.element_ty).to(tl.float32)
-            up = up.to(Y.dtype.element_ty).to(tl.float32)
-            tl.store(Y + m * I + rows, (gate / (1.0 + tl.exp(-gate)) * up).to(Y.dtype.element_ty), mask=row_ok)
 
 
 def gemv_rows(xv: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, y: torch.Tensor, m_rows: int, cfg,
@@ -82,7 +69,7 @@ def gemv_rows(xv: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
     n, k = weight.shape
     group = max(1, min(group, m_rows))
     _gemv_rows_kernel[(triton.cdiv(n, cfg.block_n), triton.cdiv(m_rows, group))](
-        xv, weight, bias if bias is not None else weight, y, m_rows, n, K=k, HAS_BIAS=bias is not None,
+        xv, weight, bias if bias is not None else weight, y, m_rows, n, K=k, HAS_BIAS=bias is not None, SWIGLU=False,
         BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, STEPS=triton.cdiv(k, cfg.block_k), GROUP=group,
         num_warps=cfg.num_warps, **pdl.kwargs(xv))
     return y
@@ -93,7 +80,7 @@ def gemv_swiglu_rows(x: torch.Tensor, gate_up: torch.Tensor, y: torch.Tensor, m_
     two_i, k = gate_up.shape
     i = two_i // 2
     group = max(1, min(group, m_rows))
-    _gemv_swiglu_rows_kernel[(triton.cdiv(i, cfg.block_n), triton.cdiv(m_rows, group))](
-        x, gate_up, y, m_rows, i, K=k, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, STEPS=triton.cdiv(k, cfg.block_k),
+    _gemv_rows_kernel[(triton.cdiv(i, cfg.block_n), triton.cdiv(m_rows, group))](
+        x, gate_up, gate_up, y, m_rows, i, K=k, HAS_BIAS=False, SWIGLU=True, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, STEPS=triton.cdiv(k, cfg.block_k),
         GROUP=group, num_warps=cfg.num_warps, **pdl.kwargs(x))
     return y

@@ -17,7 +17,8 @@
 # GEN_LIMIT (s, default 100), TRAIN_LIMIT (s, default 140), EXTRA_PASSES (sampled rounds after the greedy
 # one, default 0), SELF_PROMPTS (prompts the target writes itself, default 0), GEN_BATCH (prompts per generate call,
 # default 768), MAX_NEW (longest answer, default 384), INIT (start from this exported drafter), SEED and LR change the
-# training stage; SKIP_EVAL=1 leaves the evaluation to a later call (a long training stage); TRAIN_TIMEOUT has to follow a longer TRAIN_LIMIT. On CUDA the target
+# training stage; GEN_ONLY=1 stops once the data is saved in $WORK/drafter/train (more data than one call can both
+# generate and train on), and RESUME=1 in the next call trains on it (with INIT: from that drafter); SKIP_EVAL=1 leaves the evaluation to a later call (a long training stage); TRAIN_TIMEOUT has to follow a longer TRAIN_LIMIT. On CUDA the target
 # answers through treeflash's BatchGenerator (--gen-engine auto: ~82K tokens/s at 1,024 rows on the H200 against
 # ~10K for transformers' generate); GEN_STATIC=1 (--gen-static) applies to transformers' generate only.
 # A data-rich run for the next drafter (~5M tokens in ~2 minutes of generation):
@@ -93,6 +94,8 @@ else
   SHARD_MB=12
   TRAIN_TIMEOUT=${TRAIN_TIMEOUT:-330}; EVAL_TIMEOUT=170; CHECK_TIMEOUT=60; CHECK_IF_BEFORE=420
 fi
+[ "${GEN_ONLY:-0}" = 1 ] && TRAIN_ARGS+=(--generate-only)
+[ "${RESUME:-0}" = 1 ] && TRAIN_ARGS+=(--resume)
 
 write_report() {
   python3 - "$OUT" "$WORK" "$SMOKE" "$TARGET" <<'PY' || echo "[train-default] report.json: could not be written"
@@ -149,7 +152,7 @@ write_report
 
 # -- 1. train ------------------------------------------------------------------------------------
 log "train: ${TRAIN_ARGS[*]}"
-rm -rf "$WORK/drafter"
+[ "${RESUME:-0}" = 1 ] || rm -rf "$WORK/drafter"
 s=$(date +%s)
 timeout "$TRAIN_TIMEOUT" python3 -m treeflash.cli.main train-drafter --target "$TARGET" --out "$WORK/drafter" \
   --device "$DEVICE" --max-shard-mb "$SHARD_MB" "${TRAIN_ARGS[@]}" > "$OUT/train.log" 2>&1
@@ -157,6 +160,15 @@ rc=$?
 stage train $rc $(( $(date +%s) - s ))
 tail -n 3 "$OUT/train.log" | tr '\r' '\n' | tail -n 3
 [ $rc -eq 0 ] || log "train exited with $rc (see train.log); evaluating the last exported checkpoint if there is one"
+if [ "${GEN_ONLY:-0}" = 1 ]; then  # the data only: train on it with RESUME=1 in the next call
+  python3 -c "
+import json
+from safetensors import safe_open
+print(json.dumps(json.loads(safe_open('$WORK/drafter/train/data.safetensors', 'pt').metadata()['meta']), indent=2))" > "$OUT/data_meta.json" 2>/dev/null
+  log "GEN_ONLY=1: data in $WORK/drafter/train ($(du -sh "$WORK/drafter/train" | cut -f1)); train it with RESUME=1"
+  write_report
+  exit $rc
+fi
 
 # -- 2. export -----------------------------------------------------------------------------------
 mkdir -p "$OUT/drafter"

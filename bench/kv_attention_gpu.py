@@ -162,7 +162,8 @@ SWEEP_SKIP = {
 
 def sweep_names(kt: str, vt: str, everything: bool = False) -> list[str]:
     """default, then the VARIANTS worth timing on a K/V pair (flat only where neither side is q4_0/tq3_0;
-    the int8 q.k variants only on a q8_0 K, flat ones only where V is not q4_0/tq3_0)."""
+    the int8 q.k variants only on a q8_0 K, flat ones only where V is not q4_0/tq3_0; split ones only where
+    a side is q4_0/tq3_0: elsewhere they compile as words)."""
     names = ["default"]
     for name in launch.VARIANTS:
         if everything:
@@ -170,6 +171,8 @@ def sweep_names(kt: str, vt: str, everything: bool = False) -> list[str]:
         elif name in SWEEP_SKIP and SWEEP_SKIP[name](kt, vt):
             continue
         elif name.startswith("flat") and ({kt, vt} & {"q4_0", "tq3_0"}):
+            continue
+        elif launch.VARIANTS[name].get("dequant") == "split" and not ({kt, vt} & {"q4_0", "tq3_0"}):
             continue
         elif launch.VARIANTS[name].get("k_int8") and (  # int8 q.k: q8_0 K only (else it is the plain variant)
             kt != "q8_0" or (launch.VARIANTS[name]["dequant"] == "flat" and vt in ("q4_0", "tq3_0"))
@@ -194,6 +197,9 @@ def sweep_variant(k: Planes, v: Planes, context: int, name: str, args, dtype, ve
         if name != "default":
             cfgv = launch.variant_config(name, head_dim, VERIFY_NODES * group)
         row["config"] = {"decode": vars_of(cfg1), "verify16": vars_of(cfgv)}
+        # the schemes each side runs (a split variant runs "words" on a q8_0 side or where its parts do not fit)
+        fk, fv = qa.FMT_IDS.get(k.name, 0), qa.FMT_IDS.get(v.name, 0)
+        row["schemes"] = list(launch._schemes(cfg1, fk, fv, dtype, head_dim))
         q1 = torch.randn(1, heads, head_dim, device="cuda", dtype=dtype)
         qv = torch.randn(VERIFY_NODES, heads, head_dim, device="cuda", dtype=dtype)
         mask = chain_mask(VERIFY_NODES)

@@ -76,6 +76,14 @@ VARIANTS: dict[str, dict] = {
     "words_n64_w8": dict(dequant="words", block_n=64, num_warps=8, prefetch=False),
     "words_n32_w4_p4": dict(dequant="words", block_n=32, num_warps=4, prefetch=False, programs_per_sm=4),
     "halfk_wordsv_n32_w4": dict(dequant="half", dequant_v="words", block_n=32, num_warps=4, prefetch=False),
+    # "split" (q4_0 / tq3_0 sides where split_fits; a q8_0 side runs "words"): "words" numerics, no joins: fp16
+    # parts (q4_0 four [N, D/4], tq3_0 eight [N, D/8]) dequantized in the dot operand's layout, each dotted
+    # with the query's (or the output's) matching channels (kernels/kv_split.py). Not yet timed on a GPU;
+    # offline sm_90a counts (bench/kv_split_sass.py, head_dim 256, 4 warps, 32 keys): tq3_0/tq3_0 1,065
+    # SASS instructions a step against words' 1,408, q4_0/q4_0 707 against 941
+    "split_n32_w4": dict(dequant="split", block_n=32, num_warps=4, prefetch=False),
+    "split_n64_w4": dict(dequant="split", block_n=64, num_warps=4, prefetch=False),
+    "split_n32_w8": dict(dequant="split", block_n=32, num_warps=8, prefetch=False),
 }
 
 
@@ -143,19 +151,44 @@ def plan_splits(
 HALF_SCHEMES = (DEQ_IDS["half"], DEQ_IDS["words"])  # fp16 dequantization: both dots in fp16
 
 
-def _schemes(cfg: LaunchConfig, fmt_k: int, fmt_v: int, in_dtype: torch.dtype) -> tuple[str, str]:
+def split_fits(fmt: int, head_dim: int, num_warps: int, side: str) -> bool:
+    """Whether a q4_0 / tq3_0 side can run "split": its parts ([N, W], W = D/4 for q4_0, D/8 for tq3_0)
+    must be dot operands (K: W >= 16), and for V wide enough that the p.v_j dots ([16, W] out, m16n8
+    tiles) keep every warp busy (W >= 8 x warps): narrower parts replicate the MMAs and the softmax
+    across warps (offline sm_90a compile, head_dim 64: 32 HMMA a step against words' 8; docs/kv.md)."""
+    if fmt not in (FMT_IDS["q4_0"], FMT_IDS["tq3_0"]):
+        return False
+    width = head_dim // (4 if fmt == FMT_IDS["q4_0"] else 8)
+    return width >= (16 if side == "k" else 8 * num_warps)
+
+
+def _schemes(cfg: LaunchConfig, fmt_k: int, fmt_v: int, in_dtype: torch.dtype, head_dim: int = 256) -> tuple[str, str]:
     """The dequantization schemes K and V run. The fp16 ones ("half", "words") need a 16-bit query
     and no dense side (both dots run in fp16): else the fp32 path, "flat" (q8_0) or "blocks_fast"
     (q4_0). A tq3_0 side under "half" runs blocks_fast (its fp32 values cast to fp16 for the dot),
-    under "words" its own fp16 path; K_INT8 ignores K's."""
+    under "words" its own fp16 path; K_INT8 ignores K's. "split" runs on a q4_0 or tq3_0 side where
+    `split_fits` and the query is 16-bit, also beside a dense side (its own dot in fp16: _dot_dtypes);
+    anywhere else it is "words"."""
     deq_k, deq_v = cfg.dequant, cfg.dequant_v or cfg.dequant
     fp32 = in_dtype == torch.float32 or fmt_k == 0 or fmt_v == 0
 
-    def pick(deq: str, fmt: int) -> str:
+    def pick(deq: str, fmt: int, side: str) -> str:
+        if deq == "split":
+            if in_dtype != torch.float32 and split_fits(fmt, head_dim, cfg.num_warps, side):
+                return deq
+            deq = "words"
         if DEQ_IDS[deq] not in HALF_SCHEMES:
             return deq
         if fmt == FMT_IDS["tq3_0"] and (fp32 or deq != "words") or fp32 and fmt == FMT_IDS["q4_0"]:
             return "blocks_fast"
         return "flat" if fp32 else deq
 
-    return pick(deq_k, fmt_k), pick(deq_v, fmt_v)
+    return pick(deq_k, fmt_k, "k"), pick(deq_v, fmt_v, "v")
+
+
+def _dot_dtypes(deq_k: str, deq_v: str, in_dtype: torch.dtype) -> tuple[torch.dtype, torch.dtype]:
+    """The operand types of q.k and of p.v for _schemes' choice: fp16 for both when a side runs "half"
+    or "words" (else the query's type); a "split" side's own dot is fp16 whatever the other side runs
+    (beside a dense side, that side's dot keeps the query's type: a bf16 V stays bf16)."""
+    dot = torch.float16 if DEQ_IDS[deq_k] in HALF_SCHEMES or DEQ_IDS[deq_v] in HALF_SCHEMES else in_dtype
+    return (torch.float16 if deq_k == "split" else dot), (torch.float16 if deq_v == "split" else dot)

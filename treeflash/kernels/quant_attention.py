@@ -16,6 +16,9 @@ tq3_0 keys are stored rotated, so queries are rotated the same way (R is orthono
 unchanged); tq3_0 values are stored rotated, so the output is accumulated rotated and
 un-rotated once at the end.
 
+Under the "split" scheme (kernels/kv_split.py) a q4_0 or tq3_0 side is never rebuilt as [BLOCK_N, D]:
+its fp16 parts meet the query's (or the output's) matching channels, one dot per part.
+
 q8_0 keys under LaunchConfig.k_int8 (opt-in, the int8k_* launch variants) are never dequantized:
 the query is quantized once per program to int8 per 32 values, q.k runs as int8 dots per block
 (int32, exact) with both scales applied to the partial scores; `quant_attention_int8k_reference`
@@ -34,9 +37,10 @@ from treeflash.kernels import pdl
 
 from treeflash.kernels import kv_formats as formats
 from treeflash.kernels.attention_launch import (  # noqa: F401  (FMT_IDS: re-exported)
-    FMT_IDS, HALF_SCHEMES, MAX_SPLITS, LaunchConfig, _next_pow2, _schemes, launch_config, plan_splits,
+    FMT_IDS, MAX_SPLITS, LaunchConfig, _dot_dtypes, _next_pow2, _schemes, launch_config, plan_splits,
 )
-from treeflash.kernels.kv_dequant import DEQ_IDS, _columns, _dequant, _load_q8_blocks, _load_raw
+from treeflash.kernels.kv_dequant import DEQ_IDS, DEQ_SPLIT, _columns, _dequant
+from treeflash.kernels.kv_split import _load_k, _out_columns, _split_accumulate, _split_query, _split_scores, _split_zeros
 from treeflash.kernels.kv_quant import Planes, _round_half_away, _safe_inverse
 from treeflash.kernels.norm import _interpreting
 from treeflash.kernels.scratch import scratch
@@ -95,18 +99,6 @@ def _int8_scores(q_codes, q_scales, k_codes, k_scales, BLOCK_M: tl.constexpr, BL
 
 
 @triton.jit
-def _load_k(scale_ptr, code_ptr, keys, kvh, num_kv_heads, ok, FMT: tl.constexpr, D: tl.constexpr, DEQ: tl.constexpr,
-            K_INT8: tl.constexpr):
-    """K's bytes for the dequant path (_load_raw), or (K_INT8) per-block int8 codes and scales."""
-    if K_INT8:
-        a, s = _load_q8_blocks(scale_ptr, code_ptr, keys, kvh, num_kv_heads, ok, D)
-        b = ok
-    else:
-        a, b, s = _load_raw(scale_ptr, code_ptr, keys, kvh, num_kv_heads, ok, FMT, D, DEQ)
-    return a, b, s
-
-
-@triton.jit
 def _partial_kernel(
     q_ptr, ks_ptr, kc_ptr, vs_ptr, vc_ptr, mask_ptr, end_ptr, m_ptr, l_ptr, acc_ptr, out_ptr, ticket_ptr,
     start, num_tokens, kv_len, end_idx, num_kv_heads, scale_log2, stride_qt, stride_qh,
@@ -115,9 +107,14 @@ def _partial_kernel(
     BLOCKS_PER_SPLIT: tl.constexpr, FMT_K: tl.constexpr, FMT_V: tl.constexpr, DOT: tl.constexpr,
     PREFETCH: tl.constexpr, DEQ: tl.constexpr, C0: tl.constexpr, C1: tl.constexpr, C2: tl.constexpr, C3: tl.constexpr,
     PDL: tl.constexpr = False, K_INT8: tl.constexpr = False, DEQ_V: tl.constexpr = 0, ASM: tl.constexpr = False,
+    DOT_V: tl.constexpr = None,
 ):
     pdl.enter(PDL)
     DV: tl.constexpr = DEQ_V if DEQ_V > 0 else DEQ  # V's dequantization scheme (0: K's)
+    DOTV: tl.constexpr = DOT if DOT_V is None else DOT_V  # p.v's operand type (DOT: q.k's)
+    # DEQ_SPLIT (q4_0 / tq3_0): a tuple of parts per side instead of one [*, D] tile (kernels/kv_split.py)
+    SPLIT_K: tl.constexpr = DEQ == DEQ_SPLIT and FMT_K != 0 and not K_INT8
+    SPLIT_V: tl.constexpr = DV == DEQ_SPLIT and FMT_V != 0
     pid_m, kvh, split = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     num_heads = num_kv_heads * GROUP
     rows = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
@@ -129,13 +126,15 @@ def _partial_kernel(
     q_rows = q_ptr + t * stride_qt + h * stride_qh
     if K_INT8:  # q8_0 K, scores on int8 tensor cores: the query quantized once, scale_log2 in its scales
         q_codes, q_scales = _quantize_query(q_rows, row_ok, scale_log2, D)
+    elif SPLIT_K:
+        qp = _split_query(q_rows, row_ok, FMT_K, D)  # K's parts of the query: [BLOCK_M, D/4] or [BLOCK_M, D/8] fp16
     else:
         q_cols = _columns(FMT_K, D, DEQ)
         q = tl.load(q_rows[:, None] + q_cols[None, :], mask=row_ok[:, None], other=0.0)
         q = q.to(DOT)
     m_i = tl.full((BLOCK_M,), -1.0e30, tl.float32)  # finite: a fully masked block leaves no NaN
     l_i = tl.zeros((BLOCK_M,), tl.float32)
-    acc = tl.zeros((BLOCK_M, D), tl.float32)
+    acc = _split_zeros(BLOCK_M, FMT_V, D) if SPLIT_V else (tl.zeros((BLOCK_M, D), tl.float32),)  # a tuple: V's parts
     # keys [0, end) are read: all kv_len slots, or (HAS_END: static mode) up to the last slot this
     # step writes, read from the device, so a CUDA graph over a long cache buffer reads only the
     # filled part (the key mask hides nothing past it); a split past the end does no block at all
@@ -150,7 +149,7 @@ def _partial_kernel(
     keys = first + tl.arange(0, BLOCK_N)
     # PREFETCH: the next block's bytes are loaded (into registers) before this block's math
     ka, kb, ks = _load_k(ks_ptr, kc_ptr, keys, kvh, num_kv_heads, keys < end, FMT_K, D, DEQ, K_INT8)
-    va, vb, vs = _load_raw(vs_ptr, vc_ptr, keys, kvh, num_kv_heads, keys < end, FMT_V, D, DV)
+    va, vb, vs = _load_k(vs_ptr, vc_ptr, keys, kvh, num_kv_heads, keys < end, FMT_V, D, DV)
     for b in range(0, n_blocks if DYN_LOOP else BLOCKS_PER_SPLIT):
         keys = first + b * BLOCK_N + tl.arange(0, BLOCK_N)
         key_ok = keys < end
@@ -162,6 +161,8 @@ def _partial_kernel(
             ka, kb, ks = _load_k(ks_ptr, kc_ptr, keys, kvh, num_kv_heads, key_ok, FMT_K, D, DEQ, K_INT8)
         if K_INT8:
             s = _int8_scores(q_codes, q_scales, ka, ks, BLOCK_M, BLOCK_N, D)  # [BLOCK_M, BLOCK_N], log2 domain
+        elif SPLIT_K:
+            s = _split_scores(qp, ka, ks, FMT_K, C0, C1, C2, C3, ASM) * scale_log2
         else:
             k = _dequant(ka, kb, ks, FMT_K, BLOCK_N, D, C0, C1, C2, C3, DEQ, ASM)
             s = _dot(q, tl.trans(k), DOT) * scale_log2  # [BLOCK_M, BLOCK_N]
@@ -183,18 +184,22 @@ def _partial_kernel(
         p = tl.exp2(s - m_new[:, None])
         l_i = l_i * alpha + tl.sum(p, axis=1)
         if PREFETCH:
-            va2, vb2, vs2 = _load_raw(vs_ptr, vc_ptr, nxt, kvh, num_kv_heads, nxt_ok, FMT_V, D, DV)
+            va2, vb2, vs2 = _load_k(vs_ptr, vc_ptr, nxt, kvh, num_kv_heads, nxt_ok, FMT_V, D, DV)
         else:
-            va, vb, vs = _load_raw(vs_ptr, vc_ptr, keys, kvh, num_kv_heads, key_ok, FMT_V, D, DV)
-        v = _dequant(va, vb, vs, FMT_V, BLOCK_N, D, C0, C1, C2, C3, DV, ASM)
-        acc = acc * alpha[:, None] + _dot(p, v, DOT)
+            va, vb, vs = _load_k(vs_ptr, vc_ptr, keys, kvh, num_kv_heads, key_ok, FMT_V, D, DV)
+        if SPLIT_V:
+            acc = _split_accumulate(acc, alpha, p, va, vs, FMT_V, C0, C1, C2, C3, ASM)
+        else:
+            v = _dequant(va, vb, vs, FMT_V, BLOCK_N, D, C0, C1, C2, C3, DV, ASM)
+            acc = (acc[0] * alpha[:, None] + _dot(p, v, DOTV),)
         m_i = m_new
         if PREFETCH:
             ka, kb, ks, va, vb, vs = ka2, kb2, ks2, va2, vb2, vs2
     if DIRECT:  # the only split: the output itself
         fin = (t * num_heads + h).to(tl.int64)
-        tl.store(out_ptr + fin[:, None] * D + _columns(FMT_V, D, DV)[None, :], (acc / l_i[:, None]).to(out_ptr.dtype.element_ty),
-                 mask=row_ok[:, None])
+        for j in tl.static_range(len(acc)):
+            tl.store(out_ptr + fin[:, None] * D + _out_columns(FMT_V, D, DV, j)[None, :],
+                     (acc[j] / l_i[:, None]).to(out_ptr.dtype.element_ty), mask=row_ok[:, None])
         return
     out_row = split.to(tl.int64) * (num_tokens * num_heads) + t * num_heads + h
     tl.store(m_ptr + out_row, m_i, mask=row_ok)
@@ -202,7 +207,8 @@ def _partial_kernel(
     acc_ok = row_ok[:, None]
     if SKIP_EMPTY:  # a split past the end leaves its acc rows unwritten (l = 0: the merge skips them)
         acc_ok = acc_ok & (n_blocks > 0)
-    tl.store(acc_ptr + out_row[:, None] * D + _columns(FMT_V, D, DV)[None, :], acc, mask=acc_ok)
+    for j in tl.static_range(len(acc)):
+        tl.store(acc_ptr + out_row[:, None] * D + _out_columns(FMT_V, D, DV, j)[None, :], acc[j], mask=acc_ok)
     if FUSE_COMBINE:
         # the last split of this (m tile, kv head) to finish merges all of them, in split order
         # (deterministic), and resets its ticket: no combine launch
@@ -354,10 +360,9 @@ def _launch(q, k, v, vis, start, kv_len, key_mask, scale, num_splits, config, sl
         splits = triton.cdiv(num_blocks, per_split)
 
     in_dtype = q.dtype
-    dot = {torch.float32: tl.float32, torch.float16: tl.float16, torch.bfloat16: tl.bfloat16}[in_dtype]
-    deq_k, deq_v = _schemes(cfg, fmt_k, fmt_v, in_dtype)
-    if DEQ_IDS[deq_k] in HALF_SCHEMES or DEQ_IDS[deq_v] in HALF_SCHEMES:
-        dot = tl.float16
+    deq_k, deq_v = _schemes(cfg, fmt_k, fmt_v, in_dtype, head_dim)
+    tl_types = {torch.float32: tl.float32, torch.float16: tl.float16, torch.bfloat16: tl.bfloat16}
+    dot, dot_v = (tl_types[t] for t in _dot_dtypes(deq_k, deq_v, in_dtype))
     if k.name == "tq3_0":
         q = formats.rotate(q)  # fp32, contiguous
     m = torch.empty(splits, n * num_heads, dtype=torch.float32, device=q.device)
@@ -378,7 +383,7 @@ def _launch(q, k, v, vis, start, kv_len, key_mask, scale, num_splits, config, sl
         GROUP=group, D=head_dim, BLOCK_M=block_m, BLOCK_N=block_n, BLOCKS_PER_SPLIT=per_split,
         FMT_K=fmt_k, FMT_V=fmt_v, DOT=dot, PREFETCH=cfg.prefetch, DEQ=DEQ_IDS[deq_k], C0=c0, C1=c1, C2=c2, C3=c3,
         num_warps=cfg.num_warps, num_stages=cfg.num_stages, K_INT8=cfg.k_int8 and k.name == "q8_0",
-        DEQ_V=DEQ_IDS[deq_v], ASM=not _interpreting(), **pdl.kwargs(q),
+        DEQ_V=DEQ_IDS[deq_v], ASM=not _interpreting(), DOT_V=dot_v, **pdl.kwargs(q),
     )
     if not (fuse or direct):
         chunk = min(COMBINE_CHUNK if splits <= 128 else COMBINE_CHUNK // 2, head_dim)

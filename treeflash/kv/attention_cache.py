@@ -6,10 +6,12 @@ kv/quantized.py) can read its own layout with its own kernel.
 
 from __future__ import annotations
 
+import os
 from typing import TYPE_CHECKING, Protocol
 
 import torch
 import torch.nn.functional as F
+from torch.nn.attention import SDPBackend, sdpa_kernel
 from torch.nn.attention.bias import CausalBias, causal_lower_right
 
 from treeflash.kernels.norm import _interpreting
@@ -73,6 +75,23 @@ def build_mask(num_new: int, start: int, tree_mask: torch.Tensor | None, device:
     return torch.cat((torch.ones(num_new, start, dtype=torch.bool, device=device), new), dim=1)
 
 
+# cuDNN's SDPA builds an execution plan the first time it sees a shape: ~40 ms a new shape on the
+# H200 (0.5-0.6 s for the first of a kind), while flash and memory-efficient attention need none
+# (0.05-9 ms first calls). Once planned cuDNN is 1.5-2.7x faster a call, which only pays back on big
+# calls: 4096 x 8192 saves ~2.7 ms a layer. Every request brings new lengths (its prompt, the
+# drafter's pass over the prompt, the last prefill chunk), so below this many query x key pairs
+# SDPA runs without cuDNN (bench/results/s20/sdpa_plan.txt, docs/performance.md).
+# Calls captured into CUDA graphs keep cuDNN: their one shape is planned once, at capture.
+# TREEFLASH_CUDNN_SDPA_MIN=0 lets cuDNN take every call, as torch would.
+CUDNN_SDPA_MIN = int(os.environ.get("TREEFLASH_CUDNN_SDPA_MIN", str(4096 * 8192)))
+_NO_CUDNN = [SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]
+
+
+def sdpa_allows_cudnn(num_queries: int, num_keys: int) -> bool:
+    """Whether a CUDA SDPA call of this size may take cuDNN (a plan per new shape) or not."""
+    return num_queries * num_keys >= CUDNN_SDPA_MIN
+
+
 def _fused_sdpa(q: torch.Tensor) -> bool:
     """Whether attention_reference hands SDPA 4-D inputs (its fused kernels): on CUDA."""
     return q.is_cuda
@@ -92,14 +111,14 @@ def attention_reference(
     # step does (the CPU flash kernel does not: tests/models/test_int4.py's speculative run diverged)
     fused = _fused_sdpa(q)
     lead = (None,) if fused else ()
-    out = F.scaled_dot_product_attention(
-        q.transpose(0, 1)[lead],
-        keys.transpose(0, 1)[lead],
-        values.transpose(0, 1)[lead],
-        attn_mask=mask,
-        scale=scale,
-        enable_gqa=keys.shape[1] != q.shape[1],
-    )
+    args = (q.transpose(0, 1)[lead], keys.transpose(0, 1)[lead], values.transpose(0, 1)[lead])
+    kw = dict(attn_mask=mask, scale=scale, enable_gqa=keys.shape[1] != q.shape[1])
+    # a CUDA graph's capture plans its one fixed shape once: cuDNN may take it
+    if fused and not sdpa_allows_cudnn(q.shape[0], keys.shape[0]) and not torch.cuda.is_current_stream_capturing():
+        with sdpa_kernel(_NO_CUDNN):
+            out = F.scaled_dot_product_attention(*args, **kw)
+    else:
+        out = F.scaled_dot_product_attention(*args, **kw)
     return (out[0] if fused else out).transpose(0, 1)
 
 

@@ -191,7 +191,7 @@ def sweep_variant(k: Planes, v: Planes, context: int, name: str, args, dtype, ve
     try:
         # "default": what quant_attention picks for this pair (the q8_0/q8_0 and dense choices included)
         pair = dict(dense_kv=k.name not in qa.FMT_IDS and v.name not in qa.FMT_IDS,
-                    compressed_kv=k.name in qa.FMT_IDS and v.name in qa.FMT_IDS)
+                    compressed_kv=k.name in qa.FMT_IDS and v.name in qa.FMT_IDS, tq3_side="tq3_0" in (k.name, v.name))
         cfg1 = launch.launch_config(head_dim, group, **pair) if name == "default" else launch.variant_config(name, head_dim, group)
         cfgv = launch.launch_config(head_dim, VERIFY_NODES * group, **pair)
         if name != "default":

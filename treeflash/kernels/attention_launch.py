@@ -94,7 +94,7 @@ def variant_config(name: str, head_dim: int, rows: int) -> LaunchConfig:
     return dataclasses.replace(launch_config(head_dim, rows), **VARIANTS[name])
 
 
-def launch_config(head_dim: int, rows: int, dense_kv: bool = False, compressed_kv: bool = False) -> LaunchConfig:
+def launch_config(head_dim: int, rows: int, dense_kv: bool = False, compressed_kv: bool = False, tq3_side: bool = False) -> LaunchConfig:
     """The fixed launch configuration for a head_dim and T * G query rows (no autotuning).
 
     Measured on an H200 (decode at 32K context, 24 query / 4 KV heads, head_dim 256), with the
@@ -128,7 +128,12 @@ def launch_config(head_dim: int, rows: int, dense_kv: bool = False, compressed_k
     if dense_kv:
         return LaunchConfig(block_m, block_n, 4 if head_dim <= 128 else 8, 3, PROGRAMS_PER_SM, prefetch=False)
     if compressed_kv:
-        return LaunchConfig(block_m, block_n, 4, 3, PROGRAMS_PER_SM, prefetch=False, dequant="words")
+        # "split" where the H200 measured it faster (bench/results/s20/kv_sweep_split.json, head_dim 256):
+        # decode (one m-tile) of every pair with a q4_0 / tq3_0 side, and verify without a tq3_0 side
+        # (16-node verify: q4_0/q4_0 163 against 245 us, but tq3_0/tq3_0 505 against 362); a q8_0 side
+        # runs "words" inside it either way. Other head_dims were not timed: "words"
+        split = head_dim >= 256 and (rows <= 16 or not tq3_side)
+        return LaunchConfig(block_m, block_n, 4, 3, PROGRAMS_PER_SM, prefetch=False, dequant="split" if split else "words")
     return LaunchConfig(block_m, block_n, 4, 3, PROGRAMS_PER_SM, prefetch=True, dequant="blocks_fast")
 
 

@@ -114,7 +114,7 @@ def attention_reference(
     args = (q.transpose(0, 1)[lead], keys.transpose(0, 1)[lead], values.transpose(0, 1)[lead])
     kw = dict(attn_mask=mask, scale=scale, enable_gqa=keys.shape[1] != q.shape[1])
     # a CUDA graph's capture plans its one fixed shape once: cuDNN may take it
-    if fused and not sdpa_allows_cudnn(q.shape[0], keys.shape[0]) and not torch.cuda.is_current_stream_capturing():
+    if fused and not sdpa_allows_cudnn(q.shape[0], keys.shape[0]) and not (q.is_cuda and torch.cuda.is_current_stream_capturing()):
         with sdpa_kernel(_NO_CUDNN):
             out = F.scaled_dot_product_attention(*args, **kw)
     else:

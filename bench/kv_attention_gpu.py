@@ -163,7 +163,7 @@ SWEEP_SKIP = {
 def sweep_names(kt: str, vt: str, everything: bool = False) -> list[str]:
     """default, then the VARIANTS worth timing on a K/V pair (flat only where neither side is q4_0/tq3_0;
     the int8 q.k variants only on a q8_0 K, flat ones only where V is not q4_0/tq3_0; split ones only where
-    a side is q4_0/tq3_0: elsewhere they compile as words)."""
+    a side is q4_0/tq3_0, split8_* (split_q8) only where a side is q8_0: elsewhere each is another one)."""
     names = ["default"]
     for name in launch.VARIANTS:
         if everything:
@@ -172,7 +172,9 @@ def sweep_names(kt: str, vt: str, everything: bool = False) -> list[str]:
             continue
         elif name.startswith("flat") and ({kt, vt} & {"q4_0", "tq3_0"}):
             continue
-        elif launch.VARIANTS[name].get("dequant") == "split" and not ({kt, vt} & {"q4_0", "tq3_0"}):
+        elif launch.VARIANTS[name].get("dequant") == "split" and not (
+            "q8_0" in (kt, vt) if launch.VARIANTS[name].get("split_q8") else {kt, vt} & {"q4_0", "tq3_0"}
+        ):
             continue
         elif launch.VARIANTS[name].get("k_int8") and (  # int8 q.k: q8_0 K only (else it is the plain variant)
             kt != "q8_0" or (launch.VARIANTS[name]["dequant"] == "flat" and vt in ("q4_0", "tq3_0"))
@@ -197,9 +199,11 @@ def sweep_variant(k: Planes, v: Planes, context: int, name: str, args, dtype, ve
         if name != "default":
             cfgv = launch.variant_config(name, head_dim, VERIFY_NODES * group)
         row["config"] = {"decode": vars_of(cfg1), "verify16": vars_of(cfgv)}
-        # the schemes each side runs (a split variant runs "words" on a q8_0 side or where its parts do not fit)
+        # the schemes each side runs, decode and verify16 (a split variant runs "words" on a q8_0 side unless
+        # split_q8, and wherever its parts do not fit: attention_launch.split_fits)
         fk, fv = qa.FMT_IDS.get(k.name, 0), qa.FMT_IDS.get(v.name, 0)
         row["schemes"] = list(launch._schemes(cfg1, fk, fv, dtype, head_dim))
+        row["schemes_verify16"] = list(launch._schemes(cfgv, fk, fv, dtype, head_dim))
         q1 = torch.randn(1, heads, head_dim, device="cuda", dtype=dtype)
         qv = torch.randn(VERIFY_NODES, heads, head_dim, device="cuda", dtype=dtype)
         mask = chain_mask(VERIFY_NODES)

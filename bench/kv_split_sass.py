@@ -1,9 +1,12 @@
 """Offline sm_90a compile of the compressed-KV decode attention kernel (kernels/quant_attention.py:
-_partial_kernel) under launch variants, "words" against "split" (kernels/kv_split.py): registers,
+_partial_kernel) under launch variants, "words" against "split" and "split8" (q8_0 sides split too,
+LaunchConfig.split_q8; kernels/kv_split.py): registers,
 spills and SASS instructions of the inner loop (one step of BLOCK_N keys). No GPU needed: Triton
 compiles to PTX, its bundled ptxas and cuobjdump give the registers and the SASS.
 
     python bench/kv_split_sass.py          # tq3_0/tq3_0, q4_0/q4_0, q8_0/q8_0 and the mixed q8_0 pairs
+    python bench/kv_split_sass.py --pairs q8_0/q8_0 q8_0/tq3_0 q8_0/q4_0 --variants words_n32_w4 split_n32_w4 split8_n32_w4
+    python bench/kv_split_sass.py --rows 96 ...   # a 16-node verify's tile (96 query rows: 32-row tiles)
     python bench/kv_split_sass.py --head-dim 128 --variants words_n64_w8 split_n64_w4 --pairs q4_0/q4_0
     python bench/kv_split_sass.py --json out/kv_split_sass.json
 
@@ -12,7 +15,7 @@ Each variant is compiled as quant_attention launches it for decode at Qwen3.5-27
 many splits (no direct store), PDL on, the loop bound read at run time, and the pointer and stride
 arguments given 16-byte divisibility as the JIT gives them (without it Triton does not pipeline the
 loads). Each side's scheme and dot type come from attention_launch._schemes / _dot_dtypes, so a q8_0
-side under a split variant compiles as "words", as it runs. The inner loop is the largest backward
+side under a split variant compiles as "words" (as "split" under split8_*), as it runs. The inner loop is the largest backward
 branch whose body holds an HMMA. `smem_tiles` counts the loop's local_alloc ops in the TTGIR: 1 means
 only p goes through shared memory on its way to the p.v dot; more means dequantized K or V tiles make
 a shared-memory round trip before their dot (ldmatrix), instead of being dequantized in the dot
@@ -52,9 +55,10 @@ PTR = {torch.float32: "*fp32", torch.float16: "*fp16", torch.bfloat16: "*bf16"}
 SHOWN = ("HMMA", "LDS", "LDSM", "STS", "PRMT", "LOP3", "IMAD", "HMUL2", "SHF")
 
 
-def compile_decode(k_type: str, v_type: str, variant: str, head_dim: int, group: int = 6) -> dict:
-    """Compile _partial_kernel for one decode launch; its registers, spills and instruction counts."""
-    cfg = variant_config(variant, head_dim, group)
+def compile_decode(k_type: str, v_type: str, variant: str, head_dim: int, group: int = 6, rows: int | None = None) -> dict:
+    """Compile _partial_kernel for one launch of `rows` query rows (None: decode, one token x the GQA
+    group); its registers, spills and instruction counts."""
+    cfg = variant_config(variant, head_dim, rows or group)
     fk, fv = FMT_IDS.get(k_type, 0), FMT_IDS.get(v_type, 0)
     deq_k, deq_v = _schemes(cfg, fk, fv, torch.bfloat16, head_dim)
     dot_k, dot_v = _dot_dtypes(deq_k, deq_v, torch.bfloat16)
@@ -90,7 +94,7 @@ def compile_decode(k_type: str, v_type: str, variant: str, head_dim: int, group:
     ttgir_loop = kern.asm["ttgir"].split("scf.for", 1)[-1].split("scf.yield", 1)[0]
     return {
         "k_type": k_type, "v_type": v_type, "variant": variant, "head_dim": head_dim, "schemes": [deq_k, deq_v],
-        "block_m": cfg.block_m, "block_n": cfg.block_n, "warps": cfg.num_warps,
+        "rows": rows or group, "block_m": cfg.block_m, "block_n": cfg.block_n, "warps": cfg.num_warps,
         "registers": int(re.findall(r"Used (\d+) registers", log)[0]),
         "spill_bytes": sum(int(x) for x in re.findall(r"(\d+) bytes spill stores", log)),
         "loop_instructions": len(loop), "total_instructions": len(ins),
@@ -114,18 +118,21 @@ def loop_body(ins: list[tuple[int, str]]) -> list[str]:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--pairs", nargs="+", default=list(PAIRS), help="K/V type pairs")
-    ap.add_argument("--variants", nargs="+", default=["words_n32_w4", "split_n32_w4"], help="attention_launch.VARIANTS names")
+    ap.add_argument("--variants", nargs="+", default=["words_n32_w4", "split_n32_w4", "split8_n32_w4"],
+                    help="attention_launch.VARIANTS names")
     ap.add_argument("--head-dim", type=int, default=256)
+    ap.add_argument("--rows", type=int, default=6, help="query rows (tokens x GQA group): 6 decode, 96 a 16-node verify")
     ap.add_argument("--json", help="also write the rows here")
     args = ap.parse_args()
     rows = []
-    print(f"head_dim {args.head_dim}, decode (6 query rows in a 16-row tile), sm_90a; loop = SASS instructions per key step")
+    tile = variant_config(args.variants[0], args.head_dim, args.rows).block_m
+    print(f"head_dim {args.head_dim}, {args.rows} query rows ({tile}-row tiles), sm_90a; loop = SASS instructions per key step")
     print(f"{'K/V':<12} {'variant':<14} {'schemes K/V':<18} {'regs':>4} {'spill':>5} {'loop':>5} {'total':>5} {'smem':>4}  "
           + " ".join(f"{o:>5}" for o in SHOWN))
     for pair in args.pairs:
         k_type, v_type = pair.split("/")
         for variant in args.variants:
-            r = compile_decode(k_type, v_type, variant, args.head_dim)
+            r = compile_decode(k_type, v_type, variant, args.head_dim, rows=args.rows)
             rows.append(r)
             print(f"{pair:<12} {variant:<14} {'/'.join(r['schemes']):<18} {r['registers']:>4} {r['spill_bytes']:>5} "
                   f"{r['loop_instructions']:>5} {r['total_instructions']:>5} {r['smem_tiles']:>4}  "

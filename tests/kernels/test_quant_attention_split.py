@@ -71,7 +71,7 @@ def check(variant: str, fmt_k: str, fmt_v: str, mode: str, dtype: str, d: int) -
     q = torch.randn(num_new, heads, d).to(torch_dtype(dtype))
     config = variant_config(variant, d, num_new * heads // kv_heads)
     fk, fv = FMT_IDS.get(fmt_k, 0), FMT_IDS.get(fmt_v, 0)
-    want = tuple("split" if split_fits(f, d, config.num_warps, side) else None for f, side in ((fk, "k"), (fv, "v")))
+    want = tuple("split" if split_fits(f, d, config.num_warps, side, config.split_q8) else None for f, side in ((fk, "k"), (fv, "v")))
     got = tuple(x if x == "split" else None for x in _schemes(config, fk, fv, q.dtype, d))
     assert got == want, f"sides running split: {got}, expected {want}"
     qr = q.to(torch.float16).float()  # the kernel's fp16 query (a dense K with a bf16 query: exact either way)

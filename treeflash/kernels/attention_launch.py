@@ -40,12 +40,17 @@ class LaunchConfig:
     # V's own scheme (None: `dequant`). "half" / "words" (q8_0, q4_0) dequantize to fp16 and run both
     # dots in fp16 when the query is 16-bit and neither side is dense; an fp32 query takes "flat" instead
     dequant_v: str | None = None
+    # "split" on a q8_0 side too (the split8_* variants): four [N, D/4] fp16 parts from its int32 words
+    # (kernels/kv_split.py) instead of "words". Off: a q8_0 side under "split" runs "words"
+    split_q8: bool = False
 
     def __post_init__(self):
         for name in ("dequant", "dequant_v"):
             value = getattr(self, name)
             if value is not None and value not in DEQ_IDS or name == "dequant" and value is None:
                 raise ValueError(f"LaunchConfig: {name} must be one of {sorted(DEQ_IDS)}, got {value!r}")
+        if self.split_q8 and "split" not in (self.dequant, self.dequant_v):
+            raise ValueError("LaunchConfig: split_q8 needs dequant or dequant_v 'split'")
         for name in ("block_m", "block_n"):
             n = getattr(self, name)
             if n < 16 or n & (n - 1):
@@ -76,14 +81,23 @@ VARIANTS: dict[str, dict] = {
     "words_n64_w8": dict(dequant="words", block_n=64, num_warps=8, prefetch=False),
     "words_n32_w4_p4": dict(dequant="words", block_n=32, num_warps=4, prefetch=False, programs_per_sm=4),
     "halfk_wordsv_n32_w4": dict(dequant="half", dequant_v="words", block_n=32, num_warps=4, prefetch=False),
-    # "split" (q4_0 / tq3_0 sides where split_fits; a q8_0 side runs "words"): "words" numerics, no joins: fp16
-    # parts (q4_0 four [N, D/4], tq3_0 eight [N, D/8]) dequantized in the dot operand's layout, each dotted
-    # with the query's (or the output's) matching channels (kernels/kv_split.py). Not yet timed on a GPU;
-    # offline sm_90a counts (bench/kv_split_sass.py, head_dim 256, 4 warps, 32 keys): tq3_0/tq3_0 1,065
-    # SASS instructions a step against words' 1,408, q4_0/q4_0 707 against 941
+    # "split" (q4_0 / tq3_0 sides where split_fits; a q8_0 side runs "words", unlike split8_*): "words"
+    # numerics, no joins: fp16 parts (q4_0 four [N, D/4], tq3_0 eight [N, D/8]) dequantized in the dot
+    # operand's layout, each dotted with the query's (or the output's) matching channels
+    # (kernels/kv_split.py; timed on the H200 since: docs/kv.md). Offline sm_90a counts (bench/kv_split_sass.py,
+    # head_dim 256, 4 warps, 32 keys): tq3_0/tq3_0 1,065 SASS instructions a step against words' 1,408,
+    # q4_0/q4_0 707 against 941
     "split_n32_w4": dict(dequant="split", block_n=32, num_warps=4, prefetch=False),
     "split_n64_w4": dict(dequant="split", block_n=64, num_warps=4, prefetch=False),
     "split_n32_w8": dict(dequant="split", block_n=32, num_warps=8, prefetch=False),
+    # "split" with q8_0 sides split too (split_q8; opt-in, not yet timed on a GPU): four [N, D/4] fp16 parts
+    # from words' int32 loads and PTX, so V skips its shared-memory round trip. Offline sm_90a counts
+    # (bench/kv_split_sass.py, head_dim 256, 4 warps, 32 keys; docs/kv.md, the last section): q8_0/q8_0 798
+    # SASS instructions a step against words' 855, q8_0/q4_0 730 against split's 840. split8_n64_w4 spills
+    # at head_dim 256 with a q8_0 K (12-64 bytes): it is for head_dim 128
+    "split8_n32_w4": dict(dequant="split", split_q8=True, block_n=32, num_warps=4, prefetch=False),
+    "split8_n64_w4": dict(dequant="split", split_q8=True, block_n=64, num_warps=4, prefetch=False),
+    "split8_n32_w8": dict(dequant="split", split_q8=True, block_n=32, num_warps=8, prefetch=False),
 }
 
 
@@ -156,14 +170,16 @@ def plan_splits(
 HALF_SCHEMES = (DEQ_IDS["half"], DEQ_IDS["words"])  # fp16 dequantization: both dots in fp16
 
 
-def split_fits(fmt: int, head_dim: int, num_warps: int, side: str) -> bool:
-    """Whether a q4_0 / tq3_0 side can run "split": its parts ([N, W], W = D/4 for q4_0, D/8 for tq3_0)
-    must be dot operands (K: W >= 16), and for V wide enough that the p.v_j dots ([16, W] out, m16n8
-    tiles) keep every warp busy (W >= 8 x warps): narrower parts replicate the MMAs and the softmax
-    across warps (offline sm_90a compile, head_dim 64: 32 HMMA a step against words' 8; docs/kv.md)."""
-    if fmt not in (FMT_IDS["q4_0"], FMT_IDS["tq3_0"]):
+def split_fits(fmt: int, head_dim: int, num_warps: int, side: str, split_q8: bool = False) -> bool:
+    """Whether a q4_0 / tq3_0 side (q8_0 too with `split_q8`) can run "split": its parts ([N, W], W = D/4
+    for q8_0 and q4_0, D/8 for tq3_0) must be dot operands (K: W >= 16), and for V wide enough that the
+    p.v_j dots ([16, W] out, m16n8 tiles) keep every warp busy (W >= 8 x warps): narrower parts replicate
+    the MMAs and the softmax across warps (offline sm_90a compile, head_dim 64: 32 HMMA a step against
+    words' 8; docs/kv.md)."""
+    parts = {FMT_IDS["q4_0"]: 4, FMT_IDS["tq3_0"]: 8, **({FMT_IDS["q8_0"]: 4} if split_q8 else {})}
+    if fmt not in parts:
         return False
-    width = head_dim // (4 if fmt == FMT_IDS["q4_0"] else 8)
+    width = head_dim // parts[fmt]
     return width >= (16 if side == "k" else 8 * num_warps)
 
 
@@ -172,14 +188,14 @@ def _schemes(cfg: LaunchConfig, fmt_k: int, fmt_v: int, in_dtype: torch.dtype, h
     and no dense side (both dots run in fp16): else the fp32 path, "flat" (q8_0) or "blocks_fast"
     (q4_0). A tq3_0 side under "half" runs blocks_fast (its fp32 values cast to fp16 for the dot),
     under "words" its own fp16 path; K_INT8 ignores K's. "split" runs on a q4_0 or tq3_0 side where
-    `split_fits` and the query is 16-bit, also beside a dense side (its own dot in fp16: _dot_dtypes);
-    anywhere else it is "words"."""
+    `split_fits` and the query is 16-bit, also beside a dense side (its own dot in fp16: _dot_dtypes), and
+    on a q8_0 side where cfg.split_q8 too; anywhere else it is "words"."""
     deq_k, deq_v = cfg.dequant, cfg.dequant_v or cfg.dequant
     fp32 = in_dtype == torch.float32 or fmt_k == 0 or fmt_v == 0
 
     def pick(deq: str, fmt: int, side: str) -> str:
         if deq == "split":
-            if in_dtype != torch.float32 and split_fits(fmt, head_dim, cfg.num_warps, side):
+            if in_dtype != torch.float32 and split_fits(fmt, head_dim, cfg.num_warps, side, cfg.split_q8):
                 return deq
             deq = "words"
         if DEQ_IDS[deq] not in HALF_SCHEMES:

@@ -25,8 +25,9 @@ DEQ_HALF = tl.constexpr(3)
 # shifts and joined back to [N, D]; the joins keep the dequantization in the load's layout, so the
 # fp16 tile reaches tl.dot through shared memory (ldmatrix) instead of byte-wise loads
 DEQ_WORDS = tl.constexpr(4)
-# q4_0 / tq3_0 only, "words" numerics without the joins: fp16 parts ([N, D/4] or [N, D/8]) dequantized
-# elementwise, each dotted with the query's matching channels (kernels/kv_split.py; q8_0 sides run "words")
+# q4_0 / tq3_0 (q8_0 under LaunchConfig.split_q8), "words" numerics without the joins: fp16 parts ([N, D/4]
+# or [N, D/8]) dequantized elementwise, each dotted with the query's matching channels (kernels/kv_split.py;
+# a q8_0 side without split_q8 runs "words": attention_launch._schemes)
 DEQ_SPLIT = tl.constexpr(5)
 DEQ_IDS = {"blocks_fast": 1, "flat": 2, "half": 3, "words": 4, "split": 5}
 

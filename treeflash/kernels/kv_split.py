@@ -1,5 +1,5 @@
-"""The "split" dequantization of q4_0 and tq3_0 blocks for the attention kernels
-(kernels/quant_attention.py, DEQ_SPLIT): no join and no reshape of codes.
+"""The "split" dequantization of q4_0, tq3_0 and (opt-in, LaunchConfig.split_q8) q8_0 blocks for the
+attention kernels (kernels/quant_attention.py, DEQ_SPLIT): no join and no reshape of codes.
 
 q.k and p.v sum over head_dim, so the channels may be visited in any order, as long as the query
 (for K) or the output's store (for V) uses the same one. So the [N, D] tile is never rebuilt in
@@ -9,6 +9,9 @@ fp16 tiles ("parts") of W columns, and part j's column c holds channel `_split_c
 - q4_0, four parts [N, D/4]: column c is halfword h = c % 8 of block c // 8 (bytes 2h, 2h + 1; byte j
   holds value j in its low nibble and j + 16 in its high one). Parts 0-3 = values 2h, 2h + 1, 2h + 16,
   2h + 17 (kv_dequant._halfword_to_nibble_halves, the "words" PTX, one input per halfword).
+- q8_0 (only under LaunchConfig.split_q8: the split8_* variants), four parts [N, D/4]: column c is
+  int32 word c of the row (block c // 8), part j its byte j, i.e. channel 4c + j (kv_dequant._word_to_halves,
+  the "words" PTX, one input per word).
 - tq3_0, eight parts [N, D/8]: column c is element k = c % 4 of block c // 4, one int32 holding
   magnitude bytes 2k, 2k + 1 (values 8k..8k+7, 2 bits each) and sign byte k (their signs: the low
   nibble is byte 2k's, the high one byte 2k + 1's). Part 4h + j = value 8k + 4h + j.
@@ -30,8 +33,9 @@ or a packed asm that assumes which columns share a register (wrong in the p.v op
 a thread's neighbouring elements are keys).
 
 Where a side runs "split" (attention_launch.split_fits): parts at least 16 wide (dot operands) for K,
-and at least 8 x warps wide for V (narrower p.v_j dots replicate the MMAs across warps). Else, and for
-an fp32 query, attention_launch._schemes falls back to "words" (or the fp32 path).
+and at least 8 x warps wide for V (narrower p.v_j dots replicate the MMAs across warps); a q8_0 side only
+with LaunchConfig.split_q8. Else, and for an fp32 query, attention_launch._schemes falls back to "words"
+(or the fp32 path). In the kernel, DEQ_SPLIT with FMT 1 (q8_0) means q8_0 split: _schemes decides.
 """
 
 from __future__ import annotations
@@ -42,7 +46,7 @@ import triton.language as tl
 
 from treeflash.kernels import kv_formats as formats
 from treeflash.kernels.kv_dequant import (
-    DEQ_SPLIT, _columns, _halfword_to_nibble_halves, _load_q8_blocks, _load_raw, _tq3_half,
+    DEQ_SPLIT, _columns, _halfword_to_nibble_halves, _load_q8_blocks, _load_raw, _tq3_half, _word_to_halves,
 )
 from treeflash.kernels.kv_quant import Planes
 
@@ -89,16 +93,20 @@ TQ3_SPLIT_ASM = tl.constexpr(_tq3_split_asm())
 @triton.jit
 def _split_load(scale_ptr, code_ptr, keys, kvh, num_kv_heads, ok, FMT: tl.constexpr, D: tl.constexpr):
     """Rows `keys` [N] (int64) of KV head kvh: (codes [N, W], scales [N, W] fp16: each column's block's),
-    W = D/4 (q4_0) or D/8 (tq3_0). q4_0: halfword c of the row (block c // 8). tq3_0: element k = c % 4
-    of block c // 4 as one int32: magnitude bytes 2k, 2k + 1, then sign byte k (TQ3_SPLIT_ASM)."""
+    W = D/4 (q8_0, q4_0) or D/8 (tq3_0). q8_0: int32 word c of the row (block c // 8). q4_0: halfword c
+    of the row (block c // 8). tq3_0: element k = c % 4 of block c // 4 as one int32: magnitude bytes 2k,
+    2k + 1, then sign byte k (TQ3_SPLIT_ASM)."""
     NB: tl.constexpr = D // 32
-    W: tl.constexpr = D // 4 if FMT == 2 else D // 8  # columns per part: q4_0 4 parts, tq3_0 8
+    W: tl.constexpr = D // 8 if FMT == 3 else D // 4  # columns per part: q8_0 / q4_0 4 parts, tq3_0 8
     row = keys * num_kv_heads + kvh
     c = tl.arange(0, W)
     m2 = ok[:, None]
     s = tl.load(scale_ptr + row[:, None] * NB + tl.arange(0, NB)[None, :], mask=m2, other=0.0)  # [N, NB]
     s = tl.reshape(tl.broadcast_to(s[:, :, None], (s.shape[0], NB, W // NB)), (s.shape[0], W))
-    if FMT == 2:
+    if FMT == 1:  # [N, D/4] int32: four codes a word
+        words = code_ptr.to(tl.pointer_type(tl.int32))
+        a = tl.load(words + row[:, None] * W + c[None, :], mask=m2, other=0)
+    elif FMT == 2:  # [N, D/4] int16: four nibbles a halfword
         words = code_ptr.to(tl.pointer_type(tl.int16))
         a = tl.load(words + row[:, None] * W + c[None, :], mask=m2, other=0)
     else:
@@ -128,9 +136,12 @@ def _tq3_parts(a, C0: tl.constexpr, C1: tl.constexpr, C2: tl.constexpr, C3: tl.c
 @triton.jit
 def _split_parts(a, s, FMT: tl.constexpr, C0: tl.constexpr, C1: tl.constexpr, C2: tl.constexpr, C3: tl.constexpr,
                  ASM: tl.constexpr):
-    """_split_load's tiles -> the fp16 parts (a tuple: q4_0 four [N, D/4], tq3_0 eight [N, D/8]), each
-    times its column's block scale; elementwise in the load's layout."""
-    if FMT == 2:
+    """_split_load's tiles -> the fp16 parts (a tuple: q8_0 / q4_0 four [N, D/4], tq3_0 eight [N, D/8]),
+    each times its column's block scale; elementwise in the load's layout."""
+    if FMT == 1:  # part j = byte j of each word: code + 128 under 1024's exponent, exact, then the scale
+        b0, b1, b2, b3 = _word_to_halves(a, ASM)
+        parts = (b0 * s, b1 * s, b2 * s, b3 * s)
+    elif FMT == 2:
         v0, v1, v2, v3 = _halfword_to_nibble_halves(a, ASM)
         parts = (v0 * s, v1 * s, v2 * s, v3 * s)
     else:
@@ -143,8 +154,10 @@ def _split_parts(a, s, FMT: tl.constexpr, C0: tl.constexpr, C1: tl.constexpr, C2
 
 @triton.jit
 def _split_columns(FMT: tl.constexpr, D: tl.constexpr, J: tl.constexpr):
-    """[W]: the head_dim channel of each column of part J (W = D/4 (q4_0) or D/8 (tq3_0))."""
-    if FMT == 2:  # halfword h = c % 8 of block c // 8: values 2h, 2h + 1, 2h + 16, 2h + 17
+    """[W]: the head_dim channel of each column of part J (W = D/4 (q8_0, q4_0) or D/8 (tq3_0))."""
+    if FMT == 1:  # word c: values 4c..4c+3, byte J
+        col = tl.arange(0, D // 4) * 4 + J
+    elif FMT == 2:  # halfword h = c % 8 of block c // 8: values 2h, 2h + 1, 2h + 16, 2h + 17
         c = tl.arange(0, D // 4)
         col = (c // 8) * 32 + (c % 8) * 2 + (J % 2) + 16 * (J // 2)
     else:  # element k = c % 4 of block c // 4: value 8k + 4h + j, J = 4h + j
@@ -156,14 +169,14 @@ def _split_columns(FMT: tl.constexpr, D: tl.constexpr, J: tl.constexpr):
 @triton.jit
 def _split_zeros(BLOCK_M: tl.constexpr, FMT: tl.constexpr, D: tl.constexpr):
     """The accumulators of V's parts: a tuple of [BLOCK_M, W] fp32 zeros."""
-    W: tl.constexpr = D // 4 if FMT == 2 else D // 8  # columns per part: q4_0 4 parts, tq3_0 8
+    W: tl.constexpr = D // 8 if FMT == 3 else D // 4  # columns per part: q8_0 / q4_0 4 parts, tq3_0 8
     return (tl.zeros((BLOCK_M, W), tl.float32),) * (D // W)
 
 
 @triton.jit
 def _split_query(q_rows, row_ok, FMT: tl.constexpr, D: tl.constexpr):
     """The query's parts (a tuple of [BLOCK_M, W] fp16, K's channel order), loaded once per program."""
-    NP: tl.constexpr = 4 if FMT == 2 else 8
+    NP: tl.constexpr = 8 if FMT == 3 else 4
     qp = ()
     for j in tl.static_range(NP):
         qp = qp + (tl.load(q_rows[:, None] + _split_columns(FMT, D, j)[None, :], mask=row_ok[:, None], other=0.0).to(tl.float16),)
@@ -241,7 +254,8 @@ def split_values_reference(name: str, scales: torch.Tensor, codes: torch.Tensor)
 
 def split_planes_reference(p: Planes) -> Planes:
     """Planes -> dense fp32 Planes (original domain) holding what the split kernel multiplies: q4_0 and
-    tq3_0 as split_values_reference, q8_0 as "words" (code x scale to fp16), dense ones unchanged."""
+    tq3_0 as split_values_reference, q8_0 (split under split_q8, or "words": the same values) as code x
+    scale rounded once to fp16, dense ones unchanged."""
     if p.scales is None:
         return p
     if p.name == "q8_0":

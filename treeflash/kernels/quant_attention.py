@@ -16,8 +16,8 @@ tq3_0 keys are stored rotated, so queries are rotated the same way (R is orthono
 unchanged); tq3_0 values are stored rotated, so the output is accumulated rotated and
 un-rotated once at the end.
 
-Under the "split" scheme (kernels/kv_split.py) a q4_0 or tq3_0 side is never rebuilt as [BLOCK_N, D]:
-its fp16 parts meet the query's (or the output's) matching channels, one dot per part.
+Under the "split" scheme (kernels/kv_split.py) a q4_0 or tq3_0 side (q8_0 too with split_q8) is never
+rebuilt as [BLOCK_N, D]: its fp16 parts meet the query's (or the output's) channels, one dot per part.
 
 q8_0 keys under LaunchConfig.k_int8 (opt-in, the int8k_* launch variants) are never dequantized:
 the query is quantized once per program to int8 per 32 values, q.k runs as int8 dots per block
@@ -112,7 +112,7 @@ def _partial_kernel(
     pdl.enter(PDL)
     DV: tl.constexpr = DEQ_V if DEQ_V > 0 else DEQ  # V's dequantization scheme (0: K's)
     DOTV: tl.constexpr = DOT if DOT_V is None else DOT_V  # p.v's operand type (DOT: q.k's)
-    # DEQ_SPLIT (q4_0 / tq3_0): a tuple of parts per side instead of one [*, D] tile (kernels/kv_split.py)
+    # DEQ_SPLIT (q4_0 / tq3_0; q8_0 if split_q8): a tuple of parts per side, not one [*, D] tile (kv_split.py)
     SPLIT_K: tl.constexpr = DEQ == DEQ_SPLIT and FMT_K != 0 and not K_INT8
     SPLIT_V: tl.constexpr = DV == DEQ_SPLIT and FMT_V != 0
     pid_m, kvh, split = tl.program_id(0), tl.program_id(1), tl.program_id(2)

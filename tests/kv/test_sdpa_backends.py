@@ -30,3 +30,23 @@ def test_cpu_reference_is_unchanged_by_the_policy():
     ).transpose(0, 1)
     out = ac.attention_reference(q, k, v, mask, 0.3)
     torch.testing.assert_close(out, ref, rtol=1e-6, atol=1e-6)
+
+
+def test_graph_capture_code_keeps_cudnn():
+    """What runs for a CUDA graph (warm-ups and capture) repeats one shape: cuDNN plans it once, as before."""
+    assert not ac.sdpa_allows_cudnn(120, 136)
+    with ac.static_shapes():
+        assert ac.sdpa_allows_cudnn(120, 136)
+        with ac.static_shapes():
+            assert ac.sdpa_allows_cudnn(1, 1)
+        assert ac.sdpa_allows_cudnn(1, 1)
+    assert not ac.sdpa_allows_cudnn(120, 136)
+
+
+def test_capture_graph_runs_in_static_shapes(monkeypatch):
+    from treeflash.models import runner
+
+    seen = []
+    monkeypatch.setattr(runner, "_capture", lambda fn, pool, warmups: seen.append(ac._static_depth) or ("graph", None))
+    assert runner.capture_graph(lambda: None, None) == ("graph", None)
+    assert seen == [1] and ac._static_depth == 0

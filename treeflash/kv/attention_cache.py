@@ -6,6 +6,7 @@ kv/quantized.py) can read its own layout with its own kernel.
 
 from __future__ import annotations
 
+import contextlib
 import os
 from typing import TYPE_CHECKING, Protocol
 
@@ -81,15 +82,28 @@ def build_mask(num_new: int, start: int, tree_mask: torch.Tensor | None, device:
 # calls: 4096 x 8192 saves ~2.7 ms a layer. Every request brings new lengths (its prompt, the
 # drafter's pass over the prompt, the last prefill chunk), so below this many query x key pairs
 # SDPA runs without cuDNN (bench/results/s20/sdpa_plan.txt, docs/performance.md).
-# Calls captured into CUDA graphs keep cuDNN: their one shape is planned once, at capture.
-# TREEFLASH_CUDNN_SDPA_MIN=0 lets cuDNN take every call, as torch would.
+# Code run for a CUDA graph (its warm-up calls and its capture: `static_shapes()`) keeps cuDNN
+# as before: its one shape is planned once. TREEFLASH_CUDNN_SDPA_MIN=0 lets cuDNN take every call.
 CUDNN_SDPA_MIN = int(os.environ.get("TREEFLASH_CUDNN_SDPA_MIN", str(4096 * 8192)))
 _NO_CUDNN = [SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]
+_static_depth = 0  # > 0 inside static_shapes()
 
 
 def sdpa_allows_cudnn(num_queries: int, num_keys: int) -> bool:
     """Whether a CUDA SDPA call of this size may take cuDNN (a plan per new shape) or not."""
-    return num_queries * num_keys >= CUDNN_SDPA_MIN
+    return _static_depth > 0 or num_queries * num_keys >= CUDNN_SDPA_MIN
+
+
+@contextlib.contextmanager
+def static_shapes():
+    """Calls at shapes that repeat for the life of a CUDA graph (models/runner.capture_graph wraps its
+    warm-ups and capture in this): SDPA may take cuDNN, whose plan is then built once, before capture."""
+    global _static_depth
+    _static_depth += 1
+    try:
+        yield
+    finally:
+        _static_depth -= 1
 
 
 def _fused_sdpa(q: torch.Tensor) -> bool:
@@ -113,8 +127,7 @@ def attention_reference(
     lead = (None,) if fused else ()
     args = (q.transpose(0, 1)[lead], keys.transpose(0, 1)[lead], values.transpose(0, 1)[lead])
     kw = dict(attn_mask=mask, scale=scale, enable_gqa=keys.shape[1] != q.shape[1])
-    # a CUDA graph's capture plans its one fixed shape once: cuDNN may take it
-    if fused and not sdpa_allows_cudnn(q.shape[0], keys.shape[0]) and not (q.is_cuda and torch.cuda.is_current_stream_capturing()):
+    if fused and not sdpa_allows_cudnn(q.shape[0], keys.shape[0]):
         with sdpa_kernel(_NO_CUDNN):
             out = F.scaled_dot_product_attention(*args, **kw)
     else:

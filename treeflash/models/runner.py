@@ -13,6 +13,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from treeflash.kv.attention_cache import static_shapes
 from treeflash.kv.cache import ModelCache
 from treeflash.kv.recurrent_cache import RecurrentCache
 from treeflash.models.step import StepInput
@@ -41,6 +42,11 @@ def capture_graph(fn, pool, warmups: int = 2):
     """Run `fn` `warmups` times on a side stream (kernel selection, cuBLAS handles, allocations stay
     out of the graph), then capture one call into a CUDA graph drawing on `pool`.
     Returns (graph, what the captured call returned: its static outputs)."""
+    with static_shapes():  # SDPA keeps cuDNN here, planned in the warm-ups (kv/attention_cache.py)
+        return _capture(fn, pool, warmups)
+
+
+def _capture(fn, pool, warmups: int):
     stream = torch.cuda.Stream()
     stream.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(stream):

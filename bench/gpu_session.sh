@@ -14,6 +14,9 @@
 #            (=qkv) -> ab_normin_qkv.json (<= 70 s each; the OUT_SPLIT walk: the gdn stage)
 # speed      bench/gpu_speed.py, both shapes, decode + verify 1/32 + prefill 4K/32K -> gpu_speed.json (<= 160 s)
 # kv         bench/kv_attention_gpu.py --sweep over the q8_0-K pairs -> kv_attention_sweep.json (<= 170 s)
+# kv_split   the "split" / "split8" dequantization variants against words, 27B heads (<= 200 s) and 8B heads
+#            (head_dim 128, <= 120 s) -> kv_sweep_split.json, kv_sweep_split_hd128.json
+# kv_long    bench/kv_long_decode.py, the 27B shape at 128K for bf16 and four compressed pairs (<= 200 s)
 # Wheels in .whl/ (flash-linear-attention, fla-core, einops) are installed offline into /tmp/site
 # and put on the path for the stages after check only: gpu_check compares against transformers,
 # which would route its own Gated DeltaNet to fla if it could import it.
@@ -67,7 +70,26 @@ for stage in $STAGES; do
         --sweep-budget-s 150 --out "$OUT/kv_attention_sweep.json" > "$OUT/kv_attention.log" 2>&1
       log "kv_attention rc=$?"
       tail -n 25 "$OUT/kv_attention.log" | tee -a "$OUT/progress.log" ;;
-    *) log "unknown stage $stage (check, gdn, verify_ab, speed, kv)" ;;
+    kv_split)
+      log "kv_attention sweep: split variants (q4_0 / tq3_0 sides), split8 (q8_0 sides too), 27B then 8B heads"
+      PYTHONPATH=$SITE timeout 200 python3 bench/kv_attention_gpu.py --sweep --sweep-pairs q8_0/q8_0 q8_0/tq3_0 q8_0/q4_0 \
+        q4_0/q4_0 tq3_0/tq3_0 --sweep-variants words_n32_w4 split_n32_w4 split_n64_w4 split8_n32_w4 split8_n32_w8 \
+        --sweep-budget-s 180 --out "$OUT/kv_sweep_split.json" > "$OUT/kv_split.log" 2>&1
+      log "kv_split 27B rc=$?"
+      tail -n 14 "$OUT/kv_split.log" | tee -a "$OUT/progress.log"
+      PYTHONPATH=$SITE timeout 120 python3 bench/kv_attention_gpu.py --sweep --heads 32 --kv-heads 8 --head-dim 128 \
+        --sweep-pairs q8_0/q8_0 q4_0/q4_0 tq3_0/tq3_0 --sweep-variants words_n64_w8 split_n32_w4 split8_n32_w4 split8_n64_w4 \
+        --sweep-budget-s 100 --out "$OUT/kv_sweep_split_hd128.json" > "$OUT/kv_split_hd128.log" 2>&1
+      log "kv_split 8B heads rc=$?"
+      tail -n 10 "$OUT/kv_split_hd128.log" | tee -a "$OUT/progress.log" ;;
+    kv_long)
+      log "kv_long_decode: 27B shape at 128K, the decode default per cache type"
+      PYTHONPATH=$SITE timeout 200 python3 bench/kv_long_decode.py --shape qwen3.5-27b --contexts 131072 \
+        --types bf16/bf16,q8_0/q8_0,q4_0/q4_0,q8_0/tq3_0,tq3_0/tq3_0 --decode-tokens 16 \
+        --out "$OUT/kv_long_decode.json" > "$OUT/kv_long.log" 2>&1
+      log "kv_long rc=$?"
+      tail -n 12 "$OUT/kv_long.log" | tee -a "$OUT/progress.log" ;;
+    *) log "unknown stage $stage (check, gdn, verify_ab, speed, kv, kv_split, kv_long)" ;;
   esac
 done
 log "done"

@@ -61,9 +61,7 @@ def topk_alone(vocab: int, rows: int, ks: list[int]) -> dict:
 def draft_pass(model, ks: list[int], context: int, new_rows: int) -> dict:
     out = {}
     for k in ks:
-        drafter = random_drafter(model, 3, 16, budget=k)
-        if k == 1:
-            drafter.tree = False
+        drafter = random_drafter(model, 3, 16, budget=15 if k == 1 else k, tree=k != 1)  # k = 1: the chain
         width = len(drafter.model.config.target_layer_ids) * model.config.hidden_size
         ctx = torch.randn(context, width, device=model.device, dtype=model.dtype)
         rows = torch.randn(new_rows, width, device=model.device, dtype=model.dtype)

@@ -139,7 +139,7 @@ def step_bytes(model: CausalLM, cache, context: int) -> int:
     return weight_bytes(model) + kv + state_bytes(model)
 
 
-def random_drafter(model: CausalLM, layers: int, block_size: int, budget: int = 64):
+def random_drafter(model: CausalLM, layers: int, block_size: int, budget: int = 64, tree: bool = True):
     """A DFlashDrafter over a random DFlash drafter of `layers` layers and `block_size` for `model`
     (its weights as the trainer initializes them), on the model's device and dtype."""
     from treeflash.spec.dflash import DFlashDrafter
@@ -151,4 +151,4 @@ def random_drafter(model: CausalLM, layers: int, block_size: int, budget: int = 
     draft = DFlashModel(drafter_config(c, layers, block_size, c.vocab_size - 1))
     init_weights(draft, seed=1)
     draft = draft.to(device=model.device, dtype=model.dtype).eval()
-    return DFlashDrafter(model, draft, budget=budget)
+    return DFlashDrafter(model, draft, budget=budget, tree=tree)

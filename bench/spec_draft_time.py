@@ -40,10 +40,7 @@ def main() -> None:
     res = {}
     configs = []
     for b in args.budgets.split(","):
-        d = random_drafter(model, 3, 16, budget=15 if b == "chain" else int(b))
-        if b == "chain":
-            d.tree = False
-            d.fixed_budget = 15
+        d = random_drafter(model, 3, 16, budget=15 if b == "chain" else int(b), tree=b != "chain")
         cache = model.new_cache(1024)
         runner = CudaGraphRunner(model, cache, capture_layers=d.capture_layers, buckets=BUCKETS)
         d.bind_runner(runner)

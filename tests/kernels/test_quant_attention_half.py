@@ -14,7 +14,7 @@ import json
 
 import pytest
 
-from tests.kernels.interpret import run_module
+from tests.kernels.interpret import assert_all_passed, run_module
 
 TREE = [-1, 0, 0, 1, 2, 2, 4]
 PAIRS = [("q8_0", "q8_0"), ("q4_0", "q4_0"), ("q8_0", "q4_0"), ("q4_0", "tq3_0"), ("tq3_0", "q8_0"), ("tq3_0", "tq3_0")]
@@ -113,9 +113,7 @@ def results() -> dict[str, str | None]:
 
 
 def test_fp16_schemes_match_the_reference(results):
-    bad = {name: err for name, err in results.items() if err is not None}
-    assert not bad, "\n".join(f"{name}: {err}" for name, err in bad.items())
-    assert len(results) == len(_cases()) + 1
+    assert_all_passed(results, len(_cases()) + 1)
 
 
 def test_schemes_pick_the_fp32_path_for_fp32_or_dense():

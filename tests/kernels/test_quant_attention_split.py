@@ -21,7 +21,7 @@ import struct
 
 import pytest
 
-from tests.kernels.interpret import run_module
+from tests.kernels.interpret import assert_all_passed, run_module
 
 TREE = [-1, 0, 0, 1, 2, 2, 4]
 PAIRS = [("tq3_0", "tq3_0"), ("q4_0", "q4_0"), ("q8_0", "tq3_0"), ("tq3_0", "q8_0"), ("q4_0", "bf16"), ("bf16", "tq3_0")]
@@ -146,9 +146,7 @@ def results() -> dict[str, str | None]:
 
 
 def test_split_matches_the_reference(results):
-    bad = {name: err for name, err in results.items() if err is not None}
-    assert not bad, "\n".join(f"{name}: {err}" for name, err in bad.items())
-    assert len(results) == len(_cases()) + 1
+    assert_all_passed(results, len(_cases()) + 1)
 
 
 def test_schemes_pick_split_where_it_fits():

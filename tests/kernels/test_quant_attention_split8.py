@@ -15,7 +15,7 @@ import json
 
 import pytest
 
-from tests.kernels.interpret import run_module
+from tests.kernels.interpret import assert_all_passed, run_module
 
 PAIRS = [("q8_0", "q8_0"), ("q8_0", "tq3_0"), ("tq3_0", "q8_0"), ("q8_0", "q4_0"), ("q8_0", "bf16")]
 
@@ -52,9 +52,7 @@ def results() -> dict[str, str | None]:
 
 
 def test_split8_matches_the_reference(results):
-    bad = {name: err for name, err in results.items() if err is not None}
-    assert not bad, "\n".join(f"{name}: {err}" for name, err in bad.items())
-    assert len(results) == len(_cases())
+    assert_all_passed(results, len(_cases()))
 
 
 def test_schemes_split_q8_0_only_under_split8():

@@ -11,13 +11,11 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[2]
+from tests.kernels.interpret import assert_all_passed, run_module
+
 FORMATS = ("bf16", "q8_0", "q4_0", "tq3_0")
 TREE = [-1, 0, 0, 1, 2, 2, 4]  # siblings 1/2 and 4/5 must not see each other
 INT8K_REL_TOL = 2e-2  # k_int8 vs dequantize + SDPA, max |error| / max |reference| (the query's quantization)
@@ -95,20 +93,11 @@ def main() -> None:
 @pytest.fixture(scope="module")
 def results() -> dict[str, str | None]:
     pytest.importorskip("triton")
-    env = {**os.environ, "TRITON_INTERPRET": "1", "PYTHONPATH": str(ROOT)}
-    proc = subprocess.run(
-        [sys.executable, "-m", "tests.kernels.test_quant_attention_variants"],
-        cwd=ROOT, env=env, capture_output=True, text=True, timeout=900,
-    )
-    if proc.returncode != 0:
-        raise RuntimeError(f"variant checks failed:\n{proc.stderr[-4000:]}")
-    return json.loads(proc.stdout.strip().splitlines()[-1])
+    return run_module("tests.kernels.test_quant_attention_variants", timeout=900)
 
 
 def test_every_variant_matches_the_reference(results):
-    bad = {name: err for name, err in results.items() if err is not None}
-    assert not bad, "\n".join(f"{name}: {err}" for name, err in bad.items())
-    assert len(results) == len(_cases())
+    assert_all_passed(results, len(_cases()))
 
 
 def test_launch_config_rejects_bad_values():

@@ -230,10 +230,12 @@ class CudaGraphRunner(EagerRunner):
         if not graphed or (not step.is_verify and (n != 1 or self.decode is None)) or n > self.buckets[-1]:
             return super().forward(step, capture_layers, logits_at, compute_logits)  # prefill and odd shapes
         cache = self.cache
+        t = 1 if not step.is_verify else next(b for b in self.buckets if b >= n)
+        if cache.seq_len + t > self.max_len:  # the bucket's padding nodes would write past the cache's end
+            return super().forward(step, capture_layers, logits_at, compute_logits)
         cache.begin(n, verify=step.is_verify)
         tm = self.buckets[-1]
         h = self._hi  # numpy view of host_ints
-        t = 1 if not step.is_verify else next(b for b in self.buckets if b >= n)
         h[:n] = step.input_ids.cpu().numpy()
         h[n:t] = 0
         if step.is_verify:

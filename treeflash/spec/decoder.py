@@ -42,6 +42,8 @@ class Decoder:
         self.tokens: list[int] = []  # committed tokens (prompt + output, root excluded)
         self.root: int | None = None
         self._ahead = None  # PendingToken of a plain step enqueued before its input was read back
+        self._chain = None  # DeviceChain: greedy chain steps run on the device (device_chain.py)
+        self._chain_cur = None  # its PendingStep enqueued, not read yet
 
     @property
     def capture(self) -> tuple[int, ...]:
@@ -51,6 +53,7 @@ class Decoder:
     def prefill(self, prompt_ids: list[int], chunk: int = 2048) -> int:
         """Commit the prompt; return the first sampled token (the root of the first step)."""
         self._ahead = None  # a step left enqueued by an earlier sequence is reset with the cache
+        self._chain, self._chain_cur = self._device_chain(), None  # built (captured) before the reset below
         self.cache.reset()
         if self.drafter is not None:
             self.drafter.reset()
@@ -80,6 +83,8 @@ class Decoder:
         assert self.root is not None, "prefill first"
         if self.drafter is None:
             return self._plain_step()
+        if self._chain_cur is not None or self._chain_ready():
+            return self._device_chain_step()
         t0 = time.perf_counter()
         room = self.cache.max_len - self.cache.seq_len
         ctx = DraftContext(self.tokens, self.root, self.params, self.generator, max_nodes=room)
@@ -105,6 +110,50 @@ class Decoder:
         self.stats.rest_s += t3 - t2
         self.stats.record(max(tree.depths()), result.num_accepted, tree.budget)
         return result.tokens  # emit
+
+    # -- greedy chains on the device (spec/device_chain.py) --
+
+    def _device_chain(self):
+        """The drafter's DeviceChain for this runner when this decoder can use one, else None."""
+        from treeflash.spec.device_chain import DeviceChain, supported
+
+        t = supported(self.runner, self.drafter, self.params, self.want_logprobs) if self.drafter is not None else 0
+        if not t:
+            return None
+        chain = getattr(self.drafter, "device_chain", None)
+        if chain is None or chain.runner is not self.runner or chain.t != t:
+            chain = self.drafter.device_chain = DeviceChain(self.runner, self.drafter, t)
+        return chain
+
+    def _chain_ready(self) -> bool:
+        """Entering needs the drafter's pending rows to fit one pass (not the prompt's) and room."""
+        if self._chain is None:
+            return False
+        n = sum(r.shape[0] for r in self.drafter._pending)
+        return 1 <= n <= self._chain.drafter.graphs.block_size and self._chain.room(self.cache.seq_len, self.cache.max_len)
+
+    def _device_chain_step(self) -> list[int]:
+        """Read the step enqueued last, after enqueueing the next one; the host only keeps the books.
+        Without room for another step the loop ends and the drafter takes its state back."""
+        t0 = time.perf_counter()
+        ch = self._chain
+        if self._chain_cur is None:
+            rows, draft_len = self.drafter.hand_over()
+            ch.begin(self.root, self.cache.seq_len, rows, draft_len)
+            self._chain_cur = ch.enqueue()
+        cur = self._chain_cur
+        self._chain_cur = ch.enqueue() if ch.room(self.cache.seq_len, self.cache.max_len) else None
+        accepted, tokens = cur.read()
+        self.tokens.extend([self.root, *tokens[:-1]])
+        self.cache.seq_len += accepted + 1
+        ch.draft_len += ch.count
+        ch.count = accepted + 1
+        self.root = tokens[-1]
+        if self._chain_cur is None:
+            self.drafter.take_back(ch.rows(accepted + 1), ch.draft_len, len(self.tokens))
+        self.stats.verify_s += time.perf_counter() - t0  # one graph: drafting is inside it
+        self.stats.record(ch.t - 1, accepted, ch.t - 1)
+        return tokens
 
     def _plain_step(self, draft_s: float = 0.0) -> list[int]:
         """One token through the plain decode path (the decode graph on a GPU). Also the step for a

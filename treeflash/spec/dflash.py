@@ -146,6 +146,20 @@ class DFlashDrafter(Drafter):
             out.update(budget=self.tuner.budget, budget_mode="auto", budget_reason=self.tuner.reason)
         return out
 
+    # -- the device loop (spec/device_chain.py) --
+
+    def hand_over(self) -> tuple[list[torch.Tensor], int]:
+        """-> (the observed rows not drafted from yet, the draft cache length). From here the device
+        loop keeps both on the device until `take_back`."""
+        rows, self._pending = self._pending, []
+        self._last = None
+        return rows, self.cache.length
+
+    def take_back(self, rows: torch.Tensor, length: int, observed: int) -> None:
+        """The state the device loop ends with: pending rows [n, C] (a copy), draft cache length,
+        tokens observed."""
+        self._pending, self.cache.length, self._observed, self._last = [rows], length, observed, None
+
     # -- the parts --
 
     @torch.inference_mode()

@@ -71,14 +71,14 @@ class DraftGraphs:
         cache.length = saved
 
     # -- the static pass --
-    def _run(self, n: int) -> tuple[torch.Tensor, torch.Tensor]:
+    def _run(self, n: int, count: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
         c = self.model.config
         start, root = self.ints[0:1], self.ints[1:2]
         block_ids = torch.where(self.depth_ids == 0, root, c.mask_token_id)  # [B]: root, MASK ...
         block = self.target.embed(block_ids)
         if c.input_embedding_scale != 1.0:
             block = block * c.input_embedding_scale
-        hidden = self.model.forward_static(self.prepare(self.ctx_in[:n]), block, self.cache, start, self.key_pos)
+        hidden = self.model.forward_static(self.prepare(self.ctx_in[:n]), block, self.cache, start, self.key_pos, count)
         logits = self.model.logits(hidden[1:], self.target.head).float()  # [B-1, vocab]
         top_lp, top_ids = torch.log_softmax(logits, dim=-1).topk(self.top_k, dim=-1)
         return logits, torch.cat((top_lp.double(), top_ids.double()))  # ids < 2^53: exact in fp64
@@ -94,6 +94,15 @@ class DraftGraphs:
             return p
         graph, (logits, packed) = capture_graph(lambda: self._run(n), self.pool)
         return _Pass(graph.replay, logits, packed)
+
+    def device_pass(self, count: torch.Tensor) -> torch.Tensor:
+        """The pass over all B rows of `ctx_in`, of which the first `count` ([1] long on the device)
+        are real, at the start and root in `ints`; then ints[0] += count, on the device. -> [B-1]
+        long, the top-1 draft per depth (the greedy chain). Not a graph of its own: spec/device_chain.py
+        captures it inside a whole speculative step. Needs ints[0] + count + B < capacity - 1."""
+        _, packed = self._run(self.block_size, count)
+        self.ints[0:1].add_(count)
+        return packed[self.block_size - 1 :, 0].long()
 
     # -- one drafting pass --
     def fits(self, n: int) -> bool:

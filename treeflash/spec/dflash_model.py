@@ -299,12 +299,23 @@ class DFlashModel(nn.Module):
         cache: DraftCache,  # buffers already reserved; `cache.length` is NOT read or advanced
         start: torch.Tensor,  # [1] long on the device: committed context rows before `context`
         key_pos: torch.Tensor,  # [S] long: arange over the cache buffers (S <= their capacity)
+        count: torch.Tensor | None = None,  # [1] long on the device: rows of `context` that are real (None: all)
     ) -> torch.Tensor:  # [B, H] after the final norm
         """The same pass with fixed shapes for a CUDA graph: the start is read from device memory,
-        keys and values are written with index_copy_ and attention reads the whole buffer under a mask."""
+        keys and values are written with index_copy_ and attention reads the whole buffer under a mask.
+
+        With `count`, only the first `count` context rows are real (a pass whose row count is known on
+        the device only): the block follows them, and the padding rows are written to the buffer's
+        last slot, which the mask never shows (start + count + B must stay below S - 1)."""
         n, b = context.shape[0], block.shape[0]
         ctx = self.hidden_norm(self.fc(context))
-        slots = start + torch.arange(n + b, device=block.device)  # slot = position in the draft cache
+        ar = torch.arange(n + b, device=block.device)
+        if count is None:
+            slots = start + ar  # slot = position in the draft cache
+        else:
+            dump = key_pos.shape[0] - 1
+            ctx_slots = torch.where(ar[:n] < count, start + ar[:n], dump)
+            slots = torch.cat((ctx_slots, start + count + ar[:b]))
         rope = self.rotary.cos_sin(slots, block.dtype)
         x = block
         for i, layer in enumerate(self.layers):

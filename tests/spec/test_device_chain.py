@@ -1,0 +1,154 @@
+"""Greedy DFlash chains run on the device (DeviceChain: one CUDA graph per step on a GPU, the same
+code run eagerly here): token-identical to plain decoding and to the synchronous chain, with the
+same statistics; the loop hands the drafter back its state when the context runs short."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from tests.models.hf_oracle import make_pair
+from tests.spec.test_dflash_model import random_drafter
+from tests.spec.test_lossless_greedy import run
+from treeflash.models.runner import CudaGraphRunner
+from treeflash.spec.decoder import Decoder
+from treeflash.spec.device_chain import ENV, DeviceChain
+from treeflash.spec.dflash import DFlashDrafter
+from treeflash.spec.sampling import SamplingParams
+
+PROMPT = [5, 9, 2, 6, 5, 3, 5, 8, 9, 7, 9, 3]
+N = 90
+
+
+def setup(target, model, max_len, budget=None):
+    cache = target.new_cache(max_len)
+    drafter = DFlashDrafter(target, model, budget=budget or model.config.block_size - 1, tree=False)
+    runner = CudaGraphRunner(target, cache, capture_layers=drafter.capture_layers, use_graphs=False)
+    drafter.bind_runner(runner)
+    return cache, drafter, runner
+
+
+def decode(target, cache, drafter, runner, prompt, n, calls=None):
+    """-> (tokens, stats, kinds): kinds[i] is 'device' or 'sync' for step i."""
+    dec = Decoder(target, cache, SamplingParams(), drafter, runner=runner)
+    out = [dec.prefill(prompt)]
+    kinds = []
+    while len(out) < n:
+        before = len(calls) if calls is not None else 0
+        out.extend(dec.step())
+        kinds.append("device" if calls is not None and len(calls) > before or dec._chain_cur is not None else "sync")
+    return out[:n], dec.stats, kinds, dec
+
+
+def count_enqueues(monkeypatch):
+    calls = []
+    enqueue = DeviceChain.enqueue
+    monkeypatch.setattr(DeviceChain, "enqueue", lambda self: calls.append(1) or enqueue(self))
+    return calls
+
+
+def oracle(drafter, chain, reference: list[int], corrupt_every: int = 3):
+    """Make the device pass draft the reference continuation, every `corrupt_every`-th position
+    wrong, so steps accept 0 .. B-1 drafts (a random drafter on a random target accepts ~nothing)."""
+    g = drafter.graphs
+    ref = torch.tensor(reference + [0] * 64)
+    vocab = drafter.target.config.vocab_size
+    real = g.device_pass
+
+    def device_pass(count):
+        real(count)
+        idx = chain.state[0:1] + 1 + torch.arange(g.block_size - 1)
+        drafts = ref.gather(0, idx)
+        return torch.where(idx % corrupt_every == 0, (drafts + 1) % vocab, drafts)
+
+    g.device_pass = device_pass
+
+
+@pytest.mark.parametrize("arch", ["qwen3", "qwen3_5", "llama"])
+def test_device_chain_equals_the_synchronous_chain(arch, monkeypatch):
+    if arch == "qwen3_5":
+        pytest.importorskip("treeflash.models.gated_deltanet")
+    _, target = make_pair(arch)
+    model = random_drafter(target)
+    ref, _ = run(target, PROMPT, N)
+    calls = count_enqueues(monkeypatch)
+    out, stats, kinds, _ = decode(target, *setup(target, model, len(PROMPT) + N + 80), PROMPT, N, calls)
+    monkeypatch.setenv(ENV, "0")
+    sync_out, sync_stats, _, dec = decode(target, *setup(target, model, len(PROMPT) + N + 80), PROMPT, N)
+    assert dec._chain is None
+    assert out == sync_out == ref
+    assert kinds[0] == "sync" and kinds[1:] and all(k == "device" for k in kinds[1:])  # the prompt's 12 rows > B = 8
+    assert (stats.passes, stats.committed, stats.accepted_per_depth) == (sync_stats.passes, sync_stats.committed, sync_stats.accepted_per_depth)
+
+
+@pytest.mark.parametrize("arch", ["qwen3", "qwen3_5"])
+def test_accepted_drafts_commit_exactly(arch, monkeypatch):
+    """Drafts that are mostly right: steps accept several nodes, the recurrent layers commit along
+    the accepted prefix on the device, and the output stays the target's own."""
+    if arch == "qwen3_5":
+        pytest.importorskip("treeflash.models.gated_deltanet")
+    _, target = make_pair(arch)
+    model = random_drafter(target)
+    ref, _ = run(target, PROMPT, N + 40)
+    cache, drafter, runner = setup(target, model, len(PROMPT) + N + 80)
+    dec = Decoder(target, cache, SamplingParams(), drafter, runner=runner)
+    dec.prefill(PROMPT)  # builds the chain
+    oracle(drafter, drafter.device_chain, PROMPT + ref)
+    out, stats, kinds, _ = decode(target, cache, drafter, runner, PROMPT, N)
+    assert out == ref[:N]
+    assert stats.tau > 2.0 and max(i for i, a in enumerate(stats.accepted_per_depth) if a) >= 1
+    assert kinds.count("device") >= len(kinds) - 1
+
+
+def test_the_loop_ends_when_the_context_runs_short(monkeypatch):
+    """Near max_len the loop stops enqueueing, hands the drafter its rows, length and count back,
+    and synchronous steps finish the sequence, still identical to plain decoding."""
+    _, target = make_pair("qwen3")
+    model = random_drafter(target)
+    ref, _ = run(target, PROMPT, 60)
+    calls = count_enqueues(monkeypatch)
+    cache, drafter, runner = setup(target, model, len(PROMPT) + 62)
+    verifies = []  # the synchronous steps' verify passes, numbered by the enqueues before them
+    forward = runner.forward
+    runner.forward = lambda step, *a, **k: (verifies.append(len(calls)) if step.is_verify else None) or forward(step, *a, **k)
+    out, _, kinds, dec = decode(target, cache, drafter, runner, PROMPT, 60, calls)
+    assert out == ref
+    assert verifies[0] == 0 and len(calls) > 3 and verifies[-1] == len(calls)  # sync, the loop, sync again
+    assert drafter._observed == len(dec.tokens) and cache.seq_len == len(dec.tokens)
+
+
+def test_sequences_back_to_back_reuse_the_chain(monkeypatch):
+    """A second sequence on the same runner and drafter (a server's next request) starts clean even
+    when the first one ended with a step still enqueued."""
+    _, target = make_pair("qwen3")
+    model = random_drafter(target)
+    cache, drafter, runner = setup(target, model, 200)
+    other = [7, 7, 1, 2, 3, 4, 5, 6, 1, 1, 2]
+    first, _, _, dec1 = decode(target, cache, drafter, runner, PROMPT, 30)
+    assert dec1._chain_cur is not None  # left in flight
+    chain = drafter.device_chain
+    second, _, _, _ = decode(target, cache, drafter, runner, other, 50)
+    assert drafter.device_chain is chain
+    assert first == run(target, PROMPT, 30)[0] and second == run(target, other, 50)[0]
+
+
+def test_padded_pass_equals_the_exact_pass():
+    """forward_static with `count` real rows out of B padded ones equals the pass over exactly those
+    rows: the padding rows go to the buffer's last slot, which no query sees."""
+    _, target = make_pair("qwen3")
+    model = random_drafter(target)
+    c = model.config
+    width = len(c.target_layer_ids) * target.config.hidden_size
+    g = torch.Generator().manual_seed(1)
+    block = torch.randn(c.block_size, target.config.hidden_size, generator=g)
+    for n, start in ((1, 0), (3, 5), (c.block_size, 9)):
+        rows = torch.randn(c.block_size, width, generator=g)
+        outs = []
+        for count in (None, torch.tensor([n])):
+            cache = model.new_cache()
+            cache.reserve(64)
+            key_pos = torch.arange(cache.k[0].shape[0])
+            ctx = rows[:n] if count is None else rows
+            with torch.inference_mode():
+                outs.append(model.forward_static(ctx, block, cache, torch.tensor([start]), key_pos, count))
+        torch.testing.assert_close(outs[1], outs[0], atol=1e-5, rtol=0)

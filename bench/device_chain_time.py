@@ -1,0 +1,128 @@
+"""What one speculative step costs on the GPU once the host is out of the way: the graphs of the
+evaluation's decoders on a random-weight SmolLM2-135M-shaped target with a random 3-layer block-16
+drafter (speed does not depend on the weights), each replayed N times back to back:
+
+    decode        the plain decode graph (one token)
+    verify-16     the target's verify graph at 16 nodes (the chain's bucket)
+    draft         the drafter's pass graph over 16 new rows
+    device-chain  DeviceChain's whole step (draft + verify + accept + next state; spec/device_chain.py)
+
+Per graph: the host's enqueue time per replay and the elapsed GPU time per replay (CUDA events around
+the N replays; when the host enqueues faster than the GPU runs, this is the GPU's time), and the
+kernels one replay runs (torch.profiler), so that time / kernels says whether a graph is bound by
+bytes or by the number of kernels. Written in stop 21, after the device chain took the chain from
+0.87x to 1.03x of plain decoding on the H200 and left ~1.4 ms per pass.
+
+    python bench/device_chain_time.py --out device_chain_time.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from gpu_shapes import DEV, build_model, random_drafter, sync  # noqa: E402
+
+
+def timed(fn, n: int) -> dict:
+    for _ in range(3):
+        fn()
+    sync()
+    t0 = time.perf_counter()
+    if DEV == "cuda":
+        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        a.record()
+    for _ in range(n):
+        fn()
+    host = time.perf_counter() - t0
+    if DEV == "cuda":
+        b.record()
+        b.synchronize()
+        elapsed = a.elapsed_time(b) / 1000
+    else:
+        elapsed = time.perf_counter() - t0
+    out = {"host_ms_per_replay": round(1e3 * host / n, 4), "elapsed_ms_per_replay": round(1e3 * elapsed / n, 4)}
+    out.update(kernels(fn))
+    return out
+
+
+def kernels(fn) -> dict:
+    if DEV != "cuda":
+        return {}
+    from torch.profiler import ProfilerActivity, profile
+
+    sync()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        fn()
+        sync()
+    evs = [e for e in prof.events() if e.device_type.name == "CUDA" and "Memcpy" not in e.name and "Memset" not in e.name]
+    names: dict[str, int] = {}
+    for e in evs:
+        names[e.name[:70]] = names.get(e.name[:70], 0) + 1
+    return {"kernels": len(evs), "kernel_names": dict(sorted(names.items(), key=lambda kv: -kv[1]))}
+
+
+@torch.inference_mode()
+def measure(fused_rows: int, max_len: int, ctx: int, n: int) -> dict:
+    from treeflash.models.runner import CudaGraphRunner
+    from treeflash.spec.device_chain import DeviceChain
+    from treeflash.train.evaluate import BUCKETS
+
+    model = build_model("smollm2-135m").fuse_projections(fused_rows)  # as the loader leaves a model, fused_rows apart
+    drafter = random_drafter(model, 3, 16, budget=15, tree=False)
+    cache = model.new_cache(max_len)
+    runner = CudaGraphRunner(model, cache, capture_layers=drafter.capture_layers, buckets=BUCKETS)
+    drafter.bind_runner(runner)
+    chain = DeviceChain(runner, drafter, 16)
+    cache.reset()
+    drafter.reset()
+    cache.seq_len = ctx  # a mid-sequence context; the replays write scratch rows past it
+    runner.ints[3 * runner.buckets[-1]] = ctx
+    g = drafter.graphs
+    g.ints[0] = ctx
+    res = {"fused_rows": fused_rows}
+    res["decode"] = timed(runner.decode.replay, n)
+    res["verify-16"] = timed(runner.graphs[16].replay, n)
+    res["draft"] = timed(g.passes[16].replay, n)
+    chain.state.copy_(torch.tensor([ctx, 1, 16]))
+
+    def step():
+        chain.state[0:1].fill_(ctx)  # stay mid-sequence (one more tiny kernel per step)
+        g.ints[0:1].fill_(ctx)
+        chain.replay()
+
+    res["device-chain"] = timed(step, n)
+    for k in ("decode", "verify-16", "draft", "device-chain"):
+        r = res[k]
+        per = f", {1e3 * r['elapsed_ms_per_replay'] / r['kernels']:.2f} us/kernel" if r.get("kernels") else ""
+        print(f"{k:>13} (fused_rows {fused_rows}, max_len {max_len}): host {r['host_ms_per_replay']:.3f} ms, "
+              f"elapsed {r['elapsed_ms_per_replay']:.3f} ms per replay, {r.get('kernels', '-')} kernels{per}", flush=True)
+    for k in ("decode", "verify-16"):
+        print(" ", k, list(res[k].get("kernel_names", {}).items())[:10], flush=True)
+    return res
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--replays", type=int, default=200)
+    p.add_argument("--max-len", type=int, default=600, help="the cache's length (the evaluation's: prompt + 256 + 80)")
+    p.add_argument("--context", type=int, default=300, help="committed tokens before the timed steps")
+    p.add_argument("--fused-rows", default="0,16", help="CausalLM.fused_rows values to compare (0 = FUSED_ROWS, the default)")
+    p.add_argument("--out", default="device_chain_time.json")
+    args = p.parse_args()
+    res = {"shape": "smollm2-135m", "drafter": "3 layers, block 16", "device": torch.cuda.get_device_name() if DEV == "cuda" else "cpu",
+           "replays": args.replays, "max_len": args.max_len, "context": args.context, "runs": []}
+    for fr in (int(x) for x in args.fused_rows.split(",")):
+        res["runs"].append(measure(fr, args.max_len, args.context, args.replays))
+        Path(args.out).write_text(json.dumps(res, indent=1) + "\n")
+    print(f"wrote {args.out}")
+
+
+if __name__ == "__main__":
+    main()

@@ -13,11 +13,18 @@ from tests.spec.test_lossless_greedy import run
 from treeflash.models.runner import CudaGraphRunner
 from treeflash.models.step import StepInput
 from treeflash.spec.decoder import Decoder
-from treeflash.spec.device_chain import ENV
+from treeflash.spec.device_step import ENV
 from treeflash.spec.dflash import DFlashDrafter
 from treeflash.spec.sampling import SamplingParams
 
 NUM_TOKENS = 120
+
+
+@pytest.fixture(autouse=True)
+def synchronous_steps(monkeypatch):
+    """These tests check what `propose` returns; greedy fixed-budget steps would otherwise run on the
+    device past it (tests/spec/test_device_step.py covers those)."""
+    monkeypatch.setenv(ENV, "0")
 
 
 class Recorder(DFlashDrafter):
@@ -47,8 +54,7 @@ def decode(target, model, prompt, budget, tree, static: bool, params=None):
 
 @pytest.mark.parametrize("arch", ["qwen3", "qwen3_5"])
 @pytest.mark.parametrize("budget", ["chain", 6, 22])
-def test_static_passes_propose_the_eager_trees(arch, budget, monkeypatch):
-    monkeypatch.setenv(ENV, "0")  # greedy chains would run on the device (test_device_chain.py), past propose
+def test_static_passes_propose_the_eager_trees(arch, budget):
     if arch == "qwen3_5":
         pytest.importorskip("treeflash.models.gated_deltanet")
     _, target = make_pair(arch)

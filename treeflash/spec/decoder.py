@@ -42,8 +42,8 @@ class Decoder:
         self.tokens: list[int] = []  # committed tokens (prompt + output, root excluded)
         self.root: int | None = None
         self._ahead = None  # PendingToken of a plain step enqueued before its input was read back
-        self._chain = None  # DeviceChain: greedy chain steps run on the device (device_chain.py)
-        self._chain_cur = None  # its PendingStep enqueued, not read yet
+        self._dev = None  # DeviceStep: greedy drafted steps run on the device (device_step.py)
+        self._dev_cur = None  # its PendingStep enqueued, not read yet
 
     @property
     def capture(self) -> tuple[int, ...]:
@@ -53,7 +53,7 @@ class Decoder:
     def prefill(self, prompt_ids: list[int], chunk: int = 2048) -> int:
         """Commit the prompt; return the first sampled token (the root of the first step)."""
         self._ahead = None  # a step left enqueued by an earlier sequence is reset with the cache
-        self._chain, self._chain_cur = self._device_chain(), None  # built (captured) before the reset below
+        self._dev, self._dev_cur = self._device_step(), None  # built (captured) before the reset below
         self.cache.reset()
         if self.drafter is not None:
             self.drafter.reset()
@@ -83,8 +83,8 @@ class Decoder:
         assert self.root is not None, "prefill first"
         if self.drafter is None:
             return self._plain_step()
-        if self._chain_cur is not None or self._chain_ready():
-            return self._device_chain_step()
+        if self._dev_cur is not None or self._device_ready():
+            return self._device_step_run()
         t0 = time.perf_counter()
         room = self.cache.max_len - self.cache.seq_len
         ctx = DraftContext(self.tokens, self.root, self.params, self.generator, max_nodes=room)
@@ -111,48 +111,48 @@ class Decoder:
         self.stats.record(max(tree.depths()), result.num_accepted, tree.budget)
         return result.tokens  # emit
 
-    # -- greedy chains on the device (spec/device_chain.py) --
+    # -- greedy drafted steps on the device (spec/device_step.py) --
 
-    def _device_chain(self):
-        """The drafter's DeviceChain for this runner when this decoder can use one, else None."""
-        from treeflash.spec.device_chain import DeviceChain, supported
+    def _device_step(self):
+        """The drafter's DeviceStep for this runner when this decoder can use one, else None."""
+        from treeflash.spec.device_step import DeviceStep, supported
 
         t = supported(self.runner, self.drafter, self.params, self.want_logprobs) if self.drafter is not None else 0
         if not t:
             return None
-        chain = getattr(self.drafter, "device_chain", None)
-        if chain is None or chain.runner is not self.runner or chain.t != t:
-            chain = self.drafter.device_chain = DeviceChain(self.runner, self.drafter, t)
-        return chain
+        dev = getattr(self.drafter, "device_step", None)
+        if dev is None or dev.runner is not self.runner or dev.t != t or dev.tree != self.drafter.tree:
+            dev = self.drafter.device_step = DeviceStep(self.runner, self.drafter, t)
+        return dev
 
-    def _chain_ready(self) -> bool:
+    def _device_ready(self) -> bool:
         """Entering needs the drafter's pending rows to fit one pass (not the prompt's) and room."""
-        if self._chain is None:
+        if self._dev is None:
             return False
         n = sum(r.shape[0] for r in self.drafter._pending)
-        return 1 <= n <= self._chain.drafter.graphs.block_size and self._chain.room(self.cache.seq_len, self.cache.max_len)
+        return 1 <= n <= self._dev.drafter.graphs.block_size and self._dev.room(self.cache.seq_len, self.cache.max_len)
 
-    def _device_chain_step(self) -> list[int]:
+    def _device_step_run(self) -> list[int]:
         """Read the step enqueued last, after enqueueing the next one; the host only keeps the books.
         Without room for another step the loop ends and the drafter takes its state back."""
         t0 = time.perf_counter()
-        ch = self._chain
-        if self._chain_cur is None:
+        dev = self._dev
+        if self._dev_cur is None:
             rows, draft_len = self.drafter.hand_over()
-            ch.begin(self.root, self.cache.seq_len, rows, draft_len)
-            self._chain_cur = ch.enqueue()
-        cur = self._chain_cur
-        self._chain_cur = ch.enqueue() if ch.room(self.cache.seq_len, self.cache.max_len) else None
-        accepted, tokens = cur.read()
+            dev.begin(self.root, self.cache.seq_len, rows, draft_len)
+            self._dev_cur = dev.enqueue()
+        cur = self._dev_cur
+        self._dev_cur = dev.enqueue() if dev.room(self.cache.seq_len, self.cache.max_len) else None
+        accepted, depth, drafted, tokens = cur.read()
         self.tokens.extend([self.root, *tokens[:-1]])
         self.cache.seq_len += accepted + 1
-        ch.draft_len += ch.count
-        ch.count = accepted + 1
+        dev.draft_len += dev.count
+        dev.count = accepted + 1
         self.root = tokens[-1]
-        if self._chain_cur is None:
-            self.drafter.take_back(ch.rows(accepted + 1), ch.draft_len, len(self.tokens))
+        if self._dev_cur is None:
+            self.drafter.take_back(dev.rows(accepted + 1), dev.draft_len, len(self.tokens))
         self.stats.verify_s += time.perf_counter() - t0  # one graph: drafting is inside it
-        self.stats.record(ch.t - 1, accepted, ch.t - 1)
+        self.stats.record(depth, accepted, drafted)
         return tokens
 
     def _plain_step(self, draft_s: float = 0.0) -> list[int]:

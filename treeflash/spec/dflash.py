@@ -146,7 +146,7 @@ class DFlashDrafter(Drafter):
             out.update(budget=self.tuner.budget, budget_mode="auto", budget_reason=self.tuner.reason)
         return out
 
-    # -- the device loop (spec/device_chain.py) --
+    # -- the device loop (spec/device_step.py) --
 
     def hand_over(self) -> tuple[list[torch.Tensor], int]:
         """-> (the observed rows not drafted from yet, the draft cache length). From here the device

@@ -95,14 +95,16 @@ class DraftGraphs:
         graph, (logits, packed) = capture_graph(lambda: self._run(n), self.pool)
         return _Pass(graph.replay, logits, packed)
 
-    def device_pass(self, count: torch.Tensor) -> torch.Tensor:
+    def device_pass(self, count: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """The pass over all B rows of `ctx_in`, of which the first `count` ([1] long on the device)
-        are real, at the start and root in `ints`; then ints[0] += count, on the device. -> [B-1]
-        long, the top-1 draft per depth (the greedy chain). Not a graph of its own: spec/device_chain.py
-        captures it inside a whole speculative step. Needs ints[0] + count + B < capacity - 1."""
+        are real, at the start and root in `ints`; then ints[0] += count, on the device. -> top-K
+        log-probs [B-1, K] fp64 and their ids [B-1, K] long per depth. Not a graph of its own:
+        spec/device_step.py captures it inside a whole speculative step. Needs ints[0] + count + B
+        < capacity - 1."""
         _, packed = self._run(self.block_size, count)
         self.ints[0:1].add_(count)
-        return packed[self.block_size - 1 :, 0].long()
+        d = self.block_size - 1
+        return packed[:d], packed[d:].long()
 
     # -- one drafting pass --
     def fits(self, n: int) -> bool:

@@ -5,7 +5,8 @@ drafter (speed does not depend on the weights), each replayed N times back to ba
     decode        the plain decode graph (one token)
     verify-16     the target's verify graph at 16 nodes (the chain's bucket)
     draft         the drafter's pass graph over 16 new rows
-    device-chain  DeviceChain's whole step (draft + verify + accept + next state; spec/device_chain.py)
+    device-chain  DeviceStep's whole chain step (draft + verify + accept + next state; spec/device_step.py)
+    device-ddtree-N  the same with a DDTree of N nodes built on the device (kernels/ddtree.py) and its commit
 
 Per graph: the host's enqueue time per replay and the elapsed GPU time per replay (CUDA events around
 the N replays; when the host enqueues faster than the GPU runs, this is the GPU's time), and the
@@ -13,7 +14,7 @@ kernels one replay runs (torch.profiler), so that time / kernels says whether a 
 bytes or by the number of kernels. Written in stop 21, after the device chain took the chain from
 0.87x to 1.03x of plain decoding on the H200 and left ~1.4 ms per pass.
 
-    python bench/device_chain_time.py --out device_chain_time.json
+    python bench/device_step_time.py --out device_step_time.json
 """
 
 from __future__ import annotations
@@ -69,9 +70,9 @@ def kernels(fn) -> dict:
 
 
 @torch.inference_mode()
-def measure(fused_rows: int, max_len: int, ctx: int, n: int) -> dict:
+def measure(fused_rows: int, max_len: int, ctx: int, n: int, trees: list[int]) -> dict:
     from treeflash.models.runner import CudaGraphRunner
-    from treeflash.spec.device_chain import DeviceChain
+    from treeflash.spec.device_step import DeviceStep
     from treeflash.train.evaluate import BUCKETS
 
     model = build_model("smollm2-135m").fuse_projections(fused_rows)  # as the loader leaves a model, fused_rows apart
@@ -79,7 +80,7 @@ def measure(fused_rows: int, max_len: int, ctx: int, n: int) -> dict:
     cache = model.new_cache(max_len)
     runner = CudaGraphRunner(model, cache, capture_layers=drafter.capture_layers, buckets=BUCKETS)
     drafter.bind_runner(runner)
-    chain = DeviceChain(runner, drafter, 16)
+    chain = DeviceStep(runner, drafter, 16)
     cache.reset()
     drafter.reset()
     cache.seq_len = ctx  # a mid-sequence context; the replays write scratch rows past it
@@ -98,7 +99,26 @@ def measure(fused_rows: int, max_len: int, ctx: int, n: int) -> dict:
         chain.replay()
 
     res["device-chain"] = timed(step, n)
-    for k in ("decode", "verify-16", "draft", "device-chain"):
+    names = ["decode", "verify-16", "draft", "device-chain"]
+    for b in trees:  # a tree drafter over the same model, its own runner (the target's graphs are per runner)
+        tree_drafter = random_drafter(model, 3, 16, budget=b, tree=True)
+        tcache = model.new_cache(max_len)
+        trunner = CudaGraphRunner(model, tcache, capture_layers=tree_drafter.capture_layers, buckets=BUCKETS)
+        tree_drafter.bind_runner(trunner)
+        tstep = DeviceStep(trunner, tree_drafter, b + 1)
+        tcache.reset()
+        tree_drafter.reset()
+        tstep.state.copy_(torch.tensor([ctx, 1, 16]))
+        tg = tree_drafter.graphs
+
+        def tree_step(tstep=tstep, tg=tg):
+            tstep.state[0:1].fill_(ctx)
+            tg.ints[0:1].fill_(ctx)
+            tstep.replay()
+
+        res[f"device-ddtree-{b}"] = timed(tree_step, n)
+        names.append(f"device-ddtree-{b}")
+    for k in names:
         r = res[k]
         per = f", {1e3 * r['elapsed_ms_per_replay'] / r['kernels']:.2f} us/kernel" if r.get("kernels") else ""
         print(f"{k:>13} (fused_rows {fused_rows}, max_len {max_len}): host {r['host_ms_per_replay']:.3f} ms, "
@@ -113,13 +133,14 @@ def main() -> None:
     p.add_argument("--replays", type=int, default=200)
     p.add_argument("--max-len", type=int, default=600, help="the cache's length (the evaluation's: prompt + 256 + 80)")
     p.add_argument("--context", type=int, default=300, help="committed tokens before the timed steps")
-    p.add_argument("--fused-rows", default="0,16", help="CausalLM.fused_rows values to compare (0 = FUSED_ROWS, the default)")
-    p.add_argument("--out", default="device_chain_time.json")
+    p.add_argument("--fused-rows", default="0", help="CausalLM.fused_rows values to compare, e.g. 0,16 (0 = FUSED_ROWS, the default)")
+    p.add_argument("--trees", default="22,32", help="DDTree budgets of device steps to time beside the chain")
+    p.add_argument("--out", default="device_step_time.json")
     args = p.parse_args()
     res = {"shape": "smollm2-135m", "drafter": "3 layers, block 16", "device": torch.cuda.get_device_name() if DEV == "cuda" else "cpu",
            "replays": args.replays, "max_len": args.max_len, "context": args.context, "runs": []}
     for fr in (int(x) for x in args.fused_rows.split(",")):
-        res["runs"].append(measure(fr, args.max_len, args.context, args.replays))
+        res["runs"].append(measure(fr, args.max_len, args.context, args.replays, [int(b) for b in args.trees.split(",") if b]))
         Path(args.out).write_text(json.dumps(res, indent=1) + "\n")
     print(f"wrote {args.out}")
 

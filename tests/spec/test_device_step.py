@@ -1,6 +1,7 @@
-"""Greedy DFlash chains run on the device (DeviceChain: one CUDA graph per step on a GPU, the same
-code run eagerly here): token-identical to plain decoding and to the synchronous chain, with the
-same statistics; the loop hands the drafter back its state when the context runs short."""
+"""Greedy DFlash steps run on the device (DeviceStep: one CUDA graph per step on a GPU, the same code
+run eagerly here), chains and DDTrees: token-identical to plain decoding and to the synchronous
+steps, with the same statistics; the loop hands the drafter back its state when the context runs
+short."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ from tests.spec.test_dflash_model import random_drafter
 from tests.spec.test_lossless_greedy import run
 from treeflash.models.runner import CudaGraphRunner
 from treeflash.spec.decoder import Decoder
-from treeflash.spec.device_chain import ENV, DeviceChain
+from treeflash.spec.device_step import ENV, DeviceStep
 from treeflash.spec.dflash import DFlashDrafter
 from treeflash.spec.sampling import SamplingParams
 
@@ -20,9 +21,10 @@ PROMPT = [5, 9, 2, 6, 5, 3, 5, 8, 9, 7, 9, 3]
 N = 90
 
 
-def setup(target, model, max_len, budget=None):
+def setup(target, model, max_len, budget="chain"):
     cache = target.new_cache(max_len)
-    drafter = DFlashDrafter(target, model, budget=budget or model.config.block_size - 1, tree=False)
+    tree = budget != "chain"
+    drafter = DFlashDrafter(target, model, budget=budget if tree else model.config.block_size - 1, tree=tree)
     runner = CudaGraphRunner(target, cache, capture_layers=drafter.capture_layers, use_graphs=False)
     drafter.bind_runner(runner)
     return cache, drafter, runner
@@ -36,68 +38,83 @@ def decode(target, cache, drafter, runner, prompt, n, calls=None):
     while len(out) < n:
         before = len(calls) if calls is not None else 0
         out.extend(dec.step())
-        kinds.append("device" if calls is not None and len(calls) > before or dec._chain_cur is not None else "sync")
+        kinds.append("device" if calls is not None and len(calls) > before or dec._dev_cur is not None else "sync")
     return out[:n], dec.stats, kinds, dec
 
 
 def count_enqueues(monkeypatch):
     calls = []
-    enqueue = DeviceChain.enqueue
-    monkeypatch.setattr(DeviceChain, "enqueue", lambda self: calls.append(1) or enqueue(self))
+    enqueue = DeviceStep.enqueue
+    monkeypatch.setattr(DeviceStep, "enqueue", lambda self: calls.append(1) or enqueue(self))
     return calls
 
 
-def oracle(drafter, chain, reference: list[int], corrupt_every: int = 3):
-    """Make the device pass draft the reference continuation, every `corrupt_every`-th position
-    wrong, so steps accept 0 .. B-1 drafts (a random drafter on a random target accepts ~nothing)."""
+def oracle(drafter, step, reference: list[int], corrupt_every: int = 3):
+    """Make the device pass draft the reference continuation at rank 0, every `corrupt_every`-th
+    position wrong there and right at rank 1 (a DDTree's second-best sibling finds it), so that steps
+    accept 0 .. B-1 drafts (a random drafter on a random target accepts ~nothing)."""
     g = drafter.graphs
     ref = torch.tensor(reference + [0] * 64)
     vocab = drafter.target.config.vocab_size
     real = g.device_pass
 
     def device_pass(count):
-        real(count)
-        idx = chain.state[0:1] + 1 + torch.arange(g.block_size - 1)
-        drafts = ref.gather(0, idx)
-        return torch.where(idx % corrupt_every == 0, (drafts + 1) % vocab, drafts)
+        top_lp, top_ids = real(count)
+        d, k = top_ids.shape
+        idx = step.state[0:1] + 1 + torch.arange(d)
+        right = ref.gather(0, idx)
+        wrong = (right + 1) % vocab
+        bad = idx % corrupt_every == 0
+        ids = (right[:, None] + 2 + torch.arange(k)[None, :]) % vocab  # fillers, distinct per depth
+        ids[:, 0] = torch.where(bad, wrong, right)
+        if k > 1:
+            ids[:, 1] = torch.where(bad, right, wrong)
+        lp = torch.cat((torch.tensor([-0.01, -0.5], dtype=torch.float64), -5.0 - torch.arange(max(k - 2, 0), dtype=torch.float64)))[:k]
+        return (lp[None, :] - 0.001 * torch.arange(d)[:, None]).contiguous(), ids  # rank 1 before any rank 2
 
     g.device_pass = device_pass
 
 
 @pytest.mark.parametrize("arch", ["qwen3", "qwen3_5", "llama"])
-def test_device_chain_equals_the_synchronous_chain(arch, monkeypatch):
+@pytest.mark.parametrize("budget", ["chain", 6, 22])
+def test_device_steps_equal_the_synchronous_steps(arch, budget, monkeypatch):
     if arch == "qwen3_5":
         pytest.importorskip("treeflash.models.gated_deltanet")
     _, target = make_pair(arch)
     model = random_drafter(target)
     ref, _ = run(target, PROMPT, N)
     calls = count_enqueues(monkeypatch)
-    out, stats, kinds, _ = decode(target, *setup(target, model, len(PROMPT) + N + 80), PROMPT, N, calls)
+    out, stats, kinds, _ = decode(target, *setup(target, model, len(PROMPT) + N + 80, budget), PROMPT, N, calls)
     monkeypatch.setenv(ENV, "0")
-    sync_out, sync_stats, _, dec = decode(target, *setup(target, model, len(PROMPT) + N + 80), PROMPT, N)
-    assert dec._chain is None
+    sync_out, sync_stats, _, dec = decode(target, *setup(target, model, len(PROMPT) + N + 80, budget), PROMPT, N)
+    assert dec._dev is None
     assert out == sync_out == ref
     assert kinds[0] == "sync" and kinds[1:] and all(k == "device" for k in kinds[1:])  # the prompt's 12 rows > B = 8
-    assert (stats.passes, stats.committed, stats.accepted_per_depth) == (sync_stats.passes, sync_stats.committed, sync_stats.accepted_per_depth)
+    assert (stats.passes, stats.committed, stats.nodes, stats.proposed_per_depth, stats.accepted_per_depth) == (
+        sync_stats.passes, sync_stats.committed, sync_stats.nodes, sync_stats.proposed_per_depth, sync_stats.accepted_per_depth)
 
 
 @pytest.mark.parametrize("arch", ["qwen3", "qwen3_5"])
-def test_accepted_drafts_commit_exactly(arch, monkeypatch):
-    """Drafts that are mostly right: steps accept several nodes, the recurrent layers commit along
-    the accepted prefix on the device, and the output stays the target's own."""
+def test_accepted_drafts_commit_exactly(arch):
+    """Drafts that are mostly right: steps accept several nodes, the caches commit along the accepted
+    path on the device (through second-best siblings in a tree), and the output stays the target's
+    own. The chain stops at each wrong rank-0 draft; the tree goes on through its siblings."""
     if arch == "qwen3_5":
         pytest.importorskip("treeflash.models.gated_deltanet")
     _, target = make_pair(arch)
     model = random_drafter(target)
     ref, _ = run(target, PROMPT, N + 40)
-    cache, drafter, runner = setup(target, model, len(PROMPT) + N + 80)
-    dec = Decoder(target, cache, SamplingParams(), drafter, runner=runner)
-    dec.prefill(PROMPT)  # builds the chain
-    oracle(drafter, drafter.device_chain, PROMPT + ref)
-    out, stats, kinds, _ = decode(target, cache, drafter, runner, PROMPT, N)
-    assert out == ref[:N]
-    assert stats.tau > 2.0 and max(i for i, a in enumerate(stats.accepted_per_depth) if a) >= 1
-    assert kinds.count("device") >= len(kinds) - 1
+    taus = {}
+    for budget in ("chain", 22):
+        cache, drafter, runner = setup(target, model, len(PROMPT) + N + 80, budget)
+        dec = Decoder(target, cache, SamplingParams(), drafter, runner=runner)
+        dec.prefill(PROMPT)  # builds the device step
+        oracle(drafter, drafter.device_step, PROMPT + ref)
+        out, stats, kinds, _ = decode(target, cache, drafter, runner, PROMPT, N)
+        assert out == ref[:N]
+        assert kinds.count("device") >= len(kinds) - 1
+        taus[budget] = stats.tau
+    assert taus["chain"] > 2.0 and taus[22] > taus["chain"] + 0.3
 
 
 def test_the_loop_ends_when_the_context_runs_short(monkeypatch):
@@ -122,13 +139,13 @@ def test_sequences_back_to_back_reuse_the_chain(monkeypatch):
     when the first one ended with a step still enqueued."""
     _, target = make_pair("qwen3")
     model = random_drafter(target)
-    cache, drafter, runner = setup(target, model, 200)
+    cache, drafter, runner = setup(target, model, 200, 10)
     other = [7, 7, 1, 2, 3, 4, 5, 6, 1, 1, 2]
     first, _, _, dec1 = decode(target, cache, drafter, runner, PROMPT, 30)
-    assert dec1._chain_cur is not None  # left in flight
-    chain = drafter.device_chain
+    assert dec1._dev_cur is not None  # left in flight
+    step = drafter.device_step
     second, _, _, _ = decode(target, cache, drafter, runner, other, 50)
-    assert drafter.device_chain is chain
+    assert drafter.device_step is step
     assert first == run(target, PROMPT, 30)[0] and second == run(target, other, 50)[0]
 
 

@@ -24,7 +24,7 @@ N = 90
 def setup(target, model, max_len, budget="chain"):
     cache = target.new_cache(max_len)
     tree = budget != "chain"
-    drafter = DFlashDrafter(target, model, budget=budget if tree else model.config.block_size - 1, tree=tree)
+    drafter = DFlashDrafter(target, model, budget=budget if tree else model.config.block_size - 1, tree=tree)  # "auto": a tree
     runner = CudaGraphRunner(target, cache, capture_layers=drafter.capture_layers, use_graphs=False)
     drafter.bind_runner(runner)
     return cache, drafter, runner
@@ -169,3 +169,30 @@ def test_padded_pass_equals_the_exact_pass():
             with torch.inference_mode():
                 outs.append(model.forward_static(ctx, block, cache, torch.tensor([start]), key_pos, count))
         torch.testing.assert_close(outs[1], outs[0], atol=1e-5, rtol=0)
+
+
+def test_auto_budget_drafts_on_the_device_and_falls_back_when_slower(monkeypatch):
+    """--budget auto: greedy steps run on the device at AUTO_BUDGET nodes; when they commit tokens
+    slower than plain decoding would (here: a plain step timed as free), the request decodes plainly
+    after AUTO_CHECK_STEPS device steps, still token-identical."""
+    from treeflash.spec import device_step
+
+    _, target = make_pair("qwen3")
+    model = random_drafter(target)
+    ref, _ = run(target, PROMPT, N)
+    cache, drafter, runner = setup(target, model, len(PROMPT) + N + 80, "auto")
+    assert drafter.tuner is not None
+    calls = count_enqueues(monkeypatch)
+    out, _, kinds, dec = decode(target, cache, drafter, runner, PROMPT, 30, calls)
+    assert out == ref[:30] and dec._dev.t == device_step.AUTO_BUDGET + 1 and len(calls) > 10
+    assert drafter.describe()["device_step_budget"] == device_step.AUTO_BUDGET
+    monkeypatch.setattr(device_step, "AUTO_CHECK_STEPS", 5)
+    monkeypatch.setattr(DeviceStep, "plain_time", lambda self, n: 1e-9)
+    calls.clear()
+    verifies = []
+    forward = runner.forward
+    runner.forward = lambda step, *a, **k: verifies.append(step.is_verify) or forward(step, *a, **k)
+    out, _, kinds, dec = decode(target, cache, drafter, runner, PROMPT, N, calls)
+    assert out == ref
+    assert dec._dev_off and 5 <= len(calls) <= 7 and kinds[-1] == "sync"
+    assert verifies[-1] is False and verifies.count(False) > 30  # plain steps after the device steps lost

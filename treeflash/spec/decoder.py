@@ -44,6 +44,8 @@ class Decoder:
         self._ahead = None  # PendingToken of a plain step enqueued before its input was read back
         self._dev = None  # DeviceStep: greedy drafted steps run on the device (device_step.py)
         self._dev_cur = None  # its PendingStep enqueued, not read yet
+        self._dev_off = False  # --budget auto: device steps lost to plain decoding; plain steps from here
+        self._dev_run = (0.0, 0, 0, 0.0)  # since entering: start time, steps, tokens, plain decoding's s/token
 
     @property
     def capture(self) -> tuple[int, ...]:
@@ -85,6 +87,8 @@ class Decoder:
             return self._plain_step()
         if self._dev_cur is not None or self._device_ready():
             return self._device_step_run()
+        if self._dev_off:  # --budget auto, drafting lost to plain decoding in this request
+            return self._plain_step()
         t0 = time.perf_counter()
         room = self.cache.max_len - self.cache.seq_len
         ctx = DraftContext(self.tokens, self.root, self.params, self.generator, max_nodes=room)
@@ -127,7 +131,7 @@ class Decoder:
 
     def _device_ready(self) -> bool:
         """Entering needs the drafter's pending rows to fit one pass (not the prompt's) and room."""
-        if self._dev is None:
+        if self._dev is None or self._dev_off:
             return False
         n = sum(r.shape[0] for r in self.drafter._pending)
         return 1 <= n <= self._dev.drafter.graphs.block_size and self._dev.room(self.cache.seq_len, self.cache.max_len)
@@ -138,12 +142,17 @@ class Decoder:
         t0 = time.perf_counter()
         dev = self._dev
         if self._dev_cur is None:
+            plain_s = dev.plain_time(self.cache.seq_len) if self.drafter.tuner is not None else 0.0  # nothing in flight
             rows, draft_len = self.drafter.hand_over()
             dev.begin(self.root, self.cache.seq_len, rows, draft_len)
+            self._dev_run = (time.perf_counter(), 0, 0, plain_s)
             self._dev_cur = dev.enqueue()
         cur = self._dev_cur
-        self._dev_cur = dev.enqueue() if dev.room(self.cache.seq_len, self.cache.max_len) else None
+        go_on = dev.room(self.cache.seq_len, self.cache.max_len) and not self._device_losing()
+        self._dev_cur = dev.enqueue() if go_on else None
         accepted, depth, drafted, tokens = cur.read()
+        start, steps, made, plain_s = self._dev_run
+        self._dev_run = (start, steps + 1, made + accepted + 1, plain_s)
         self.tokens.extend([self.root, *tokens[:-1]])
         self.cache.seq_len += accepted + 1
         dev.draft_len += dev.count
@@ -154,6 +163,18 @@ class Decoder:
         self.stats.verify_s += time.perf_counter() - t0  # one graph: drafting is inside it
         self.stats.record(depth, accepted, drafted)
         return tokens
+
+    def _device_losing(self) -> bool:
+        """--budget auto: after AUTO_CHECK_STEPS device steps, are they slower per token than plain
+        decoding (the runner's one-node verify time)? Then this request decodes plainly from here."""
+        from treeflash.spec.device_step import AUTO_CHECK_STEPS
+
+        start, steps, made, plain_s = self._dev_run
+        if self.drafter.tuner is None or steps < AUTO_CHECK_STEPS or made == 0:
+            return False
+        if (time.perf_counter() - start) / made > plain_s:
+            self._dev_off = True
+        return self._dev_off
 
     def _plain_step(self, draft_s: float = 0.0) -> list[int]:
         """One token through the plain decode path (the decode graph on a GPU). Also the step for a

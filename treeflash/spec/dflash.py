@@ -144,6 +144,9 @@ class DFlashDrafter(Drafter):
             out.update(budget=self.fixed_budget, budget_mode="fixed")
         else:
             out.update(budget=self.tuner.budget, budget_mode="auto", budget_reason=self.tuner.reason)
+        step = getattr(self, "device_step", None)
+        if step is not None:  # greedy requests on a graph runner draft this many nodes on the device (device_step.py)
+            out["device_step_budget"] = step.t - 1
         return out
 
     # -- the device loop (spec/device_step.py) --

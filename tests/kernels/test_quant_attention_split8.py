@@ -76,10 +76,20 @@ def test_schemes_split_q8_0_only_under_split8():
     assert _schemes(s8w4, q8, q8, torch.float16, 64) == ("split", "words")
     assert _schemes(s8w8, q8, q8, torch.float16, 256) == ("split", "split")
     assert _schemes(s8w8, q8, q8, torch.float16, 128) == ("split", "words")
-    # the defaults do not split q8_0
+    # without formats, the defaults do not split q8_0
     for rows, tq3_side in ((6, False), (6, True), (96, False)):
         cfg = launch_config(256, rows, compressed_kv=True, tq3_side=tq3_side)
         assert not cfg.split_q8 and _schemes(cfg, q8, q8, torch.bfloat16, 256)[0] == "words"
+    # with them, decode splits q8_0 K where the H200 measured it faster (bench/results/s21/kv_sweep_split*.json)
+    def default(head_dim, rows, k, v):
+        return launch_config(head_dim, rows, compressed_kv=True, tq3_side="tq3_0" in (k, v), formats=(k, v))
+
+    assert default(256, 6, "q8_0", "q8_0") == variant_config("split8_n32_w4", 256, 6)
+    assert default(256, 6, "q8_0", "tq3_0") == variant_config("split8_n32_w4", 256, 6)
+    assert default(128, 4, "q8_0", "q8_0") == variant_config("split8_n64_w4", 128, 4)
+    assert not default(256, 6, "q8_0", "q4_0").split_q8  # slower there: split on the q4_0 side only
+    assert not default(256, 96, "q8_0", "q8_0").split_q8  # verify: not timed
+    assert not default(128, 4, "q8_0", "tq3_0").split_q8 and not default(64, 4, "q8_0", "q8_0").split_q8
     with pytest.raises(ValueError, match="split_q8"):
         LaunchConfig(16, 32, 4, 3, 2, dequant="words", split_q8=True)
 

@@ -90,7 +90,8 @@ VARIANTS: dict[str, dict] = {
     "split_n32_w4": dict(dequant="split", block_n=32, num_warps=4, prefetch=False),
     "split_n64_w4": dict(dequant="split", block_n=64, num_warps=4, prefetch=False),
     "split_n32_w8": dict(dequant="split", block_n=32, num_warps=8, prefetch=False),
-    # "split" with q8_0 sides split too (split_q8; opt-in, not yet timed on a GPU): four [N, D/4] fp16 parts
+    # "split" with q8_0 sides split too (split_q8; launch_config's decode default for q8_0 K with a q8_0 or
+    # tq3_0 V since bench/results/s21/kv_sweep_split*.json timed it on the H200): four [N, D/4] fp16 parts
     # from words' int32 loads and PTX, so V skips its shared-memory round trip. Offline sm_90a counts
     # (bench/kv_split_sass.py, head_dim 256, 4 warps, 32 keys; docs/kv.md, the last section): q8_0/q8_0 798
     # SASS instructions a step against words' 855, q8_0/q4_0 730 against split's 840. split8_n64_w4 spills
@@ -108,7 +109,8 @@ def variant_config(name: str, head_dim: int, rows: int) -> LaunchConfig:
     return dataclasses.replace(launch_config(head_dim, rows), **VARIANTS[name])
 
 
-def launch_config(head_dim: int, rows: int, dense_kv: bool = False, compressed_kv: bool = False, tq3_side: bool = False) -> LaunchConfig:
+def launch_config(head_dim: int, rows: int, dense_kv: bool = False, compressed_kv: bool = False, tq3_side: bool = False,
+                  formats: tuple[str, str] | None = None) -> LaunchConfig:
     """The fixed launch configuration for a head_dim and T * G query rows (no autotuning).
 
     Measured on an H200 (decode at 32K context, 24 query / 4 KV heads, head_dim 256), with the
@@ -147,6 +149,15 @@ def launch_config(head_dim: int, rows: int, dense_kv: bool = False, compressed_k
         # (16-node verify: q4_0/q4_0 163 against 245 us, but tq3_0/tq3_0 505 against 362); a q8_0 side
         # runs "words" inside it either way. Other head_dims were not timed: "words"
         split = head_dim >= 256 and (rows <= 16 or not tq3_side)
+        # q8_0 K split too (split8_*) in decode where bench/results/s21/kv_sweep_split*.json measured it
+        # faster, 32K / 128K fraction of the roofline: head_dim 256 q8_0/q8_0 0.41 / 0.52 against words'
+        # 0.41 / 0.50 and q8_0/tq3_0 0.24 / 0.36 against split's 0.23 / 0.33 (q8_0/q4_0 lost: 0.33 / 0.43
+        # against 0.34 / 0.45); head_dim 128 q8_0/q8_0 with 64 keys a step 0.34 / 0.42 against 0.34 / 0.40
+        if formats is not None and rows <= 16 and formats[0] == "q8_0":
+            if head_dim >= 256 and formats[1] in ("q8_0", "tq3_0"):
+                return LaunchConfig(block_m, 32, 4, 3, PROGRAMS_PER_SM, prefetch=False, dequant="split", split_q8=True)
+            if head_dim == 128 and formats[1] == "q8_0":
+                return LaunchConfig(block_m, 64, 4, 3, PROGRAMS_PER_SM, prefetch=False, dequant="split", split_q8=True)
         return LaunchConfig(block_m, block_n, 4, 3, PROGRAMS_PER_SM, prefetch=False, dequant="split" if split else "words")
     return LaunchConfig(block_m, block_n, 4, 3, PROGRAMS_PER_SM, prefetch=True, dequant="blocks_fast")
 

@@ -344,7 +344,7 @@ def _launch(q, k, v, vis, start, kv_len, key_mask, scale, num_splits, config, sl
     group = num_heads // num_kv_heads
     fmt_k, fmt_v = FMT_IDS.get(k.name, 0), FMT_IDS.get(v.name, 0)
     cfg = config or launch_config(head_dim, n * group, dense_kv=fmt_k == fmt_v == 0, compressed_kv=fmt_k != 0 and fmt_v != 0,
-                                  tq3_side=FMT_IDS["tq3_0"] in (fmt_k, fmt_v))
+                                  tq3_side=FMT_IDS["tq3_0"] in (fmt_k, fmt_v), formats=(k.name, v.name))
     block_m, block_n = cfg.block_m, cfg.block_n
     m_tiles = triton.cdiv(n * group, block_m)
     num_blocks = triton.cdiv(kv_len, block_n)

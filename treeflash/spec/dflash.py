@@ -57,6 +57,7 @@ class DFlashDrafter(Drafter):
             self.fixed_budget = min(int(budget), limit) if not tree else int(budget)
         self.cache = model.new_cache()
         self.graphs = None  # DraftGraphs once bound to a static-shape runner
+        self.device_step = None  # DeviceStep (device_step.py) once bound, for greedy requests
         self.reset()
 
     def bind_runner(self, runner) -> None:
@@ -77,6 +78,27 @@ class DFlashDrafter(Drafter):
                 warnings.warn(f"dflash: capturing the drafter's CUDA graphs failed ({e}); drafting eagerly")
                 self.graphs = None
                 self.reset()
+        self.device_step = None
+        if self.graphs is not None:
+            self._build_device_step(runner)
+
+    def _build_device_step(self, runner) -> None:
+        """Greedy requests' steps as one graph each (device_step.py), captured here, before any request
+        (its warm-ups write scratch rows; a first request would otherwise pay the capture in its
+        time to first token). Decoders that cannot use it keep the synchronous step."""
+        from treeflash.spec.device_step import DeviceStep, supported
+        from treeflash.spec.sampling import SamplingParams
+
+        t = supported(runner, self, SamplingParams(), None)
+        if not t:
+            return
+        try:
+            self.device_step = DeviceStep(runner, self, t)
+        except (RuntimeError, torch.OutOfMemoryError) as e:
+            warnings.warn(f"dflash: capturing the device step failed ({e}); greedy steps stay synchronous")
+            self.device_step = None
+        runner.cache.reset()
+        self.reset()
 
     def static_passes(self, max_len: int, use_graphs: bool | None = None) -> None:
         """Capture the drafting pass per new-row count (draft context up to `max_len` rows); resets the drafter."""

@@ -1,4 +1,4 @@
-"""kernels/ddtree.py (the best-first search in one program) against spec/ddtree.best_first under
+"""kernels/ddtree.py (the best-first search in one program) against kernels/ddtree.best_first under
 TRITON_INTERPRET=1 (run by test_ddtree_kernel.py). Prints one JSON line: case -> None or what differs."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ import torch
 
 
 def expected(top_lp, top_ids, root, budget, seed):
-    from treeflash.spec.ddtree import best_first
+    from treeflash.kernels.ddtree import best_first
 
     parents, ranks = best_first(top_lp.tolist(), budget, seed)
     count = len(parents)

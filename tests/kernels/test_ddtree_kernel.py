@@ -1,4 +1,4 @@
-"""The DDTree search kernel (kernels/ddtree.py) builds spec/ddtree.best_first's tree node for node
+"""The DDTree search kernel (kernels/ddtree.py) builds kernels/ddtree.best_first's tree node for node
 (tokens, parents, depths, ancestor masks, node count), under the Triton interpreter on the CPU;
 so does its host fallback."""
 

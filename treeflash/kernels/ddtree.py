@@ -1,8 +1,8 @@
 """DDTree's best-first search in one GPU program, so that a draft tree is built where the drafter's
 candidates already are (spec/device_chain.py) instead of on the host after a read-back.
 
-The search is `spec/ddtree.best_first` (the reference; tests/kernels/test_ddtree_kernel.py checks
-the kernel against it, node for node): each depth's top-K candidates sorted descending, a prefix
+The search is `best_first` below (the reference, which spec/ddtree.py runs on the host;
+tests/kernels/test_ddtree_kernel.py checks the kernel against it, node for node): each depth's top-K candidates sorted descending, a prefix
 scoring the sum of its log-probabilities, pop the best prefix and push its next sibling and its
 first child until `budget` nodes; with `seed_chain` the top-1 chain enters first. Scores are fp64
 sums of the same values the host sums, and ties pop in push order, as Python's heap does, so the
@@ -20,6 +20,9 @@ slot"), a popped or never-pushed slot scores -inf. It writes, per node i of the 
 """
 
 from __future__ import annotations
+
+import heapq
+import math
 
 import torch
 import triton
@@ -167,43 +170,13 @@ def ddtree(
 
 
 def ddtree_ref(top_lp, top_ids, root, budget, seed_chain, out):
-    """The same outputs from the host search (spec/ddtree.best_first's algorithm, re-stated here:
-    kernels import nothing above them). Reads the candidates back: for CPU runs only."""
-    import heapq
-
-    lp, ids = top_lp.double().tolist(), top_ids.long().tolist()
-    dn, k = len(lp), len(lp[0]) if lp else 0
-    inf = float("inf")
-    parents, ranks, scores, depths = [-1], [-1], [0.0], [0]
-    heap, order = [], 0
-    if seed_chain:
-        node = 0
-        for d in range(1, min(dn, budget) + 1):
-            s = scores[node] + lp[d - 1][0]
-            if s == -inf:
-                break
-            parents.append(node), ranks.append(0), scores.append(s), depths.append(d)
-            node = len(parents) - 1
-        if k > 1:
-            for c in range(1, len(parents)):
-                s = scores[parents[c]] + lp[depths[c] - 1][1]
-                if s > -inf:
-                    heapq.heappush(heap, (-s, order, parents[c], depths[c], 1))
-                    order += 1
-    elif dn and k and lp[0][0] > -inf:
-        heapq.heappush(heap, (-lp[0][0], order, 0, 1, 0))
-        order += 1
-    while heap and len(parents) <= budget:
-        neg, _, parent, depth, rank = heapq.heappop(heap)
-        parents.append(parent), ranks.append(rank), scores.append(-neg), depths.append(depth)
-        node = len(parents) - 1
-        if rank + 1 < k and scores[parent] + lp[depth - 1][rank + 1] > -inf:
-            heapq.heappush(heap, (-(scores[parent] + lp[depth - 1][rank + 1]), order, parent, depth, rank + 1))
-            order += 1
-        if depth < dn and -neg + lp[depth][0] > -inf:
-            heapq.heappush(heap, (-(-neg + lp[depth][0]), order, node, depth + 1, 0))
-            order += 1
+    """The kernel's outputs from `best_first` (reads the candidates back: for CPU runs only)."""
+    parents, ranks = best_first(top_lp.double().tolist(), budget, seed_chain)
+    ids = top_ids.long().tolist()
     count = len(parents)
+    depths = [0] * count
+    for i in range(1, count):
+        depths[i] = depths[parents[i]] + 1
     n = budget + 1
     tok = [int(root.reshape(-1)[0])] + [ids[depths[i] - 1][ranks[i]] for i in range(1, count)] + [0] * (n - count)
     par = parents + [0] * (n - count)
@@ -219,3 +192,59 @@ def ddtree_ref(top_lp, top_ids, root, budget, seed_chain, out):
     anc_t.copy_(torch.tensor(anc, device=dev))
     count_t.fill_(count)
     return out
+
+
+def best_first(top_lp: list[list[float]], budget: int, seed_chain: bool = False) -> tuple[list[int], list[int]]:
+    """top_lp[d][r]: log-prob of the rank-r candidate at depth d + 1, each row sorted descending.
+
+    Returns (parents, ranks) of the tree's nodes, root first (parents[0] = -1, ranks[0] = -1).
+    Candidates scoring -inf (impossible tokens) never enter. Equal scores pop first-pushed first.
+    (Written without helper closures: this runs on the host between the drafter's and the
+    target's graphs, once a step.)"""
+    num_depths = len(top_lp)
+    width = len(top_lp[0]) if num_depths else 0
+    parents, ranks, scores, depths = [-1], [-1], [0.0], [0]
+    heap: list[tuple[float, int, int, int, int]] = []  # (-score, push order, parent, depth, rank)
+    push, pop, inf = heapq.heappush, heapq.heappop, math.inf
+    order = 0
+    if seed_chain:
+        node = 0
+        for d in range(1, min(num_depths, budget) + 1):
+            score = scores[node] + top_lp[d - 1][0]
+            if score == -inf:
+                break
+            parents.append(node)
+            ranks.append(0)
+            scores.append(score)
+            depths.append(d)
+            node = len(parents) - 1
+        if width > 1:
+            for chain_node in range(1, len(parents)):  # the chain's second-best siblings
+                parent, d = parents[chain_node], depths[chain_node]
+                score = scores[parent] + top_lp[d - 1][1]
+                if score > -inf:
+                    push(heap, (-score, order, parent, d, 1))
+                    order += 1
+    elif num_depths and width:
+        score = top_lp[0][0]
+        if score > -inf:
+            push(heap, (-score, order, 0, 1, 0))
+            order += 1
+    while heap and len(parents) <= budget:
+        neg, _, parent, depth, rank = pop(heap)
+        parents.append(parent)
+        ranks.append(rank)
+        scores.append(-neg)
+        depths.append(depth)
+        node = len(parents) - 1
+        if rank + 1 < width:  # next sibling
+            score = scores[parent] + top_lp[depth - 1][rank + 1]
+            if score > -inf:
+                push(heap, (-score, order, parent, depth, rank + 1))
+                order += 1
+        if depth < num_depths:  # first child
+            score = -neg + top_lp[depth][0]
+            if score > -inf:
+                push(heap, (-score, order, node, depth + 1, 0))
+                order += 1
+    return parents, ranks

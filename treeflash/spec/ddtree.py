@@ -16,13 +16,13 @@ budget tuner relies on this to read off what a smaller tree would have accepted.
 
 from __future__ import annotations
 
-import heapq
-import math
-
 import numpy as np
 import torch
 
+from treeflash.kernels.ddtree import best_first  # the host search: the reference beside its GPU kernel
 from treeflash.spec.tree import DraftTree
+
+__all__ = ["best_first", "build_tree", "tree_from_top"]
 
 
 def build_tree(
@@ -51,59 +51,3 @@ def tree_from_top(
         depth[i] = depth[parents[i]] + 1
         tokens.append(top_ids[depth[i] - 1][ranks[i]])
     return DraftTree(torch.from_numpy(np.array(tokens, dtype=np.int64)).to(device), parents)  # from_numpy: ~3x cheaper than torch.tensor(list)
-
-
-def best_first(top_lp: list[list[float]], budget: int, seed_chain: bool = False) -> tuple[list[int], list[int]]:
-    """top_lp[d][r]: log-prob of the rank-r candidate at depth d + 1, each row sorted descending.
-
-    Returns (parents, ranks) of the tree's nodes, root first (parents[0] = -1, ranks[0] = -1).
-    Candidates scoring -inf (impossible tokens) never enter. Equal scores pop first-pushed first.
-    (Written without helper closures: this runs on the host between the drafter's and the
-    target's graphs, once a step.)"""
-    num_depths = len(top_lp)
-    width = len(top_lp[0]) if num_depths else 0
-    parents, ranks, scores, depths = [-1], [-1], [0.0], [0]
-    heap: list[tuple[float, int, int, int, int]] = []  # (-score, push order, parent, depth, rank)
-    push, pop, inf = heapq.heappush, heapq.heappop, math.inf
-    order = 0
-    if seed_chain:
-        node = 0
-        for d in range(1, min(num_depths, budget) + 1):
-            score = scores[node] + top_lp[d - 1][0]
-            if score == -inf:
-                break
-            parents.append(node)
-            ranks.append(0)
-            scores.append(score)
-            depths.append(d)
-            node = len(parents) - 1
-        if width > 1:
-            for chain_node in range(1, len(parents)):  # the chain's second-best siblings
-                parent, d = parents[chain_node], depths[chain_node]
-                score = scores[parent] + top_lp[d - 1][1]
-                if score > -inf:
-                    push(heap, (-score, order, parent, d, 1))
-                    order += 1
-    elif num_depths and width:
-        score = top_lp[0][0]
-        if score > -inf:
-            push(heap, (-score, order, 0, 1, 0))
-            order += 1
-    while heap and len(parents) <= budget:
-        neg, _, parent, depth, rank = pop(heap)
-        parents.append(parent)
-        ranks.append(rank)
-        scores.append(-neg)
-        depths.append(depth)
-        node = len(parents) - 1
-        if rank + 1 < width:  # next sibling
-            score = scores[parent] + top_lp[depth - 1][rank + 1]
-            if score > -inf:
-                push(heap, (-score, order, parent, depth, rank + 1))
-                order += 1
-        if depth < num_depths:  # first child
-            score = -neg + top_lp[depth][0]
-            if score > -inf:
-                push(heap, (-score, order, node, depth + 1, 0))
-                order += 1
-    return parents, ranks

@@ -17,6 +17,8 @@
 # kv_split   the "split" / "split8" dequantization variants against words, 27B heads (<= 200 s) and 8B heads
 #            (head_dim 128, <= 120 s) -> kv_sweep_split.json, kv_sweep_split_hd128.json
 # kv_long    bench/kv_long_decode.py, the 27B shape at 128K for bf16 and four compressed pairs (<= 200 s)
+# device_steps  bench/device_step_time.py (<= 120 s); with /tmp/smol.gguf present, the v7 evaluation with
+#            device steps and without (TREEFLASH_DEVICE_STEPS=0), auto / DDTree-32 / DDTree-48 (<= 170 s each)
 # Wheels in .whl/ (flash-linear-attention, fla-core, einops) are installed offline into /tmp/site
 # and put on the path for the stages after check only: gpu_check compares against transformers,
 # which would route its own Gated DeltaNet to fla if it could import it.
@@ -89,7 +91,26 @@ for stage in $STAGES; do
         --out "$OUT/kv_long_decode.json" > "$OUT/kv_long.log" 2>&1
       log "kv_long rc=$?"
       tail -n 12 "$OUT/kv_long.log" | tee -a "$OUT/progress.log" ;;
-    *) log "unknown stage $stage (check, gdn, verify_ab, speed, kv, kv_split, kv_long)" ;;
+    device_steps)
+      log "device_step_time: SmolLM2-shaped graphs back to back (decode, verify-16, draft, device chain / DDTree-22 / -32 / -48)"
+      PYTHONPATH=$SITE timeout 120 python3 bench/device_step_time.py --trees 22,32,48 --out "$OUT/device_step_time.json" \
+        > "$OUT/device_step_time.log" 2>&1
+      log "device_step_time rc=$?"
+      grep -E "per replay" "$OUT/device_step_time.log" | tee -a "$OUT/progress.log"
+      if [ -f /tmp/smol.gguf ]; then  # the real GGUF, carried in three parts (docs/train.md): tau and speedups
+        for ab in "eval_device_steps 1" "eval_sync_steps 0"; do
+          set -- $ab
+          log "evaluate $1 (TREEFLASH_DEVICE_STEPS=$2)"
+          TREEFLASH_DEVICE_STEPS=$2 PYTHONPATH=/tmp/site:$PWD timeout 170 python3 -m treeflash.train.evaluate --target /tmp/smol.gguf \
+            --drafter treeflash/assets/smollm2_dflash --device cuda --budgets auto 32 48 --max-tokens 256 --time-limit 130 \
+            --out "$OUT/$1.json" > "$OUT/$1.log" 2>&1
+          log "rc=$?"
+          grep -E "^\[eval\] +[a-z]" "$OUT/$1.log" | grep -E "tau" | tee -a "$OUT/progress.log"
+        done
+      else
+        log "no /tmp/smol.gguf: evaluation skipped"
+      fi ;;
+    *) log "unknown stage $stage (check, gdn, verify_ab, speed, kv, kv_split, kv_long, device_steps)" ;;
   esac
 done
 log "done"

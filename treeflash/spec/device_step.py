@@ -38,9 +38,10 @@ from treeflash.models.runner import CudaGraphRunner, capture_graph
 
 ENV = "TREEFLASH_DEVICE_STEPS"  # "0": synchronous steps (the A/B baseline)
 # --budget auto on the device: one tree size for the whole request, not the tuner's per-step choice
-# (a graph per budget). H200, SmolLM2 + drafter v7: DDTree-22 1.08x, -32 1.18x, -48 1.20x, -62 1.18x
-# of plain decoding (docs/performance.md); 32 keeps the verify and the search small.
-AUTO_BUDGET = 32
+# (a graph per budget). H200, SmolLM2 + drafter v7, two runs (docs/performance.md): DDTree-32 1.185x /
+# 1.231x, DDTree-48 1.203x / 1.278x, DDTree-62 1.177x of plain decoding; a 49-node verify is still
+# bandwidth-bound on larger targets.
+AUTO_BUDGET = 48
 # ... and the guard the tuner's budget 0 gives: after this many device steps, a request whose device
 # steps commit tokens slower than plain decoding would decodes plainly from there (synchronous
 # drafting, the same drafts with more overhead, would be slower still).

@@ -196,3 +196,37 @@ def test_auto_budget_drafts_on_the_device_and_falls_back_when_slower(monkeypatch
     assert out == ref
     assert dec._dev_off and 5 <= len(calls) <= 7 and kinds[-1] == "sync"
     assert verifies[-1] is False and verifies.count(False) > 30  # plain steps after the device steps lost
+
+
+@pytest.mark.parametrize("types", [("q8_0", "q4_0"), ("tq3_0", "q8_0")])
+def test_compressed_caches_commit_on_the_device(types, monkeypatch):
+    """Compressed KV caches: device DDTree steps (mostly right drafts, so paths through siblings are
+    committed with the caches' own row moves) equal the synchronous steps and plain decoding over
+    the same cache types."""
+    _, target = make_pair("qwen3")
+    model = random_drafter(target)
+    k, v = types
+
+    def with_types(max_len, budget):
+        cache = target.new_cache(max_len, k, v)
+        drafter = DFlashDrafter(target, model, budget=budget, tree=True)
+        runner = CudaGraphRunner(target, cache, capture_layers=drafter.capture_layers, use_graphs=False)
+        drafter.bind_runner(runner)
+        return cache, drafter, runner
+
+    plain_cache = target.new_cache(len(PROMPT) + N + 80, k, v)
+    dec = Decoder(target, plain_cache, SamplingParams())
+    ref = [dec.prefill(PROMPT)]
+    while len(ref) < N + 40:
+        ref.extend(dec.step())
+    outs = []
+    for device in (True, False):
+        monkeypatch.setenv(ENV, "1" if device else "0")
+        cache, drafter, runner = with_types(len(PROMPT) + N + 80, 12)
+        if device:
+            oracle(drafter, drafter.device_step, PROMPT + ref)
+        out, stats, _, _ = decode(target, cache, drafter, runner, PROMPT, N)
+        outs.append(out)
+        if device:
+            assert stats.tau > 2.0
+    assert outs[0] == outs[1] == ref[:N]

@@ -124,9 +124,12 @@ class Decoder:
         t = supported(self.runner, self.drafter, self.params, self.want_logprobs) if self.drafter is not None else 0
         if not t:
             return None
-        dev = getattr(self.drafter, "device_step", None)
+        sampled = not self.params.greedy
+        name = "device_step_sampled" if sampled else "device_step"  # greedy: captured at bind_runner
+        dev = getattr(self.drafter, name, None)
         if dev is None or dev.runner is not self.runner or dev.t != t or dev.tree != self.drafter.tree:
-            dev = self.drafter.device_step = DeviceStep(self.runner, self.drafter, t)
+            dev = DeviceStep(self.runner, self.drafter, t, sampled=sampled)
+            setattr(self.drafter, name, dev)
         return dev
 
     def _device_ready(self) -> bool:
@@ -144,7 +147,10 @@ class Decoder:
         if self._dev_cur is None:
             plain_s = dev.plain_time(self.cache.seq_len) if self.drafter.tuner is not None else 0.0  # nothing in flight
             rows, draft_len = self.drafter.hand_over()
-            dev.begin(self.root, self.cache.seq_len, rows, draft_len)
+            seed = 0
+            if dev.sampled:  # the device draws from a hash of (seed, step, node): the seed comes from the request's generator
+                seed = int(torch.randint(0, 2**31 - 1, (1,), generator=self.generator, device=self.generator.device))
+            dev.begin(self.root, self.cache.seq_len, rows, draft_len, self.params, seed)
             self._dev_run = (time.perf_counter(), 0, 0, plain_s)
             self._dev_cur = dev.enqueue()
         cur = self._dev_cur

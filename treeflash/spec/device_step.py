@@ -1,24 +1,33 @@
-"""DeviceStep: greedy DFlash steps (chain or DDTree) that never wait for the host.
+"""DeviceStep: DFlash steps (chain or DDTree, greedy or sampled) that never wait for the host.
 
 A synchronous speculative step reads back twice (the drafts, then the target's tokens), and on the
 H200's slow host every read-back leaves the GPU idle while the host launches the next graph: the
-default SmolLM2 pair measured 0.54 ms per plain token against ~1.7-1.9 ms per drafted pass. At
-temperature 0 every decision of a step can be made on the device, so one CUDA graph holds it all:
+default SmolLM2 pair measured 0.54 ms per plain token against ~1.7-1.9 ms per drafted pass. Every
+decision of a step can be made on the device, so one CUDA graph holds it all:
 
     draft    the DraftGraphs pass over the rows the last step committed (their count is known
              on the device only: the pass is padded to the block, see DFlashModel.forward_static)
     tree     the chain of top-1 drafts, or DDTree's best-first search in one program (kernels/ddtree.py)
     verify   the target over the t nodes (the runner's static verify code)
-    accept   node i is accepted when it and all its ancestors carry the target's argmax at their
-             parent; the accepted nodes form the path, the argmax at its end is the bonus
+    target   the target's token at every node: its argmax (greedy), or one draw from the request's
+             processed distribution (sampled: spec/sampling.processed_probs_static, and a
+             counter-based hash for randomness, so the graph replays without generator state)
+    accept   node i is accepted when it and all its ancestors carry the target's token at their
+             parent; the accepted nodes form the path, the target's token at its end is the bonus.
+             Sampled, this is sample-and-match (spec/verify.py): each node's draw is independent,
+             so drawing at every node and reading the visited ones is the same walk, and the
+             output has the target's distribution for any tree
     commit   the runner's commit code along the path (a chain on an attention-only target skips
              it: its path is a prefix, already in place)
     next     root = bonus, start += a + 1, the drafter's new rows = the verify's captured rows on the path
 
 The state (start, root, row count) lives in device memory; the host enqueues step k + 1 before it
-reads step k's result from a ring of two pinned buffers, and only keeps the books. Drafts, trees
-and verification are those of the synchronous path, so the tokens are too (tests/spec/test_device_step.py,
-on the CPU with the graphs run eagerly).
+reads step k's result from a ring of two pinned buffers, and only keeps the books. Greedy drafts,
+trees and verification are those of the synchronous path, so the tokens are too
+(tests/spec/test_device_step.py, on the CPU with the graphs run eagerly); sampled steps are checked
+against the exact distribution (tests/spec/test_device_sampling.py). Sampled trees are built from
+the drafter's raw log-probabilities (the synchronous path uses the processed ones): another tree,
+the same exactness.
 
     state   [3] long       start (committed target length), root token, count (new draft rows in ctx_in)
     result  [HEAD + t]     accepted a, the tree's depth, its draft nodes, then the emitted tokens:
@@ -35,6 +44,7 @@ import torch
 from treeflash.kernels.ddtree import ddtree
 from treeflash.kv.recurrent_cache import RecurrentCache
 from treeflash.models.runner import CudaGraphRunner, capture_graph
+from treeflash.spec.sampling import OFF_TOP_P, processed_probs_static, sample_static, static_params
 
 ENV = "TREEFLASH_DEVICE_STEPS"  # "0": synchronous steps (the A/B baseline)
 # --budget auto on the device: one tree size for the whole request, not the tuner's per-step choice
@@ -68,7 +78,7 @@ def supported(runner, drafter, params, want_logprobs) -> int:
     """The step's node count (budget + 1) when this decoder can run device steps, else 0."""
     from treeflash.spec.dflash import DFlashDrafter
 
-    if os.environ.get(ENV, "1") == "0" or want_logprobs is not None or not params.greedy:
+    if os.environ.get(ENV, "1") == "0" or want_logprobs is not None:
         return 0
     if not isinstance(runner, CudaGraphRunner) or not isinstance(drafter, DFlashDrafter):
         return 0
@@ -86,15 +96,18 @@ def supported(runner, drafter, params, want_logprobs) -> int:
 
 
 class DeviceStep:
-    def __init__(self, runner: CudaGraphRunner, drafter, nodes: int):
+    def __init__(self, runner: CudaGraphRunner, drafter, nodes: int, sampled: bool = False):
         """Captures the step (a CUDA graph on a GPU). Its warm-ups write scratch rows and advance
         recurrent state: build it before a prefill, which resets the caches."""
-        self.runner, self.drafter, self.t = runner, drafter, nodes
+        self.runner, self.drafter, self.t, self.sampled = runner, drafter, nodes, sampled
         self.tree, self.seed_chain = drafter.tree, drafter.seed_chain
         g = drafter.graphs
         dev = runner.ints.device
         t = nodes
         self.state = torch.zeros(3, dtype=torch.long, device=dev)
+        vocab = runner.model.config.vocab_size
+        self.fparams = torch.tensor([1.0, OFF_TOP_P, 0.0], device=dev)  # sampled: temperature, top_p, min_p
+        self.iparams = torch.tensor([vocab, 0, 0], dtype=torch.long, device=dev)  # sampled: top_k, seed, counter
         self.result = torch.zeros(HEAD + t, dtype=torch.long, device=dev)
         self.node_ids = torch.arange(t, device=dev)
         self.chain_parents = self.node_ids - 1
@@ -102,7 +115,8 @@ class DeviceStep:
         self.tree_bufs = tuple(torch.zeros(t, dtype=torch.long, device=dev) for _ in range(4)) + (torch.zeros(1, dtype=torch.long, device=dev),)
         self.recurrent = [layer for layer in runner.cache.layers if isinstance(layer, RecurrentCache)]
         pin = dev.type == "cuda"
-        self.host_state = torch.zeros(4, dtype=torch.long, pin_memory=pin)
+        self.host_state = torch.zeros(7, dtype=torch.long, pin_memory=pin)
+        self.host_fparams = torch.zeros(3, dtype=torch.float32, pin_memory=pin)
         self.ring = [torch.zeros(HEAD + t, dtype=torch.long, pin_memory=pin) for _ in range(2)]
         self.events = [torch.cuda.Event() if pin else None for _ in range(2)]
         self._slot = 0
@@ -129,7 +143,7 @@ class DeviceStep:
         top_lp, top_ids = g.device_pass(count)  # [D, K]
         ids = torch.cat((root, top_ids[: t - 1, 0]))
         out = self._verify(ids, self.node_ids, self.chain_parents, self.tril, start)
-        target = out.argmax[:t]  # [t]
+        target = self._targets(out)  # [t]
         acc = (target[: t - 1] == ids[1:t]).long().cumprod(0).sum(0, keepdim=True)  # [1]
         path = torch.minimum(self.node_ids, acc)  # 0 .. a, padded with a
         if self.recurrent:  # attention rows of a chain are already in place
@@ -144,7 +158,7 @@ class DeviceStep:
         ids, parents, depths, anc, real = ddtree(top_lp, top_ids, root, t - 1, self.seed_chain, out=self.tree_bufs)
         mask = ((anc[:, None] >> self.node_ids[None, :]) & 1).bool()  # [t, t]: j is i or an ancestor of i
         out = self._verify(ids, depths, parents, mask, start)
-        target = out.argmax[:t]
+        target = self._targets(out)
         ok = (ids == target.gather(0, parents.clamp_min(0))) & (self.node_ids < real)
         ok = ok | (self.node_ids == 0)
         ok_bits = (ok.long() << self.node_ids).sum(0, keepdim=True)
@@ -167,6 +181,15 @@ class DeviceStep:
         r.ints[3 * tm : 3 * tm + 1].copy_(start)
         r.tree_mask[:t, :t].copy_(mask)
         return r._run_static(t, verify=True)
+
+    def _targets(self, out) -> torch.Tensor:
+        """[t] long: the target's token at each node (argmax, or a draw of the processed distribution)."""
+        if not self.sampled:
+            return out.argmax[: self.t]
+        probs = processed_probs_static(out.logits[: self.t], self.fparams, self.iparams[0:1])
+        tokens = sample_static(probs, self.iparams[1:2], self.iparams[2:3], self.node_ids)
+        self.iparams[2:3].add_(1)  # the next step's draws
+        return tokens
 
     def _commit(self, path, acc, start) -> None:
         """The runner's commit inputs on the device (as CudaGraphRunner.commit fills them on the host), then its commit."""
@@ -196,8 +219,9 @@ class DeviceStep:
         self.state[2:3].copy_(acc + 1)
 
     # -- the host's side --
-    def begin(self, root: int, start: int, rows: list[torch.Tensor], draft_len: int) -> None:
-        """Load the state: the committed length, the root, the drafter's pending rows (<= B)."""
+    def begin(self, root: int, start: int, rows: list[torch.Tensor], draft_len: int, params=None, seed: int = 0) -> None:
+        """Load the state: the committed length, the root, the drafter's pending rows (<= B), and for
+        a sampled step the request's SamplingParams and a seed for its draws."""
         g = self.drafter.graphs
         n = 0
         for row in rows:
@@ -205,11 +229,17 @@ class DeviceStep:
             n += row.shape[0]
         if not 1 <= n <= g.block_size:
             raise RuntimeError(f"device steps: {n} pending draft rows, expected 1 .. {g.block_size}")
-        hs = self.host_state
-        hs[0], hs[1], hs[2], hs[3] = start, root, n, draft_len
+        hs = self.host_state.numpy()  # pinned: numpy writes, then non-blocking copies
+        hs[:4] = start, root, n, draft_len
         dev = self.state.device
-        self.state.copy_(hs[:3].to(dev, non_blocking=True))
-        g.ints[0:1].copy_(hs[3:4].to(dev, non_blocking=True))
+        self.state.copy_(self.host_state[:3].to(dev, non_blocking=True))
+        g.ints[0:1].copy_(self.host_state[3:4].to(dev, non_blocking=True))
+        if self.sampled:
+            floats, top_k = static_params(params, self.runner.model.config.vocab_size)
+            self.host_fparams.numpy()[:] = floats
+            hs[4:7] = top_k, seed & 0x7FFFFFFF, 0
+            self.fparams.copy_(self.host_fparams.to(dev, non_blocking=True))
+            self.iparams.copy_(self.host_state[4:7].to(dev, non_blocking=True))
         self.draft_len = draft_len
         self.count = n
 

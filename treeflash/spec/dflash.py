@@ -58,6 +58,7 @@ class DFlashDrafter(Drafter):
         self.cache = model.new_cache()
         self.graphs = None  # DraftGraphs once bound to a static-shape runner
         self.device_step = None  # DeviceStep (device_step.py) once bound, for greedy requests
+        self.device_step_sampled = None  # the sampled one, captured at the first sampled request
         self.reset()
 
     def bind_runner(self, runner) -> None:
@@ -78,7 +79,7 @@ class DFlashDrafter(Drafter):
                 warnings.warn(f"dflash: capturing the drafter's CUDA graphs failed ({e}); drafting eagerly")
                 self.graphs = None
                 self.reset()
-        self.device_step = None
+        self.device_step = self.device_step_sampled = None
         if self.graphs is not None:
             self._build_device_step(runner)
 

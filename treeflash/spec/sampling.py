@@ -75,3 +75,64 @@ def pick(logits: torch.Tensor, params: SamplingParams, generator: torch.Generato
     if params.greedy:
         return logits.argmax(-1)
     return sample(target_probs(logits, params), generator)
+
+
+# -- the same, inside a CUDA graph (spec/device_step.py): parameters and randomness in device memory --
+
+OFF_TOP_P = 2.0  # a top_p no mass prefix reaches: nothing dropped, as top_p = 1.0 on the host
+
+
+def static_params(params: SamplingParams, vocab: int) -> tuple[list[float], int]:
+    """(temperature, top_p, min_p), top_k for processed_probs_static: every filter always runs, a
+    neutral value where the request has it off."""
+    top_k = params.top_k if 0 < params.top_k < vocab else vocab
+    top_p = params.top_p if params.top_p < 1.0 else OFF_TOP_P
+    return [params.temperature, top_p, params.min_p], top_k
+
+
+def processed_probs_static(
+    logits: torch.Tensor,  # [N, vocab]
+    fparams: torch.Tensor,  # [3] fp32: temperature (> 0), top_p (OFF_TOP_P = off), min_p (0 = off)
+    top_k: torch.Tensor,  # [1] long: kept candidates (vocab = off)
+) -> torch.Tensor:  # [N, vocab] fp32, rows sum to 1
+    """target_probs for a sampled request with no host branch on the parameters' values (one CUDA
+    graph serves every request): the same filters in the same order."""
+    logits = logits.float() / fparams[0]
+    sorted_l, order = logits.sort(dim=-1, descending=True)
+    kth = sorted_l.gather(-1, (top_k - 1).expand(logits.shape[0], 1))
+    logits = logits.masked_fill(logits < kth, float("-inf"))
+    probs = torch.softmax(logits, dim=-1)
+    sorted_p = probs.gather(-1, order)  # descending: softmax keeps the logits' order
+    before = sorted_p.cumsum(-1) - sorted_p  # mass strictly before each token
+    drop = torch.zeros_like(probs, dtype=torch.bool).scatter(-1, order, before >= fparams[1])
+    probs = probs.masked_fill(drop, 0.0)
+    probs = probs.masked_fill(probs < fparams[2] * probs.amax(-1, keepdim=True), 0.0)
+    return probs / probs.sum(-1, keepdim=True)
+
+
+_M31 = 0x7FFFFFFF
+
+
+def _mix(x: torch.Tensor) -> torch.Tensor:
+    """A 31-bit integer hash (xor-shift-multiply rounds; every product stays below 2^63)."""
+    x = x ^ (x >> 16)
+    x = (x * 0x7FEB352D) & _M31
+    x = x ^ (x >> 15)
+    x = (x * 0x846CA68B) & _M31
+    return x ^ (x >> 16)
+
+
+def uniforms(seed: torch.Tensor, counter: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
+    """[N] fp32 in [0, 1), 24 random bits each, from a counter-based hash of (seed, counter, index)
+    ([1], [1], [N] long on the device): no generator state, so a CUDA graph can replay it."""
+    x = _mix((_mix(seed & _M31) ^ _mix((counter * 2 + 1) & _M31)) & _M31)
+    x = _mix(x ^ (index & _M31))
+    return (x >> 7).float() / float(1 << 24)
+
+
+def sample_static(probs: torch.Tensor, seed: torch.Tensor, counter: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
+    """probs [N, vocab] -> [N] long: row i draws with uniforms(seed, counter, index)[i] by the
+    inverse CDF (a token of probability zero is never drawn)."""
+    cdf = probs.cumsum(-1)
+    u = uniforms(seed, counter, index)[:, None] * cdf[:, -1:]
+    return torch.searchsorted(cdf, u, right=True).squeeze(-1).clamp_max(probs.shape[-1] - 1)

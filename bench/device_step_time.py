@@ -7,6 +7,7 @@ drafter (speed does not depend on the weights), each replayed N times back to ba
     draft         the drafter's pass graph over 16 new rows
     device-chain  DeviceStep's whole chain step (draft + verify + accept + next state; spec/device_step.py)
     device-ddtree-N  the same with a DDTree of N nodes built on the device (kernels/ddtree.py) and its commit
+    device-ddtree-N-sampled  the same for a sampled request (the processed distribution and a draw at every node)
 
 Per graph: the host's enqueue time per replay and the elapsed GPU time per replay (CUDA events around
 the N replays; when the host enqueues faster than the GPU runs, this is the GPU's time), and the
@@ -105,19 +106,21 @@ def measure(fused_rows: int, max_len: int, ctx: int, n: int, trees: list[int]) -
         tcache = model.new_cache(max_len)
         trunner = CudaGraphRunner(model, tcache, capture_layers=tree_drafter.capture_layers, buckets=BUCKETS)
         tree_drafter.bind_runner(trunner)
-        tstep = DeviceStep(trunner, tree_drafter, b + 1)
-        tcache.reset()
-        tree_drafter.reset()
-        tstep.state.copy_(torch.tensor([ctx, 1, 16]))
         tg = tree_drafter.graphs
+        for sampled in (False, True):  # greedy, then the sampled step (temperature 1, no filters)
+            tstep = DeviceStep(trunner, tree_drafter, b + 1, sampled=sampled)
+            tcache.reset()
+            tree_drafter.reset()
+            tstep.state.copy_(torch.tensor([ctx, 1, 16]))
 
-        def tree_step(tstep=tstep, tg=tg):
-            tstep.state[0:1].fill_(ctx)
-            tg.ints[0:1].fill_(ctx)
-            tstep.replay()
+            def tree_step(tstep=tstep, tg=tg):
+                tstep.state[0:1].fill_(ctx)
+                tg.ints[0:1].fill_(ctx)
+                tstep.replay()
 
-        res[f"device-ddtree-{b}"] = timed(tree_step, n)
-        names.append(f"device-ddtree-{b}")
+            name = f"device-ddtree-{b}" + ("-sampled" if sampled else "")
+            res[name] = timed(tree_step, n)
+            names.append(name)
     for k in names:
         r = res[k]
         per = f", {1e3 * r['elapsed_ms_per_replay'] / r['kernels']:.2f} us/kernel" if r.get("kernels") else ""

@@ -17,7 +17,7 @@
 # kv_split   the "split" / "split8" dequantization variants against words, 27B heads (<= 200 s) and 8B heads
 #            (head_dim 128, <= 120 s) -> kv_sweep_split.json, kv_sweep_split_hd128.json
 # kv_long    bench/kv_long_decode.py, the 27B shape at 128K for bf16 and four compressed pairs (<= 200 s)
-# device_steps  bench/device_step_time.py (<= 120 s); with /tmp/smol.gguf present, the v7 evaluation with
+# device_steps  bench/device_step_time.py, greedy and sampled steps (<= 180 s); with /tmp/smol.gguf present, the v7 evaluation with
 #            device steps and without (TREEFLASH_DEVICE_STEPS=0), auto / DDTree-32 / DDTree-48 (<= 170 s each)
 # Wheels in .whl/ (flash-linear-attention, fla-core, einops) are installed offline into /tmp/site
 # and put on the path for the stages after check only: gpu_check compares against transformers,
@@ -93,7 +93,7 @@ for stage in $STAGES; do
       tail -n 12 "$OUT/kv_long.log" | tee -a "$OUT/progress.log" ;;
     device_steps)
       log "device_step_time: SmolLM2-shaped graphs back to back (decode, verify-16, draft, device chain / DDTree-22 / -32 / -48)"
-      PYTHONPATH=$SITE timeout 120 python3 bench/device_step_time.py --trees 22,32,48 --out "$OUT/device_step_time.json" \
+      PYTHONPATH=$SITE timeout 180 python3 bench/device_step_time.py --trees 22,32,48 --out "$OUT/device_step_time.json" \
         > "$OUT/device_step_time.log" 2>&1
       log "device_step_time rc=$?"
       grep -E "per replay" "$OUT/device_step_time.log" | tee -a "$OUT/progress.log"

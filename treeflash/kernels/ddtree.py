@@ -143,7 +143,7 @@ def _ddtree_kernel(LP, IDS, ROOT, TOK, PAR, DEP, ANC, COUNT,
 
 
 def ddtree(
-    top_lp: torch.Tensor,  # [D, K] fp64, each row descending
+    top_lp: torch.Tensor,  # [D, K], each row descending (summed in fp64, as the host sums the read-back values)
     top_ids: torch.Tensor,  # [D, K] long (or fp64 holding ids)
     root: torch.Tensor,  # [1] long
     budget: int,

@@ -148,7 +148,8 @@ class DeviceStep:
         path = torch.minimum(self.node_ids, acc)  # 0 .. a, padded with a
         if self.recurrent:  # attention rows of a chain are already in place
             self._commit(path, acc, start)
-        self._finish(out, ids, path, acc, target, torch.full_like(acc, t - 1), torch.full_like(acc, t - 1))
+        depth = torch.full_like(acc, t - 1)  # a chain's depth is also its number of drafts
+        self._finish(out, ids, path, acc, target, depth, depth)
 
     def _tree_step(self) -> None:
         g, t = self.drafter.graphs, self.t

@@ -71,7 +71,13 @@ class DraftGraphs:
         cache.length = saved
 
     # -- the static pass --
-    def _run(self, n: int, count: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    def _run(self, n: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """-> logits, packed: the top-K log-probs and their ids in one fp64 tensor, one read-back."""
+        logits, top_lp, top_ids = self._scores(n)
+        return logits, torch.cat((top_lp.double(), top_ids.double()))  # ids < 2^53: exact in fp64
+
+    def _scores(self, n: int, count: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """-> logits [B-1, vocab] fp32, top-K log-probs [B-1, K] fp32 and their ids [B-1, K] long."""
         c = self.model.config
         start, root = self.ints[0:1], self.ints[1:2]
         block_ids = torch.where(self.depth_ids == 0, root, c.mask_token_id)  # [B]: root, MASK ...
@@ -81,7 +87,7 @@ class DraftGraphs:
         hidden = self.model.forward_static(self.prepare(self.ctx_in[:n]), block, self.cache, start, self.key_pos, count)
         logits = self.model.logits(hidden[1:], self.target.head).float()  # [B-1, vocab]
         top_lp, top_ids = torch.log_softmax(logits, dim=-1).topk(self.top_k, dim=-1)
-        return logits, torch.cat((top_lp.double(), top_ids.double()))  # ids < 2^53: exact in fp64
+        return logits, top_lp, top_ids
 
     def _capture(self, n: int) -> _Pass:
         if not self.use_graphs:
@@ -98,13 +104,12 @@ class DraftGraphs:
     def device_pass(self, count: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """The pass over all B rows of `ctx_in`, of which the first `count` ([1] long on the device)
         are real, at the start and root in `ints`; then ints[0] += count, on the device. -> top-K
-        log-probs [B-1, K] fp64 and their ids [B-1, K] long per depth. Not a graph of its own:
-        spec/device_step.py captures it inside a whole speculative step. Needs ints[0] + count + B
-        < capacity - 1."""
-        _, packed = self._run(self.block_size, count)
+        log-probs [B-1, K] fp32 and their ids [B-1, K] long per depth (no packing: nothing is read
+        back). Not a graph of its own: spec/device_step.py captures it inside a whole speculative
+        step. Needs ints[0] + count + B < capacity - 1."""
+        _, top_lp, top_ids = self._scores(self.block_size, count)
         self.ints[0:1].add_(count)
-        d = self.block_size - 1
-        return packed[:d], packed[d:].long()
+        return top_lp, top_ids
 
     # -- one drafting pass --
     def fits(self, n: int) -> bool:

@@ -206,10 +206,12 @@ class DFlashAttention(nn.Module):
         start: int,  # committed context rows before ctx
         slots: torch.Tensor | None = None,  # static mode: [n + B] long, = start .. start+n+B-1 on the device
         key_pos: torch.Tensor | None = None,  # static mode: [S] long, arange over the whole cache buffer
-        mask: torch.Tensor | None = None,  # static mode: [B, S] bool, this layer's `_mask` (computed once a pass)
+        mask: torch.Tensor | None = None,  # static mode: [B, S] bool, this layer's `_mask` (None: computed here)
     ) -> torch.Tensor:  # [B, H]
         b, n = x.shape[0], ctx.shape[0]
         both = torch.cat((ctx, x)) if n else x
+        if slots is not None and mask is None:
+            mask = self._mask(slots[n:], key_pos, slots[-1:] + 1)
         if slots is not None and _rotary_kernel_fits(rope[0]):
             return self._static(both, b, rope, keys, values, slots, key_pos, mask)
         q = self.q_norm(self.q_proj(x).view(b, self.num_heads, self.head_dim))
@@ -230,8 +232,6 @@ class DFlashAttention(nn.Module):
         assert key_pos is not None
         keys.index_copy_(0, slots, k.to(keys.dtype))
         values.index_copy_(0, slots, v.to(values.dtype))
-        if mask is None:
-            mask = self._mask(slots[n:], key_pos, slots[-1:] + 1)
         out = attention_reference(q, keys[: key_pos.shape[0]].to(q.dtype), values[: key_pos.shape[0]].to(q.dtype), mask, self.scale)
         return self.o_proj(out.reshape(b, -1))
 
@@ -248,8 +248,6 @@ class DFlashAttention(nn.Module):
         cos, sin = rope
         q = norm_rotary_into_cache(q, k, v, cos, sin, self.q_norm.weight, self.k_norm.weight, self.q_norm.eps, False,
                                    keys, values, slots)[n:]
-        if mask is None:
-            mask = self._mask(slots[n:], key_pos, slots[-1:] + 1)
         out = attention_reference(q, keys[: key_pos.shape[0]].to(q.dtype), values[: key_pos.shape[0]].to(q.dtype), mask, self.scale)
         return self.o_proj(out.reshape(b, -1))
 

@@ -65,9 +65,14 @@ def kernels(fn) -> dict:
         sync()
     evs = [e for e in prof.events() if e.device_type.name == "CUDA" and "Memcpy" not in e.name and "Memset" not in e.name]
     names: dict[str, int] = {}
+    busy: dict[str, float] = {}
     for e in evs:
         names[e.name[:70]] = names.get(e.name[:70], 0) + 1
-    return {"kernels": len(evs), "kernel_names": dict(sorted(names.items(), key=lambda kv: -kv[1]))}
+        busy[e.name[:70]] = busy.get(e.name[:70], 0.0) + e.device_time_total
+    # busy_us: the kernels' own durations summed (the rest of a replay is the gaps between them)
+    return {"kernels": len(evs), "kernel_names": dict(sorted(names.items(), key=lambda kv: -kv[1])),
+            "busy_us": round(sum(busy.values()), 1),
+            "kernel_us": {k: round(v, 1) for k, v in sorted(busy.items(), key=lambda kv: -kv[1])}}
 
 
 @torch.inference_mode()
@@ -126,8 +131,9 @@ def measure(fused_rows: int, max_len: int, ctx: int, n: int, trees: list[int]) -
         per = f", {1e3 * r['elapsed_ms_per_replay'] / r['kernels']:.2f} us/kernel" if r.get("kernels") else ""
         print(f"{k:>13} (fused_rows {fused_rows}, max_len {max_len}): host {r['host_ms_per_replay']:.3f} ms, "
               f"elapsed {r['elapsed_ms_per_replay']:.3f} ms per replay, {r.get('kernels', '-')} kernels{per}", flush=True)
-    for k in ("decode", "verify-16"):
-        print(" ", k, list(res[k].get("kernel_names", {}).items())[:10], flush=True)
+    for k in names:
+        if "kernel_us" in res[k]:
+            print(f"  {k}: kernels busy {res[k]['busy_us']:.0f} us;", list(res[k]["kernel_us"].items())[:12], flush=True)
     return res
 
 
@@ -138,9 +144,15 @@ def main() -> None:
     p.add_argument("--context", type=int, default=300, help="committed tokens before the timed steps")
     p.add_argument("--fused-rows", default="0", help="CausalLM.fused_rows values to compare, e.g. 0,16 (0 = FUSED_ROWS, the default)")
     p.add_argument("--trees", default="22,32", help="DDTree budgets of device steps to time beside the chain")
+    p.add_argument("--balanced-splits", type=int, default=None,
+                   help="quant_attention.BALANCED_SPLITS for the graphed attention (0: splits over the buffer; default: as shipped)")
     p.add_argument("--out", default="device_step_time.json")
     args = p.parse_args()
-    res = {"shape": "smollm2-135m", "drafter": "3 layers, block 16", "device": torch.cuda.get_device_name() if DEV == "cuda" else "cpu",
+    if args.balanced_splits is not None:
+        from treeflash.kernels import quant_attention
+
+        quant_attention.BALANCED_SPLITS = args.balanced_splits
+    res = {"shape": "smollm2-135m", "drafter": "3 layers, block 16", "balanced_splits": args.balanced_splits, "device": torch.cuda.get_device_name() if DEV == "cuda" else "cpu",
            "replays": args.replays, "max_len": args.max_len, "context": args.context, "runs": []}
     for fr in (int(x) for x in args.fused_rows.split(",")):
         res["runs"].append(measure(fr, args.max_len, args.context, args.replays, [int(b) for b in args.trees.split(",") if b]))

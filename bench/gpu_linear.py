@@ -43,6 +43,11 @@ PROJECTIONS = {
     "27b.attn_qkv": (14336, 5120, "norm"),
     "27b.gate_up": (34816, 5120, "swiglu"),
     "27b.down": (5120, 17408, "res"),
+    # SmolLM2-135M, the embedded default (a verify step's GEMMs are latency-bound there: 0.7-3.5 MB each)
+    "smol.qkv": (960, 576, "norm"),
+    "smol.o": (576, 576, "res"),
+    "smol.gate_up": (3072, 576, "swiglu"),
+    "smol.down": (576, 1536, "res"),
 }
 
 ONE_ROW = [  # (block_m, block_n, block_k, warps, stages, fma)
@@ -51,7 +56,10 @@ ONE_ROW = [  # (block_m, block_n, block_k, warps, stages, fma)
     (1, 16, 256, 4, 3, True), (1, 32, 128, 4, 3, True), (1, 8, 512, 4, 3, True),
     (1, 16, 512, 8, 3, True), (1, 32, 256, 8, 3, True), (1, 64, 64, 4, 4, True),
 ]
-MANY_ROWS = [(0, 16, 256, 4, 3, False), (0, 32, 128, 4, 3, False), (0, 64, 64, 4, 3, False)]
+MANY_ROWS = [(0, 16, 256, 4, 3, False), (0, 32, 128, 4, 3, False), (0, 64, 64, 4, 3, False),
+             # narrow tiles (more programs over a small weight), short K steps, deeper pipelines
+             (0, 16, 64, 4, 4, False), (0, 16, 128, 4, 3, False), (0, 16, 64, 2, 4, False), (0, 32, 64, 4, 4, False),
+             (0, 16, 32, 4, 6, False), (0, 32, 256, 8, 2, False), (0, 64, 128, 4, 3, False), (0, 16, 128, 8, 3, False)]
 
 
 def cfg_name(c: tuple) -> str:

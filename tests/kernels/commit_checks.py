@@ -9,7 +9,8 @@ import torch
 
 
 def main() -> None:
-    from treeflash.kernels.commit import commit_rows, commit_rows_reference, conv_window_commit, conv_window_commit_reference
+    from treeflash.kernels.commit import (RowTable, commit_rows, commit_rows_reference, commit_rows_table, conv_window_commit,
+                                          conv_window_commit_reference)
 
     torch.manual_seed(0)
     out = {}
@@ -30,6 +31,18 @@ def main() -> None:
         commit_rows(k, v, dest, src, n)
         commit_rows_reference(k2, v2, dest, src, n)
         out[f"rows_{name}"] = bool(torch.equal(k, k2) and torch.equal(v, v2))
+    # one table over several layers' K and V (bf16 and fp32 buffers of one row size in bytes: copied as int16):
+    # every buffer's kept rows in one launch
+    start, path, pad = 5, [0, 1, 3, 4, 8], 12
+    src = torch.tensor(path + [path[-1]] * (pad - len(path))) + start
+    dest = torch.arange(pad) + start
+    n = torch.tensor([len(path)])
+    bufs = [torch.randn(30, 3, 8).to(torch.bfloat16) for _ in range(4)] + [torch.randn(30, 3, 4)]
+    refs = [b.clone() for b in bufs]
+    commit_rows_table(RowTable(bufs), dest, src, n)
+    for r in refs:
+        r.index_copy_(0, dest[:5], r.index_select(0, src[:5]))
+    out["table_five_buffers"] = all(torch.equal(b, r) for b, r in zip(bufs, refs))
     # conv windows: kept rows from the old window and from a strided view of the step's inputs
     for k1, rows in [(3, [2, 3, 5]), (3, [4, 5, 6]), (1, [3]), (4, [0, 1, 3, 4])]:
         c, t = 37, 6

@@ -160,7 +160,7 @@ def check_attention_masked_end(fmt_k: str, fmt_v: str, num_new: int, splits: int
 
 
 def check_with_options(options: dict, fn, *args) -> None:
-    """Run a check with quant_attention's module options (FUSED_COMBINE, STATIC_SPLIT_CAP) set."""
+    """Run a check with quant_attention's module options (FUSED_COMBINE, STATIC_SPLIT_CAP, BALANCED_SPLITS) set."""
     from treeflash.kernels import quant_attention as qa
 
     saved = {name: getattr(qa, name) for name in options}
@@ -320,6 +320,11 @@ def groups() -> dict[str, dict]:
         "fused_combine_masked_end_long": (check_with_options, ({"FUSED_COMBINE": True}, check_attention_masked_end, "bf16", "q8_0", 1, None, 2048)),
         "split_cap_masked_end_long": (check_with_options, ({"STATIC_SPLIT_CAP": 2}, check_attention_masked_end, "bf16", "bf16", 3, None, 2048)),
         "split_cap_fused_masked_end": (check_with_options, ({"STATIC_SPLIT_CAP": 2, "FUSED_COMBINE": True}, check_attention_masked_end, "q8_0", "q4_0", 1, None, 2048)),
+        # balanced splits: the filled blocks shared equally whatever the buffer's length (3 splits over a
+        # 2048-slot buffer whose end is slot 74 + num_new; more splits than filled blocks leaves some empty)
+        "balanced_masked_end_long": (check_with_options, ({"BALANCED_SPLITS": 3}, check_attention_masked_end, "bf16", "bf16", 5, None, 2048)),
+        "balanced_decode_empty_splits": (check_with_options, ({"BALANCED_SPLITS": 8}, check_attention_masked_end, "bf16", "q8_0", 1, None, 2048)),
+        "balanced_verify_q4_0_tq3_0": (check_with_options, ({"BALANCED_SPLITS": 2}, check_attention_masked_end, "q4_0", "tq3_0", 6, None)),
         # one split writes the output itself (no partials, no combine): tq3_0 V's rotated output, a tree,
         # a long buffer's end
         "one_split_verify_tree_tq3_0_v": (check_attention, ("q8_0", "tq3_0", 64, 6, 2, len(tree), 100, tree, 1)),

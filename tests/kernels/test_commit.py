@@ -9,7 +9,7 @@ from tests.kernels.interpret import run_module
 
 def test_commit_kernels_match_references():
     result = run_module("tests.kernels.commit_checks")
-    assert len(result) == 9
+    assert len(result) == 10
     assert all(result.values()), result
 
 

@@ -52,6 +52,9 @@ COMBINE_CHUNK = 64
 # the split cap 4 0.82 ms (bench/gpu_speed.py --attn-fused-combine / --static-split-cap 4).
 FUSED_COMBINE = False  # the last split program merges the splits (an atomic ticket): no _combine_kernel launch
 STATIC_SPLIT_CAP = 0  # static mode (slots given), > 0: at most this many key blocks per split over a long buffer
+# static mode (slots given), > 0: that many splits sharing the filled blocks equally (quant_attention_masked's
+# `balanced`); 0: splits planned over the whole buffer (plan_splits)
+BALANCED_SPLITS = 0
 # One split (splits == 1: a key axis of one block, or num_splits=1) writes the output itself, with no
 # combine launch. Planning one split for short contexts on purpose was measured slower on the H200
 # (bench/results/s17/single_split/: SmolLM2 decode graph 1.07 ms against 0.82, 8B 4.85 against 4.45 ms
@@ -107,7 +110,7 @@ def _partial_kernel(
     BLOCKS_PER_SPLIT: tl.constexpr, FMT_K: tl.constexpr, FMT_V: tl.constexpr, DOT: tl.constexpr,
     PREFETCH: tl.constexpr, DEQ: tl.constexpr, C0: tl.constexpr, C1: tl.constexpr, C2: tl.constexpr, C3: tl.constexpr,
     PDL: tl.constexpr = False, K_INT8: tl.constexpr = False, DEQ_V: tl.constexpr = 0, ASM: tl.constexpr = False,
-    DOT_V: tl.constexpr = None,
+    DOT_V: tl.constexpr = None, BALANCED: tl.constexpr = False,
 ):
     pdl.enter(PDL)
     DV: tl.constexpr = DEQ_V if DEQ_V > 0 else DEQ  # V's dequantization scheme (0: K's)
@@ -141,8 +144,14 @@ def _partial_kernel(
     end = kv_len
     if HAS_END:
         end = tl.minimum(tl.load(end_ptr + end_idx).to(tl.int32) + 1, kv_len)
-    first = split.to(tl.int64) * (BLOCKS_PER_SPLIT * BLOCK_N)
-    n_blocks = tl.minimum((end - first + BLOCK_N - 1) // BLOCK_N, BLOCKS_PER_SPLIT).to(tl.int32)  # <= 0 past the end
+    if BALANCED:  # NUM_SPLITS equal shares of the blocks before the end (read on the device), not of the buffer
+        total = (end + BLOCK_N - 1) // BLOCK_N
+        per = (total + NUM_SPLITS - 1) // NUM_SPLITS  # <= BLOCKS_PER_SPLIT, the interpreter's static bound
+        first = split.to(tl.int64) * per * BLOCK_N
+        n_blocks = tl.minimum(total - split * per, per).to(tl.int32)  # <= 0: an empty split
+    else:
+        first = split.to(tl.int64) * (BLOCKS_PER_SPLIT * BLOCK_N)
+        n_blocks = tl.minimum((end - first + BLOCK_N - 1) // BLOCK_N, BLOCKS_PER_SPLIT).to(tl.int32)  # <= 0 past the end
     # DYN_LOOP: stop at the end. The interpreter cannot take a loop bound derived from program_id,
     # so there it runs every block; past the end every load is masked off and the step is a no-op
     # (scores -inf: alpha 1, p 0)
@@ -152,7 +161,7 @@ def _partial_kernel(
     va, vb, vs = _load_k(vs_ptr, vc_ptr, keys, kvh, num_kv_heads, keys < end, FMT_V, D, DV)
     for b in range(0, n_blocks if DYN_LOOP else BLOCKS_PER_SPLIT):
         keys = first + b * BLOCK_N + tl.arange(0, BLOCK_N)
-        key_ok = keys < end
+        key_ok = (keys < end) & (b < n_blocks)  # (b < n_blocks: the interpreter's static loop; a balanced split's own keys)
         nxt = keys + BLOCK_N
         nxt_ok = (nxt < end) & (b + 1 < n_blocks)
         if PREFETCH:
@@ -325,9 +334,15 @@ def quant_attention_masked(
     num_splits: int | None = None,
     config: LaunchConfig | None = None,
     slots: torch.Tensor | None = None,  # [T] long on q's device: the slots this step wrote (the last is the highest)
+    balanced: bool | None = None,
 ) -> torch.Tensor:  # [T, H, D] q.dtype
     """Triton, static shapes: reads slots [0, S) under key_mask (no host sync: CUDA-graph capturable);
-    with `slots`, only [0, slots[-1]] (key_mask must hide every slot past it)."""
+    with `slots`, only [0, slots[-1]] (key_mask must hide every slot past it).
+
+    `balanced` (with `slots`; None: BALANCED_SPLITS > 0): the splits share the blocks up to slots[-1]
+    equally, however long the buffer, instead of covering fixed stretches of it (where a short context
+    in a long buffer leaves most splits empty and the rest long); num_splits then defaults to
+    BALANCED_SPLITS."""
     n, kv_len = q.shape[0], key_mask.shape[-1]
     _check_query(q, k, v, kv_len)
     if key_mask.shape != (n, kv_len) or key_mask.dtype != torch.bool or key_mask.device != q.device:
@@ -335,10 +350,16 @@ def quant_attention_masked(
     vis = key_mask.view(torch.int8) if key_mask.is_contiguous() else key_mask.to(torch.int8).contiguous()  # no copy kernel per layer
     if slots is not None and (slots.dim() != 1 or slots.shape[0] != n or slots.device != q.device or slots.dtype != torch.long):
         raise ValueError(f"quant_attention_masked: slots must be long [{n}] on {q.device}")
-    return _launch(q, k, v, vis, 0, kv_len, True, scale, num_splits, config, slots)
+    if balanced is None:
+        balanced = slots is not None and BALANCED_SPLITS > 0
+    if balanced and slots is None:
+        raise ValueError("quant_attention_masked: balanced splits need slots (the end is read from them)")
+    if balanced and num_splits is None:
+        num_splits = BALANCED_SPLITS
+    return _launch(q, k, v, vis, 0, kv_len, True, scale, num_splits, config, slots, balanced)
 
 
-def _launch(q, k, v, vis, start, kv_len, key_mask, scale, num_splits, config, slots=None):
+def _launch(q, k, v, vis, start, kv_len, key_mask, scale, num_splits, config, slots=None, balanced=False):
     n, num_heads, head_dim = q.shape
     num_kv_heads = k.codes.shape[1]
     group = num_heads // num_kv_heads
@@ -353,7 +374,10 @@ def _launch(q, k, v, vis, start, kv_len, key_mask, scale, num_splits, config, sl
     else:
         per_split = _next_pow2(triton.cdiv(num_blocks, max(1, min(num_splits, num_blocks, MAX_SPLITS))))
         splits = triton.cdiv(num_blocks, per_split)
-    skip_empty = slots is not None and STATIC_SPLIT_CAP > 0
+    if balanced:  # exactly num_splits shares of the filled blocks; per_split only bounds the interpreter's loop
+        splits = max(1, min(num_splits, num_blocks, MAX_SPLITS))
+        per_split = _next_pow2(triton.cdiv(num_blocks, splits))
+    skip_empty = slots is not None and STATIC_SPLIT_CAP > 0 and not balanced
     if skip_empty and num_splits is None and per_split > STATIC_SPLIT_CAP:
         # the filled part of a long buffer may be short: short splits (those past the end exit at
         # once) instead of one split walking the whole context
@@ -374,22 +398,24 @@ def _launch(q, k, v, vis, start, kv_len, key_mask, scale, num_splits, config, sl
     out = torch.empty(n, num_heads, head_dim, dtype=torch.float32 if rotated_out else in_dtype, device=q.device)
     direct = splits == 1
     fuse = FUSED_COMBINE and not direct
+    balanced = balanced and not direct
     tickets = scratch("quant_attention.tickets", q.device, m_tiles * num_kv_heads, torch.int32) if fuse else m
     _partial_kernel[(m_tiles, num_kv_heads, splits)](
         q, k.scales if fmt_k else k.codes, k.codes, v.scales if fmt_v else v.codes, v.codes, vis,
         slots if slots is not None else vis, m, l, acc, out, tickets,
         start, n, kv_len, n - 1, num_kv_heads, scale * LOG2E, q.stride(0), q.stride(1),
         KEY_MASK=key_mask, HAS_END=slots is not None, DYN_LOOP=not _interpreting(),
-        FUSE_COMBINE=fuse, NUM_SPLITS=splits if fuse else 1, DIRECT=direct, SKIP_EMPTY=skip_empty,
+        FUSE_COMBINE=fuse, NUM_SPLITS=splits if fuse or balanced else 1, DIRECT=direct, SKIP_EMPTY=skip_empty or balanced,
         GROUP=group, D=head_dim, BLOCK_M=block_m, BLOCK_N=block_n, BLOCKS_PER_SPLIT=per_split,
         FMT_K=fmt_k, FMT_V=fmt_v, DOT=dot, PREFETCH=cfg.prefetch, DEQ=DEQ_IDS[deq_k], C0=c0, C1=c1, C2=c2, C3=c3,
         num_warps=cfg.num_warps, num_stages=cfg.num_stages, K_INT8=cfg.k_int8 and k.name == "q8_0",
-        DEQ_V=DEQ_IDS[deq_v], ASM=not _interpreting(), DOT_V=dot_v, **pdl.kwargs(q),
+        DEQ_V=DEQ_IDS[deq_v], ASM=not _interpreting(), DOT_V=dot_v, BALANCED=balanced, **pdl.kwargs(q),
     )
     if not (fuse or direct):
         chunk = min(COMBINE_CHUNK if splits <= 128 else COMBINE_CHUNK // 2, head_dim)
         _combine_kernel[(n * num_heads, head_dim // chunk)](
-            m, l, acc, out, n * num_heads, splits, D=head_dim, D_CHUNK=chunk, SPLITS=_next_pow2(splits), SKIP_EMPTY=skip_empty,
+            m, l, acc, out, n * num_heads, splits, D=head_dim, D_CHUNK=chunk, SPLITS=_next_pow2(splits),
+            SKIP_EMPTY=skip_empty or balanced,
             num_warps=4, **pdl.kwargs(q),
         )
     return formats.unrotate(out).to(in_dtype) if rotated_out else out

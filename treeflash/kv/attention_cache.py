@@ -17,7 +17,7 @@ from torch.nn.attention.bias import CausalBias, causal_lower_right
 
 from treeflash.kernels.norm import _interpreting
 from treeflash.kernels.rotary import norm_rotary, norm_rotary_into_cache
-from treeflash.kernels.commit import commit_rows
+from treeflash.kernels.commit import RowTable, commit_rows_table
 
 if TYPE_CHECKING:
     from treeflash.kv.cache import CacheSpec
@@ -179,6 +179,8 @@ class DenseAttentionCache:
         dtype_v = DENSE_TYPES[spec.cache_type_v] or spec.dtype
         self.k = torch.zeros(spec.max_len, num_kv_heads, head_dim, dtype=dtype_k, device=spec.device)
         self.v = torch.zeros(spec.max_len, num_kv_heads, head_dim, dtype=dtype_v, device=spec.device)
+        # K and V for commit_rows_table (one launch for both), where their rows have one size in bytes
+        self.rows = RowTable([self.k, self.v]) if self.k.element_size() == self.v.element_size() else None
 
     def attend(self, q, k, v, start, tree_mask, scale):
         n = q.shape[0]
@@ -215,8 +217,8 @@ class DenseAttentionCache:
         return grouped_attention(q, self.k.to(q.dtype), self.v.to(q.dtype), key_mask, scale)
 
     def commit_static(self, dest: torch.Tensor, src: torch.Tensor, path_len: torch.Tensor | None = None) -> None:
-        if path_len is not None and self.k.is_cuda and self.k.dtype == self.v.dtype:
-            return commit_rows(self.k, self.v, dest, src, path_len)  # K and V in one launch, the kept rows only
+        if path_len is not None and self.k.is_cuda and self.rows is not None:
+            return commit_rows_table(self.rows, dest, src, path_len)  # K and V in one launch, the kept rows only
         self.k.index_copy_(0, dest, self.k.index_select(0, src))
         self.v.index_copy_(0, dest, self.v.index_select(0, src))
 

@@ -14,7 +14,8 @@ from dataclasses import dataclass, replace
 
 import torch
 
-from treeflash.kv.attention_cache import AttentionCache, make_attention_cache
+from treeflash.kernels.commit import RowTable
+from treeflash.kv.attention_cache import AttentionCache, DenseAttentionCache, make_attention_cache
 from treeflash.kv.recurrent_cache import RecurrentCache, RecurrentShape
 
 ATTENTION = "attention"
@@ -65,6 +66,17 @@ class ModelCache:
                 self.layers.append(RecurrentCache(layout.recurrent, spec.dtype, spec.device))
             else:
                 raise ValueError(f"unknown layer kind {kind!r}")
+
+    def dense_row_table(self) -> tuple[RowTable | None, set[int]]:
+        """(one RowTable over the K and V buffers of every dense attention layer whose rows have the first
+        one's size in bytes, the indices of those layers): what a graphed commit moves in one launch
+        (kernels/commit.commit_rows_table) instead of one per layer. (None, {}) without such layers."""
+        dense = [i for i, layer in enumerate(self.layers) if isinstance(layer, DenseAttentionCache) and layer.rows is not None]
+        if not dense:
+            return None, set()
+        size = self.layers[dense[0]].rows.row_bytes
+        dense = [i for i in dense if self.layers[i].rows.row_bytes == size]
+        return RowTable([b for i in dense for b in (self.layers[i].k, self.layers[i].v)]), set(dense)
 
     @property
     def max_len(self) -> int:

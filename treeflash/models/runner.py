@@ -13,6 +13,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from treeflash.kernels.commit import commit_rows_table
 from treeflash.kv.attention_cache import static_shapes
 from treeflash.kv.cache import ModelCache
 from treeflash.kv.recurrent_cache import RecurrentCache
@@ -111,6 +112,8 @@ class CudaGraphRunner(EagerRunner):
         self.buckets = tuple(sorted(buckets))
         tmax = self.buckets[-1]
         self.max_len = cache.max_len
+        # the commit moves the dense attention layers' kept rows in one launch (kernels/commit.py)
+        self.commit_table, self.commit_layers = cache.dense_row_table()
         # static inputs: [ids | depths | parents | start | commit_src | commit_dest | path_len | conv_idx]
         self.k1 = (cache.layout.recurrent.conv_kernel - 1) if cache.layout.recurrent else 0
         self.n_int = 3 * tmax + 1 + 2 * tmax + 1 + max(self.k1, 1)
@@ -189,11 +192,13 @@ class CudaGraphRunner(EagerRunner):
     def _commit_static(self, t: int) -> None:
         _, _, _, start, src, dest, path_len, conv_idx = self._views(t)
         path = src - start  # [t] node ids, padded past path_len
-        for layer in self.cache.layers:
+        for i, layer in enumerate(self.cache.layers):
             if isinstance(layer, RecurrentCache):
                 layer.commit_path(path, path_len, conv_idx)
-            else:
+            elif i not in self.commit_layers:
                 layer.commit_static(dest, src, path_len)
+        if self.commit_table is not None:  # the dense attention layers' K and V, one launch for all
+            commit_rows_table(self.commit_table, dest, src, path_len)
 
     def _capture_commit(self, t: int, g: _Graph):
         self._install(g)

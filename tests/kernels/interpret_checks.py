@@ -318,10 +318,13 @@ def groups() -> dict[str, dict]:
         "fused_combine_decode": (check_with_options, ({"FUSED_COMBINE": True}, check_attention, "q8_0", "tq3_0")),
         "fused_combine_verify_tree": (check_with_options, ({"FUSED_COMBINE": True}, check_attention, "q4_0", "q8_0", 64, 4, 2, 7, 60, tree, 2)),
         "fused_combine_masked_end_long": (check_with_options, ({"FUSED_COMBINE": True}, check_attention_masked_end, "bf16", "q8_0", 1, None, 2048)),
-        "split_cap_masked_end_long": (check_with_options, ({"STATIC_SPLIT_CAP": 2}, check_attention_masked_end, "bf16", "bf16", 3, None, 2048)),
-        "split_cap_fused_masked_end": (check_with_options, ({"STATIC_SPLIT_CAP": 2, "FUSED_COMBINE": True}, check_attention_masked_end, "q8_0", "q4_0", 1, None, 2048)),
-        # balanced splits: the filled blocks shared equally whatever the buffer's length (3 splits over a
-        # 2048-slot buffer whose end is slot 74 + num_new; more splits than filled blocks leaves some empty)
+        "split_cap_masked_end_long": (check_with_options, ({"STATIC_SPLIT_CAP": 2, "BALANCED_SPLITS": 0}, check_attention_masked_end, "bf16", "bf16", 3, None, 2048)),
+        "split_cap_fused_masked_end": (check_with_options, ({"STATIC_SPLIT_CAP": 2, "FUSED_COMBINE": True, "BALANCED_SPLITS": 0}, check_attention_masked_end, "q8_0", "q4_0", 1, None, 2048)),
+        # splits over the whole buffer (the static mode before balanced splits)
+        "unbalanced_masked_end_long": (check_with_options, ({"BALANCED_SPLITS": 0}, check_attention_masked_end, "bf16", "q8_0", 4, None, 2048)),
+        # balanced splits (the default in static mode, plan_splits' count): the filled blocks shared equally
+        # whatever the buffer's length (3 splits over a 2048-slot buffer whose end is slot 74 + num_new; more
+        # splits than filled blocks leaves some empty)
         "balanced_masked_end_long": (check_with_options, ({"BALANCED_SPLITS": 3}, check_attention_masked_end, "bf16", "bf16", 5, None, 2048)),
         "balanced_decode_empty_splits": (check_with_options, ({"BALANCED_SPLITS": 8}, check_attention_masked_end, "bf16", "q8_0", 1, None, 2048)),
         "balanced_verify_q4_0_tq3_0": (check_with_options, ({"BALANCED_SPLITS": 2}, check_attention_masked_end, "q4_0", "tq3_0", 6, None)),

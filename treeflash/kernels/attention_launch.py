@@ -167,13 +167,18 @@ def _sm_count(device: torch.device) -> int:
     return torch.cuda.get_device_properties(device).multi_processor_count if device.type == "cuda" else 4
 
 
+def split_count(num_blocks: int, programs_per_split: int, device: torch.device, programs_per_sm: int = PROGRAMS_PER_SM) -> int:
+    """How many splits put about programs_per_sm programs on every SM (at most one per key block)."""
+    want = triton.cdiv(programs_per_sm * _sm_count(device), programs_per_split)
+    return max(1, min(num_blocks, want, MAX_SPLITS))
+
+
 def plan_splits(
     num_blocks: int, programs_per_split: int, device: torch.device, programs_per_sm: int = PROGRAMS_PER_SM
 ) -> tuple[int, int]:
     """(num_splits, blocks_per_split): about programs_per_sm programs per SM; blocks_per_split is a
     power of two (a compile-time loop bound), so a growing context recompiles only when it doubles."""
-    want = triton.cdiv(programs_per_sm * _sm_count(device), programs_per_split)
-    want = max(1, min(num_blocks, want, MAX_SPLITS))
+    want = split_count(num_blocks, programs_per_split, device, programs_per_sm)
     per_split = _next_pow2(triton.cdiv(num_blocks, want))
     return triton.cdiv(num_blocks, per_split), per_split
 

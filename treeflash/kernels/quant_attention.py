@@ -37,7 +37,7 @@ from treeflash.kernels import pdl
 
 from treeflash.kernels import kv_formats as formats
 from treeflash.kernels.attention_launch import (  # noqa: F401  (FMT_IDS: re-exported)
-    FMT_IDS, MAX_SPLITS, LaunchConfig, _dot_dtypes, _next_pow2, _schemes, launch_config, plan_splits,
+    FMT_IDS, MAX_SPLITS, LaunchConfig, _dot_dtypes, _next_pow2, _schemes, launch_config, plan_splits, split_count,
 )
 from treeflash.kernels.kv_dequant import DEQ_IDS, DEQ_SPLIT, _columns, _dequant
 from treeflash.kernels.kv_split import _load_k, _out_columns, _split_accumulate, _split_query, _split_scores, _split_zeros
@@ -52,9 +52,14 @@ COMBINE_CHUNK = 64
 # the split cap 4 0.82 ms (bench/gpu_speed.py --attn-fused-combine / --static-split-cap 4).
 FUSED_COMBINE = False  # the last split program merges the splits (an atomic ticket): no _combine_kernel launch
 STATIC_SPLIT_CAP = 0  # static mode (slots given), > 0: at most this many key blocks per split over a long buffer
-# static mode (slots given), > 0: that many splits sharing the filled blocks equally (quant_attention_masked's
-# `balanced`); 0: splits planned over the whole buffer (plan_splits)
-BALANCED_SPLITS = 0
+# Static mode (slots given): the splits share the filled blocks (up to the step's last slot, read on the
+# device) equally, instead of covering fixed stretches of the whole buffer (quant_attention_masked's
+# `balanced`). -1: as many splits as plan_splits would plan (split_count: ~2 programs an SM, at most one per
+# buffer block), > 0: that many, 0: off (splits over the buffer). Over the buffer, a short context in the
+# CLI's 8193-slot buffer left its keys to the first of 22-88 long splits: on the H200 (SmolLM2 shape, 300
+# tokens of context; bench/results/s22/) a 33-node verify's attention took 14.0 us against 9.3 in a 600-slot
+# buffer, and the DDTree-32 step 2.38 ms against 1.47.
+BALANCED_SPLITS = -1
 # One split (splits == 1: a key axis of one block, or num_splits=1) writes the output itself, with no
 # combine launch. Planning one split for short contexts on purpose was measured slower on the H200
 # (bench/results/s17/single_split/: SmolLM2 decode graph 1.07 ms against 0.82, 8B 4.85 against 4.45 ms
@@ -339,10 +344,10 @@ def quant_attention_masked(
     """Triton, static shapes: reads slots [0, S) under key_mask (no host sync: CUDA-graph capturable);
     with `slots`, only [0, slots[-1]] (key_mask must hide every slot past it).
 
-    `balanced` (with `slots`; None: BALANCED_SPLITS > 0): the splits share the blocks up to slots[-1]
+    `balanced` (with `slots`; None: BALANCED_SPLITS != 0): the splits share the blocks up to slots[-1]
     equally, however long the buffer, instead of covering fixed stretches of it (where a short context
-    in a long buffer leaves most splits empty and the rest long); num_splits then defaults to
-    BALANCED_SPLITS."""
+    in a long buffer leaves most splits empty and the first one long); num_splits then defaults to
+    BALANCED_SPLITS (-1: plan_splits' count)."""
     n, kv_len = q.shape[0], key_mask.shape[-1]
     _check_query(q, k, v, kv_len)
     if key_mask.shape != (n, kv_len) or key_mask.dtype != torch.bool or key_mask.device != q.device:
@@ -351,10 +356,10 @@ def quant_attention_masked(
     if slots is not None and (slots.dim() != 1 or slots.shape[0] != n or slots.device != q.device or slots.dtype != torch.long):
         raise ValueError(f"quant_attention_masked: slots must be long [{n}] on {q.device}")
     if balanced is None:
-        balanced = slots is not None and BALANCED_SPLITS > 0
+        balanced = slots is not None and BALANCED_SPLITS != 0
     if balanced and slots is None:
         raise ValueError("quant_attention_masked: balanced splits need slots (the end is read from them)")
-    if balanced and num_splits is None:
+    if balanced and num_splits is None and BALANCED_SPLITS > 0:
         num_splits = BALANCED_SPLITS
     return _launch(q, k, v, vis, 0, kv_len, True, scale, num_splits, config, slots, balanced)
 
@@ -375,7 +380,8 @@ def _launch(q, k, v, vis, start, kv_len, key_mask, scale, num_splits, config, sl
         per_split = _next_pow2(triton.cdiv(num_blocks, max(1, min(num_splits, num_blocks, MAX_SPLITS))))
         splits = triton.cdiv(num_blocks, per_split)
     if balanced:  # exactly num_splits shares of the filled blocks; per_split only bounds the interpreter's loop
-        splits = max(1, min(num_splits, num_blocks, MAX_SPLITS))
+        splits = max(1, min(num_splits, num_blocks, MAX_SPLITS)) if num_splits is not None else \
+            split_count(num_blocks, m_tiles * num_kv_heads, q.device, cfg.programs_per_sm)
         per_split = _next_pow2(triton.cdiv(num_blocks, splits))
     skip_empty = slots is not None and STATIC_SPLIT_CAP > 0 and not balanced
     if skip_empty and num_splits is None and per_split > STATIC_SPLIT_CAP:

@@ -173,6 +173,31 @@ def grouped_attention(
 STATIC_END = True
 
 
+def static_buffer_attention(
+    q: torch.Tensor,  # [T, H, D]
+    keys: torch.Tensor,  # [>= S, Hkv, D] a whole cache buffer (written through the step's slots)
+    values: torch.Tensor,
+    key_mask: torch.Tensor,  # [T, S] bool: which of the first S slots each query sees
+    scale: float,
+    slots: torch.Tensor | None = None,  # [T] long: the step's slots, the last the highest (the mask hides all past it)
+    fallback=grouped_attention,
+) -> torch.Tensor:  # [T, H, D]
+    """Attention of a static-shape (CUDA-graph) step over a cache buffer. On CUDA, for bf16/fp16 buffers,
+    the split-K Triton kernel straight from the buffer (kernels/quant_attention.py), reading only up to
+    slots[-1] and sharing those keys among its splits, so its time follows the context, not the buffer's
+    length; elsewhere `fallback(q, keys[:S], values[:S], key_mask, scale)` in q's dtype."""
+    name = {torch.bfloat16: "bf16", torch.float16: "f16"}.get(keys.dtype)
+    d = q.shape[-1]
+    if q.is_cuda and name is not None and values.dtype == keys.dtype and q.shape[0] <= 128 and d in (32, 64, 128, 256):
+        from treeflash.kernels.kv_quant import Planes
+        from treeflash.kernels.quant_attention import quant_attention_masked
+
+        return quant_attention_masked(q, Planes(name, None, keys), Planes(name, None, values), key_mask, scale,
+                                      slots=slots if STATIC_END else None)
+    s = key_mask.shape[-1]
+    return fallback(q, keys[:s].to(q.dtype), values[:s].to(q.dtype), key_mask, scale)
+
+
 class DenseAttentionCache:
     def __init__(self, num_kv_heads: int, head_dim: int, spec: "CacheSpec"):
         dtype_k = DENSE_TYPES[spec.cache_type_k] or spec.dtype
@@ -206,15 +231,7 @@ class DenseAttentionCache:
         return self.attend_static(q, k, v, slots, key_mask, scale)
 
     def _attend_written(self, q, key_mask, scale, slots=None):
-        name = {torch.bfloat16: "bf16", torch.float16: "f16"}.get(self.k.dtype)
-        d = q.shape[-1]
-        if q.is_cuda and name is not None and self.v.dtype == self.k.dtype and q.shape[0] <= 128 and d in (32, 64, 128, 256):
-            from treeflash.kernels.kv_quant import Planes  # split-K attention straight from the cache
-            from treeflash.kernels.quant_attention import quant_attention_masked
-
-            return quant_attention_masked(q, Planes(name, None, self.k), Planes(name, None, self.v), key_mask, scale,
-                                          slots=slots if STATIC_END else None)
-        return grouped_attention(q, self.k.to(q.dtype), self.v.to(q.dtype), key_mask, scale)
+        return static_buffer_attention(q, self.k, self.v, key_mask, scale, slots)
 
     def commit_static(self, dest: torch.Tensor, src: torch.Tensor, path_len: torch.Tensor | None = None) -> None:
         if path_len is not None and self.k.is_cuda and self.rows is not None:

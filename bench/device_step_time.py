@@ -76,12 +76,12 @@ def kernels(fn) -> dict:
 
 
 @torch.inference_mode()
-def measure(fused_rows: int, max_len: int, ctx: int, n: int, trees: list[int]) -> dict:
+def measure(fused_rows: int | None, max_len: int, ctx: int, n: int, trees: list[int]) -> dict:
     from treeflash.models.runner import CudaGraphRunner
     from treeflash.spec.device_step import DeviceStep
     from treeflash.train.evaluate import BUCKETS
 
-    model = build_model("smollm2-135m").fuse_projections(fused_rows)  # as the loader leaves a model, fused_rows apart
+    model = build_model("smollm2-135m").fuse_projections(fused_rows)  # as the loader leaves a model (None)
     drafter = random_drafter(model, 3, 16, budget=15, tree=False)
     cache = model.new_cache(max_len)
     runner = CudaGraphRunner(model, cache, capture_layers=drafter.capture_layers, buckets=BUCKETS)
@@ -93,7 +93,7 @@ def measure(fused_rows: int, max_len: int, ctx: int, n: int, trees: list[int]) -
     runner.ints[3 * runner.buckets[-1]] = ctx
     g = drafter.graphs
     g.ints[0] = ctx
-    res = {"fused_rows": fused_rows}
+    res = {"fused_rows": model.fused_rows}
     res["decode"] = timed(runner.decode.replay, n)
     res["verify-16"] = timed(runner.graphs[16].replay, n)
     res["draft"] = timed(g.passes[16].replay, n)
@@ -142,7 +142,8 @@ def main() -> None:
     p.add_argument("--replays", type=int, default=200)
     p.add_argument("--max-len", type=int, default=600, help="the cache's length (the evaluation's: prompt + 256 + 80)")
     p.add_argument("--context", type=int, default=300, help="committed tokens before the timed steps")
-    p.add_argument("--fused-rows", default="0", help="CausalLM.fused_rows values to compare, e.g. 0,16 (0 = FUSED_ROWS, the default)")
+    p.add_argument("--fused-rows", default="default", help="CausalLM.fused_rows values to compare, e.g. default,0 "
+                   "(default: what fuse_projections chooses, FUSED_ROWS at this shape; 0: no fused layers)")
     p.add_argument("--trees", default="22,32", help="DDTree budgets of device steps to time beside the chain")
     p.add_argument("--balanced-splits", type=int, default=None,
                    help="quant_attention.BALANCED_SPLITS for the graphed attention (0: splits over the buffer; default: as shipped)")
@@ -154,7 +155,7 @@ def main() -> None:
         quant_attention.BALANCED_SPLITS = args.balanced_splits
     res = {"shape": "smollm2-135m", "drafter": "3 layers, block 16", "balanced_splits": args.balanced_splits, "device": torch.cuda.get_device_name() if DEV == "cuda" else "cpu",
            "replays": args.replays, "max_len": args.max_len, "context": args.context, "runs": []}
-    for fr in (int(x) for x in args.fused_rows.split(",")):
+    for fr in (None if x == "default" else int(x) for x in args.fused_rows.split(",")):
         res["runs"].append(measure(fr, args.max_len, args.context, args.replays, [int(b) for b in args.trees.split(",") if b]))
         Path(args.out).write_text(json.dumps(res, indent=1) + "\n")
     print(f"wrote {args.out}")

@@ -202,10 +202,15 @@ def linear_config(m: int, n: int, k: int, swiglu: bool = False) -> LinearConfig:
     if m == 1 and not swiglu:
         return LinearConfig(1, 16, 512 if k >= 512 else max(16, triton.next_power_of_2(k)), 8, 3, fma=True)
     block_m = 16 if m <= 16 else (32 if m <= 32 else 64)
+    if m <= 64 and (2 if swiglu else 1) * n * k * 2 <= SMALL_WEIGHT_BYTES:
+        # small weights (SmolLM2's), verify batches: many narrow programs, short K steps, deep pipelines
+        # (H200 sweep, bench/gpu_linear.py --projections smol.*: best or within 6% of it at 16 and 33 rows)
+        return LinearConfig(block_m, 16, 64 if k <= 1024 else 128, 4, 4 if k <= 1024 else 3)
     block_n = 64 if swiglu and m == 1 else 32
     return LinearConfig(block_m, block_n, 128 if k >= 128 else max(16, triton.next_power_of_2(k)), 4, 3)
 
 
+SMALL_WEIGHT_BYTES = 8 << 20
 _DOT = {torch.float32: tl.float32, torch.float16: tl.float16, torch.bfloat16: tl.bfloat16}
 
 

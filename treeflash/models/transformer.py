@@ -19,7 +19,13 @@ from treeflash.models.config import FULL_ATTENTION, ModelConfig
 from treeflash.models.layers import MLP, RMSNorm, Rotary
 from treeflash.models.step import StepInput
 
-FUSED_ROWS = 0  # off: measured slower than cuBLAS + the small kernels on the H200 (docs/performance.md)
+# Steps of 2..FUSED_ROWS tokens (verify trees) run forward_fused where every projection weight is at most
+# FUSED_WEIGHT_BYTES (SmolLM2-135M's 0.7-3.5 MB): there the fused Triton kernels beat cuBLAS + the small
+# kernels around it (H200, bench/gpu_linear.py, 33 rows: o_proj + residual 2.7 us against 3.0; gate/up with
+# the norm and SwiGLU 4.6 against 7.7). At the 8B and 27B shapes tl.dot lost to cuBLAS (docs/performance.md):
+# there fused_rows stays 0. One-token steps keep the GEMV path either way.
+FUSED_ROWS = 64
+FUSED_WEIGHT_BYTES = 8 << 20
 
 
 @dataclass
@@ -111,20 +117,23 @@ class CausalLM(nn.Module):
         else:
             self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
         self.mtp: nn.Module | None = None  # set by the loader when the checkpoint carries mtp.* weights
-        # steps of at most this many tokens run forward_fused (norms and residual adds folded into
-        # the GEMVs); 0 = off. fuse_projections turns it on for bf16/fp16 on CUDA.
+        # steps of 2..fused_rows tokens run forward_fused (norms and residual adds folded into the
+        # projections); 0 = off. fuse_projections chooses it (FUSED_ROWS for small bf16/fp16 models on CUDA).
         self.fused_rows = 0
 
     def fuse_projections(self, fused_rows: int | None = None) -> "CausalLM":
         """Fuse q/k/v, gate/up and the linear-attention input projections into single GEMVs
         (the per-projection parameters become views, so names and loading are unchanged), and
         choose how many tokens a step may have to take the fused-layer path (None: FUSED_ROWS for
-        bf16/fp16 weights on CUDA, else 0). Call after the weights are placed on their device."""
+        bf16/fp16 weights on CUDA whose largest projection is at most FUSED_WEIGHT_BYTES, else 0).
+        Call after the weights are placed on their device."""
         for layer in self.model.layers:
             layer.fuse()
         if fused_rows is None:
             on_gpu = self.device.type == "cuda" and self.dtype in (torch.float16, torch.bfloat16)
-            fused_rows = FUSED_ROWS if on_gpu else 0
+            largest = max((p.numel() * p.element_size() for name, p in self.model.layers.named_parameters()
+                           if name.endswith("weight") and p.dim() == 2), default=0)
+            fused_rows = FUSED_ROWS if on_gpu and largest <= FUSED_WEIGHT_BYTES else 0
         self.fused_rows = fused_rows
         return self
 
@@ -198,7 +207,7 @@ class CausalLM(nn.Module):
         x = self.embed(step.input_ids)
         rope = self.rotary.cos_sin(step.positions, x.dtype)
         captured = []
-        if step.num_tokens <= self.fused_rows:
+        if 1 < step.num_tokens <= self.fused_rows:  # one token: the GEMV path (kernels/gemv.py)
             for i, layer in enumerate(self.model.layers):
                 x = layer.forward_fused(x, rope, step, cache.layers[i])
                 if i in capture_layers:

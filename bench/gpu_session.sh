@@ -19,6 +19,8 @@
 # kv_long    bench/kv_long_decode.py, the 27B shape at 128K for bf16 and four compressed pairs (<= 200 s)
 # device_steps  bench/device_step_time.py, greedy and sampled steps (<= 180 s); with /tmp/smol.gguf present, the v7 evaluation with
 #            device steps and without (TREEFLASH_DEVICE_STEPS=0), auto / DDTree-32 / DDTree-48 (<= 170 s each)
+# cli_bench  with /tmp/smol.gguf: `treeflash bench` on the default model (chat prompts, 256 tokens, --baseline ar),
+#            greedy, sampled (temperature 1) and sampled without device steps (<= 120 s each)
 # Wheels in .whl/ (flash-linear-attention, fla-core, einops) are installed offline into /tmp/site
 # and put on the path for the stages after check only: gpu_check compares against transformers,
 # which would route its own Gated DeltaNet to fla if it could import it.
@@ -110,7 +112,22 @@ for stage in $STAGES; do
       else
         log "no /tmp/smol.gguf: evaluation skipped"
       fi ;;
-    *) log "unknown stage $stage (check, gdn, verify_ab, speed, kv, kv_split, kv_long, device_steps)" ;;
+    cli_bench)
+      if [ -f /tmp/smol.gguf ]; then  # the CLI as a user runs it: the default model, its 8193-slot cache
+        mkdir -p /tmp/tfc && cp /tmp/smol.gguf /tmp/tfc/SmolLM2-135M-Instruct.Q4_1.gguf
+        for ab in "cli_bench_greedy 0 1" "cli_bench_sampled 1 1" "cli_bench_sampled_sync 1 0"; do
+          set -- $ab
+          log "treeflash bench $1 (temperature $2, TREEFLASH_DEVICE_STEPS=$3)"
+          TREEFLASH_CACHE=/tmp/tfc TREEFLASH_DEVICE_STEPS=$3 PYTHONPATH=/tmp/site:$PWD timeout 120 python3 -m treeflash.cli.main bench \
+            --prompts chat --num-prompts 6 --runs 1 --max-tokens 256 --temperature $2 --draft dflash --baseline ar \
+            --json "$OUT/$1.json" > "$OUT/$1.log" 2>&1
+          log "rc=$?"
+          tail -6 "$OUT/$1.log" | tee -a "$OUT/progress.log"
+        done
+      else
+        log "no /tmp/smol.gguf: cli_bench skipped"
+      fi ;;
+    *) log "unknown stage $stage (check, gdn, verify_ab, speed, kv, kv_split, kv_long, device_steps, cli_bench)" ;;
   esac
 done
 log "done"

@@ -147,13 +147,24 @@ def main() -> None:
     p.add_argument("--trees", default="22,32", help="DDTree budgets of device steps to time beside the chain")
     p.add_argument("--balanced-splits", type=int, default=None,
                    help="quant_attention.BALANCED_SPLITS for the graphed attention (0: splits over the buffer; default: as shipped)")
+    p.add_argument("--fused-combine", action="store_true", help="quant_attention.FUSED_COMBINE: the last split merges (no combine launch)")
+    p.add_argument("--attn-block-m", type=int, default=None, help="attention_launch.BLOCK_M_MAX (query rows per program over 16 rows)")
     p.add_argument("--out", default="device_step_time.json")
     args = p.parse_args()
+    if args.fused_combine:
+        from treeflash.kernels import quant_attention
+
+        quant_attention.FUSED_COMBINE = True
+    if args.attn_block_m is not None:
+        from treeflash.kernels import attention_launch
+
+        attention_launch.BLOCK_M_MAX = args.attn_block_m
     if args.balanced_splits is not None:
         from treeflash.kernels import quant_attention
 
         quant_attention.BALANCED_SPLITS = args.balanced_splits
-    res = {"shape": "smollm2-135m", "drafter": "3 layers, block 16", "balanced_splits": args.balanced_splits, "device": torch.cuda.get_device_name() if DEV == "cuda" else "cpu",
+    res = {"shape": "smollm2-135m", "drafter": "3 layers, block 16", "balanced_splits": args.balanced_splits,
+           "fused_combine": args.fused_combine, "attn_block_m": args.attn_block_m, "device": torch.cuda.get_device_name() if DEV == "cuda" else "cpu",
            "replays": args.replays, "max_len": args.max_len, "context": args.context, "runs": []}
     for fr in (None if x == "default" else int(x) for x in args.fused_rows.split(",")):
         res["runs"].append(measure(fr, args.max_len, args.context, args.replays, [int(b) for b in args.trees.split(",") if b]))

@@ -80,7 +80,9 @@ def copy_bandwidth() -> float:
 def weight_copies(n: int, k: int) -> list[torch.Tensor]:
     """Enough random bf16 [n, k] weights that one round over them streams >= 256 MB (5x the L2): each
     timed call reads its weight from memory, as a model's layers do, not from a warm L2."""
-    copies = max(2, min(16, -(-256_000_000 // (n * k * 2))))
+    # (at most 1024: SmolLM2's 0.7 MB weights need ~400 copies; with at most 16, as before stop 22, they stayed
+    # in the L2 and cuBLAS and Triton timed 25-50% faster than inside a model's step graph)
+    copies = max(2, min(1024, -(-256_000_000 // (n * k * 2))))
     return [torch.randn(n, k, device="cuda", dtype=torch.bfloat16) * k**-0.5 for _ in range(copies)]
 
 

@@ -18,6 +18,7 @@ from treeflash.kernels.kv_dequant import DEQ_IDS
 FMT_IDS = {"q8_0": 1, "q4_0": 2, "tq3_0": 3}  # the kernels' FMT_K / FMT_V; anything dense is 0
 MAX_SPLITS = 256  # the combine kernel holds [splits, 64] (over 128 splits: [splits, 32]) partial outputs in registers
 PROGRAMS_PER_SM = 2
+BLOCK_M_MAX = 32  # query rows per program over 16 rows (launch_config); bench/device_step_time.py --attn-block-m
 
 
 def _next_pow2(n: int) -> int:
@@ -139,7 +140,7 @@ def launch_config(head_dim: int, rows: int, dense_kv: bool = False, compressed_k
     gave q8_0/q8_0 0.34 / 0.40 against flat's 0.23 / 0.26. More programs per SM with capped registers
     (ptx .maxnreg 168 or 128, 2 stages) were no faster (kv_attention_sweep5.json): ncu shows 2
     programs per SM, 4 cycles between issues per warp and the L1/shared-memory pipe 77% busy."""
-    block_m = 16 if rows <= 16 else 32
+    block_m = 16 if rows <= 16 else min(BLOCK_M_MAX, _next_pow2(rows))
     block_n = 64 if head_dim <= 128 else 32
     if dense_kv:
         return LaunchConfig(block_m, block_n, 4 if head_dim <= 128 else 8, 3, PROGRAMS_PER_SM, prefetch=False)

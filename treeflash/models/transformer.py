@@ -24,7 +24,7 @@ from treeflash.models.step import StepInput
 # kernels around it (H200, bench/gpu_linear.py, 33 rows: o_proj + residual 2.7 us against 3.0; gate/up with
 # the norm and SwiGLU 4.6 against 7.7). At the 8B and 27B shapes tl.dot lost to cuBLAS (docs/performance.md):
 # there fused_rows stays 0. One-token steps keep the GEMV path either way.
-# Measured in the step graphs since (device_step_time.py --fused-rows default,0, bench/results/s22/dst3.json):
+# Measured in the step graphs since (device_step_time.py --fused-rows default,0, bench/results/s22/fused_layers_ab.json):
 # slower there, each _linear_kernel 6.1 us in the graph against 2.7-4.6 alone (DDTree-32 step 1.478 against
 # 1.435 ms, verify-16 1.036 against 0.978): off.
 FUSED_ROWS = 0

@@ -279,12 +279,13 @@ class CudaGraphRunner(EagerRunner):
         The caller reads each PendingToken before enqueueing two more steps (a ring of two pinned
         buffers). A step enqueued ahead advances the cache (its KV row, the recurrent state) whether
         or not its token is wanted: a sequence that stops leaves one extra step in the cache, which
-        the next prefill resets."""
+        the next prefill resets. Captured layers (a drafter's) are computed and not kept: the caller
+        drafts no more in this sequence."""
         cache = self.cache
-        if self.decode is None or self.capture_layers:
-            raise RuntimeError("enqueue_greedy needs the decode graph without captured layers")
-        if token is not None:
-            self.forward(StepInput.plain(torch.tensor([token], dtype=torch.long), cache.seq_len))
+        if self.decode is None:
+            raise RuntimeError("enqueue_greedy needs the decode graph")
+        if token is not None:  # through the decode graph (its argmax feeds the next step), captured layers and all
+            self.forward(StepInput.plain(torch.tensor([token], dtype=torch.long), cache.seq_len), self.capture_layers)
         else:
             tm = self.buckets[-1]
             start = self.ahead_start[self._ring]

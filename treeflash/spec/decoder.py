@@ -186,14 +186,15 @@ class Decoder:
         """One token through the plain decode path (the decode graph on a GPU). Also the step for a
         root-only tree (budget 0: nothing drafted), which is cheaper than a one-node verify plus its
         commit and exact: that verify would sample the same distribution at the same node. A drafter
-        still gets the root's hidden states."""
+        still gets the root's hidden states, unless --budget auto's guard turned drafting off for the
+        rest of the request: then greedy steps run pipelined, as without a drafter."""
         t0 = time.perf_counter()
         if self._pipelined():
             return self._plain_step_ahead(t0, draft_s)
         ids = torch.tensor([self.root], dtype=torch.long)  # on the host: a graph runner copies it in with the step's other ints
         out = self.runner.forward(StepInput.plain(ids, self.cache.seq_len), capture_layers=self.capture)
         self.tokens.append(self.root)
-        if self.drafter is not None:
+        if self.drafter is not None and not self._dev_off:  # (off: it drafts no more in this request)
             # a copy: on a GPU `captured` is the decode graph's output buffer, which the next replay overwrites
             self.drafter.observe([self.root], None if out.captured is None else out.captured.clone())
         self.root = int(self._pick(out)[0])
@@ -207,8 +208,9 @@ class Decoder:
         """Greedy plain decoding through a graph runner: step k + 1 is enqueued before step k's token
         is read back (`enqueue_greedy`), so the GPU does not wait for the host between tokens."""
         enqueue = getattr(self.runner, "enqueue_greedy", None)
-        return (enqueue is not None and self.drafter is None and self.params.greedy and self.want_logprobs is None
-                and getattr(self.runner, "decode", None) is not None and not self.runner.capture_layers)
+        # a drafter that --budget auto's guard turned off (_dev_off) drafts no more in this request
+        return (enqueue is not None and (self.drafter is None or self._dev_off) and self.params.greedy
+                and self.want_logprobs is None and getattr(self.runner, "decode", None) is not None)
 
     def _plain_step_ahead(self, t0: float, draft_s: float) -> list[int]:
         cur, self._ahead = self._ahead, None

@@ -174,7 +174,7 @@ def test_padded_pass_equals_the_exact_pass():
 def test_auto_budget_drafts_on_the_device_and_falls_back_when_slower(monkeypatch):
     """--budget auto: greedy steps run on the device at AUTO_BUDGET nodes; when they commit tokens
     slower than plain decoding would (here: a plain step timed as free), the request decodes plainly
-    after AUTO_CHECK_STEPS device steps, still token-identical."""
+    after AUTO_EARLY_STEPS (losing by a margin) or AUTO_CHECK_STEPS device steps, still token-identical."""
     from treeflash.spec import device_step
 
     _, target = make_pair("qwen3")
@@ -183,11 +183,19 @@ def test_auto_budget_drafts_on_the_device_and_falls_back_when_slower(monkeypatch
     cache, drafter, runner = setup(target, model, len(PROMPT) + N + 80, "auto")
     assert drafter.tuner is not None
     calls = count_enqueues(monkeypatch)
+    monkeypatch.setattr(DeviceStep, "plain_time", lambda self, n: 1e9)  # device steps never lose here
     out, _, kinds, dec = decode(target, cache, drafter, runner, PROMPT, 30, calls)
     assert out == ref[:30] and dec._dev.t == device_step.AUTO_BUDGET + 1 and len(calls) > 10
     assert drafter.describe()["device_step_budget"] == device_step.AUTO_BUDGET
-    monkeypatch.setattr(device_step, "AUTO_CHECK_STEPS", 5)
+    assert not dec._dev_off
+    # the early check (AUTO_EARLY_STEPS, losing by AUTO_EARLY_MARGIN) trips before AUTO_CHECK_STEPS
+    monkeypatch.setattr(device_step, "AUTO_EARLY_STEPS", 4)
     monkeypatch.setattr(DeviceStep, "plain_time", lambda self, n: 1e-9)
+    calls.clear()
+    out, _, kinds, dec = decode(target, cache, drafter, runner, PROMPT, 30, calls)
+    assert out == ref[:30] and dec._dev_off and 4 <= len(calls) <= 6
+    monkeypatch.setattr(device_step, "AUTO_EARLY_STEPS", 8)
+    monkeypatch.setattr(device_step, "AUTO_CHECK_STEPS", 5)
     calls.clear()
     verifies, ahead = [], []
     forward, enqueue_greedy = runner.forward, runner.enqueue_greedy

@@ -172,13 +172,16 @@ class Decoder:
 
     def _device_losing(self) -> bool:
         """--budget auto: after AUTO_CHECK_STEPS device steps, are they slower per token than plain
-        decoding (the runner's one-node verify time)? Then this request decodes plainly from here."""
-        from treeflash.spec.device_step import AUTO_CHECK_STEPS
+        decoding (the runner's one-node verify time), or after AUTO_EARLY_STEPS already AUTO_EARLY_MARGIN
+        times slower? Then this request decodes plainly from here."""
+        from treeflash.spec.device_step import AUTO_CHECK_STEPS, AUTO_EARLY_MARGIN, AUTO_EARLY_STEPS
 
         start, steps, made, plain_s = self._dev_run
-        if self.drafter.tuner is None or steps < AUTO_CHECK_STEPS or made == 0:
+        early = min(AUTO_EARLY_STEPS, AUTO_CHECK_STEPS)
+        if self.drafter.tuner is None or steps < early or made == 0:
             return False
-        if (time.perf_counter() - start) / made > plain_s:
+        per_token = (time.perf_counter() - start) / made
+        if per_token > plain_s * (1.0 if steps >= AUTO_CHECK_STEPS else AUTO_EARLY_MARGIN):
             self._dev_off = True
         return self._dev_off
 

@@ -56,6 +56,11 @@ AUTO_BUDGET = 48
 # steps commit tokens slower than plain decoding would decodes plainly from there (synchronous
 # drafting, the same drafts with more overhead, would be slower still).
 AUTO_CHECK_STEPS = 32
+# ... and earlier, after this many steps, if they are already AUTO_EARLY_MARGIN times slower: a sampled request at
+# temperature 1 on the default model (tau ~1.2, a 2 ms sampled step) spent ~40 ms of its 256 tokens in 32 losing
+# steps (treeflash bench on the H200: 0.86x of plain decoding, bench/results/s22/final/cli_bench_sampled.json)
+AUTO_EARLY_STEPS = 8
+AUTO_EARLY_MARGIN = 1.5
 HEAD = 3
 MAX_NODES = 63  # ancestor sets are int64 bitmasks
 

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from treeflash.kernels.activation import sigmoid_gate
@@ -12,7 +11,7 @@ from treeflash.kernels.rotary import norm_rotary
 from treeflash.kernels import projection
 from treeflash.kv.attention_cache import AttentionCache
 from treeflash.models.config import ModelConfig
-from treeflash.models.layers import RMSNorm
+from treeflash.models.layers import RMSNorm, fuse_linears
 from treeflash.models.step import StepInput
 
 
@@ -47,17 +46,8 @@ class Attention(nn.Module):
         """One GEMV for q, k and v: the three weights (and biases) become views of one tensor."""
         if self.qkv_weight is not None:
             return
-        lins = (self.q_proj, self.k_proj, self.v_proj)
-        sizes = [lin.weight.shape[0] for lin in lins]
-        fused = torch.cat([lin.weight.data for lin in lins], dim=0)
-        for lin, part in zip(lins, fused.split(sizes, dim=0)):
-            lin.weight = nn.Parameter(part, requires_grad=False)
-        self.qkv_weight = fused  # a registered buffer: .to() carries it
-        if self.q_proj.bias is not None:
-            fused_b = torch.cat([lin.bias.data for lin in lins], dim=0)
-            for lin, part in zip(lins, fused_b.split(sizes, dim=0)):
-                lin.bias = nn.Parameter(part, requires_grad=False)
-            self.qkv_bias = fused_b
+        # registered buffers: .to() carries them
+        self.qkv_weight, self.qkv_bias = fuse_linears([self.q_proj, self.k_proj, self.v_proj])
 
     def takes_pending_norm(self) -> bool:
         """Whether forward takes a projection.PendingNorm x (the fused qkv projection runs it)."""

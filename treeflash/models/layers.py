@@ -94,6 +94,22 @@ def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch
     return torch.cat((out, x[..., rd:]), dim=-1)
 
 
+def fuse_linears(lins: list[nn.Linear]) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """One weight (and bias) for several nn.Linear over the same input: the concatenation along the
+    outputs. Each layer's parameters become views of it, so names, state dicts and loading are
+    unchanged. -> (weight [sum N_i, K], bias [sum N_i] or None)."""
+    sizes = [lin.weight.shape[0] for lin in lins]
+    weight = torch.cat([lin.weight.data for lin in lins], dim=0)
+    for lin, part in zip(lins, weight.split(sizes, dim=0)):
+        lin.weight = nn.Parameter(part, requires_grad=False)
+    bias = None
+    if lins[0].bias is not None:
+        bias = torch.cat([lin.bias.data for lin in lins], dim=0)
+        for lin, part in zip(lins, bias.split(sizes, dim=0)):
+            lin.bias = nn.Parameter(part, requires_grad=False)
+    return weight, bias
+
+
 class MLP(nn.Module):
     """SwiGLU: down(silu(gate(x)) * up(x))."""
 
@@ -110,11 +126,7 @@ class MLP(nn.Module):
         """One GEMV for gate and up: the two weights become views of one [2I, H] tensor."""
         if self.gate_up is not None:
             return
-        fused = torch.cat((self.gate_proj.weight.data, self.up_proj.weight.data), dim=0)
-        gate, up = fused.split(self.gate_proj.weight.shape[0], dim=0)
-        self.gate_proj.weight = nn.Parameter(gate, requires_grad=False)
-        self.up_proj.weight = nn.Parameter(up, requires_grad=False)
-        self.gate_up = fused  # a registered buffer: .to() carries it
+        self.gate_up, _ = fuse_linears([self.gate_proj, self.up_proj])  # a registered buffer: .to() carries it
 
     def forward_fused(self, s: torch.Tensor, norm: RMSNorm) -> torch.Tensor:
         """s + down(swiglu(gate_up(norm(s)))) in two kernels; needs fuse(). s: [T, hidden]."""

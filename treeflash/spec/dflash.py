@@ -43,7 +43,7 @@ class DFlashDrafter(Drafter):
     def __init__(self, target: CausalLM, model: DFlashModel, budget: int | str = "auto", tree: bool = True, seed_chain: bool = True):
         c = model.config
         _check_pair(target, model)
-        self.target, self.model, self.tree, self.seed_chain = target, model, tree, seed_chain
+        self.target, self.model, self.tree, self.seed_chain = target, model.fuse(), tree, seed_chain  # fewer GEMMs a layer
         self.capture_layers = tuple(c.target_layer_ids)
         self.max_depth = c.block_size - 1
         # HF's hidden_states[-1] (what the reference trains on) is after the target's final norm

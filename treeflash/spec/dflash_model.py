@@ -29,13 +29,14 @@ from pathlib import Path
 from typing import Any
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 from treeflash.errors import ModelLoadError
 from treeflash.kernels.rotary import norm_rotary_into_cache
 from treeflash.kv.attention_cache import attention_reference, static_buffer_attention
 from treeflash.models.config import ModelConfig
-from treeflash.models.layers import MLP, RMSNorm, Rotary, apply_rotary
+from treeflash.models.layers import MLP, RMSNorm, Rotary, apply_rotary, fuse_linears
 
 FULL = "full_attention"
 SLIDING = "sliding_attention"
@@ -195,6 +196,24 @@ class DFlashAttention(nn.Module):
         self.k_norm = RMSNorm(d, c.rms_norm_eps)
         self.causal, self.window = c.layer_causal(layer), c.layer_window(layer)
         self.scale = d**-0.5
+        self.register_buffer("qkv_weight", None, persistent=False)  # [q + 2 kv outputs, hidden] once fused
+        self.register_buffer("qkv_bias", None, persistent=False)
+
+    def fuse(self) -> None:
+        """One GEMM for q, k and v (their weights become views of one tensor)."""
+        if self.qkv_weight is None:
+            self.qkv_weight, self.qkv_bias = fuse_linears([self.q_proj, self.k_proj, self.v_proj])
+
+    def _qkv(self, rows: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """q, k, v [R, heads, D] of every row (views of one GEMM's output once fused)."""
+        r = rows.shape[0]
+        if self.qkv_weight is None:
+            q, k, v = self.q_proj(rows), self.k_proj(rows), self.v_proj(rows)
+        else:
+            q, k, v = F.linear(rows, self.qkv_weight, self.qkv_bias).split(
+                [self.q_proj.weight.shape[0], self.k_proj.weight.shape[0], self.v_proj.weight.shape[0]], dim=-1)
+        return (q.view(r, self.num_heads, self.head_dim), k.view(r, self.num_kv_heads, self.head_dim),
+                v.view(r, self.num_kv_heads, self.head_dim))
 
     def forward(
         self,
@@ -214,9 +233,8 @@ class DFlashAttention(nn.Module):
             mask = self._mask(slots[n:], key_pos, slots[-1:] + 1)
         if slots is not None and _rotary_kernel_fits(rope[0]):
             return self._static(both, b, rope, keys, values, slots, key_pos, mask)
-        q = self.q_norm(self.q_proj(x).view(b, self.num_heads, self.head_dim))
-        k = self.k_norm(self.k_proj(both).view(n + b, self.num_kv_heads, self.head_dim))
-        v = self.v_proj(both).view(n + b, self.num_kv_heads, self.head_dim)
+        q, k, v = self._qkv(both)
+        q, k = self.q_norm(q[n:]), self.k_norm(k)
         cos, sin = rope
         q, k = apply_rotary(q, cos[n:], sin[n:]), apply_rotary(k, cos, sin)
         if slots is None:  # eager: shapes follow the context length
@@ -240,11 +258,8 @@ class DFlashAttention(nn.Module):
         bytes next to nothing): q for every row (the context rows' are dropped: one GEMM's worth of
         FLOPs, no extra launch), then the q/k norms, rotary and the K/V cache writes as one kernel
         (kernels/rotary.norm_rotary_into_cache), replacing ~14 small ones."""
-        rows = both.shape[0]
-        n = rows - b
-        q = self.q_proj(both).view(rows, self.num_heads, self.head_dim)
-        k = self.k_proj(both).view(rows, self.num_kv_heads, self.head_dim)
-        v = self.v_proj(both).view(rows, self.num_kv_heads, self.head_dim)
+        n = both.shape[0] - b
+        q, k, v = self._qkv(both)
         cos, sin = rope
         q = norm_rotary_into_cache(q, k, v, cos, sin, self.q_norm.weight, self.k_norm.weight, self.q_norm.eps, False,
                                    keys, values, slots)[n:]
@@ -277,10 +292,21 @@ class DFlashLayer(nn.Module):
         self.post_attention_layernorm = RMSNorm(c.hidden_size, c.rms_norm_eps)
         self.mlp = MLP(c.hidden_size, c.intermediate_size)
 
-    def forward(self, x, ctx, rope, keys, values, start, slots=None, key_pos=None, mask=None) -> torch.Tensor:
-        # the context features enter every layer as they are; only the block goes through the norms
-        x = x + self.self_attn(self.input_layernorm(x), ctx, rope, keys, values, start, slots, key_pos, mask)
-        return x + self.mlp(self.post_attention_layernorm(x))
+    def forward(self, x, ctx, rope, keys, values, start, slots=None, key_pos=None, mask=None,
+                residual: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """The block's stream is x + residual (x alone when residual is None) -> (mlp output, residual):
+        each residual add runs inside the norm after it (kernels/norm.rmsnorm), so the stream after this
+        layer is their sum. The context features enter every layer as they are; only the block goes
+        through the norms."""
+        h, residual = self.input_layernorm.add_forward(x, residual)
+        a = self.self_attn(h, ctx, rope, keys, values, start, slots, key_pos, mask)
+        h, residual = self.post_attention_layernorm.add_forward(a, residual)
+        return self.mlp(h), residual
+
+    def fuse(self) -> None:
+        """One GEMM for q/k/v and one for gate/up (inference: spec/dflash.py fuses the drafter it is given)."""
+        self.self_attn.fuse()
+        self.mlp.fuse()
 
 
 class DFlashModel(nn.Module):
@@ -292,6 +318,13 @@ class DFlashModel(nn.Module):
         self.fc = nn.Linear(len(c.target_layer_ids) * c.hidden_size, c.hidden_size, bias=False)
         self.hidden_norm = RMSNorm(c.hidden_size, c.rms_norm_eps)
         self.rotary = Rotary(c.rope)  # buffers only, not in the state dict
+
+    def fuse(self) -> "DFlashModel":
+        """Inference: one GEMM for each layer's q/k/v and one for its gate/up (the parameters become
+        views of the fused weights, requires_grad off: not for a model being trained)."""
+        for layer in self.layers:
+            layer.fuse()
+        return self
 
     def new_cache(self) -> DraftCache:
         w = self.fc.weight
@@ -309,11 +342,11 @@ class DFlashModel(nn.Module):
         ctx = self.hidden_norm(self.fc(context)) if n else block[:0]
         positions = torch.arange(start, start + n + b, device=block.device)
         rope = self.rotary.cos_sin(positions, block.dtype)
-        x = block
+        x, residual = block, None
         for i, layer in enumerate(self.layers):
-            x = layer(x, ctx, rope, cache.k[i], cache.v[i], start)
+            x, residual = layer(x, ctx, rope, cache.k[i], cache.v[i], start, residual=residual)
         cache.length = start + n  # the block's rows stay scratch
-        return self.norm(x)
+        return self.norm.add_forward(x, residual)[0]
 
     def forward_static(
         self,
@@ -340,15 +373,15 @@ class DFlashModel(nn.Module):
             ctx_slots = torch.where(ar[:n] < count, start + ar[:n], dump)
             slots = torch.cat((ctx_slots, start + count + ar[:b]))
         rope = self.rotary.cos_sin(slots, block.dtype)
-        x = block
+        x, residual = block, None
         masks: dict[tuple, torch.Tensor] = {}  # one per kind of layer (full / causal / windowed), not per layer
         for i, layer in enumerate(self.layers):
             attn = layer.self_attn
             kind = (attn.causal, attn.window)
             if kind not in masks:
                 masks[kind] = attn._mask(slots[n:], key_pos, slots[-1:] + 1).contiguous()  # the kernel reads it as bytes
-            x = layer(x, ctx, rope, cache.k[i], cache.v[i], 0, slots, key_pos, masks[kind])
-        return self.norm(x)
+            x, residual = layer(x, ctx, rope, cache.k[i], cache.v[i], 0, slots, key_pos, masks[kind], residual)
+        return self.norm.add_forward(x, residual)[0]
 
     def logits(self, hidden: torch.Tensor, head) -> torch.Tensor:
         """hidden [T, H] (after norm) -> [T, vocab] fp32 through the target's head, plus the config's scaling."""

@@ -41,6 +41,7 @@ from dataclasses import dataclass
 
 import torch
 
+from treeflash.kernels.accept import tree_accept
 from treeflash.kernels.ddtree import ddtree
 from treeflash.kv.recurrent_cache import RecurrentCache
 from treeflash.models.runner import CudaGraphRunner, capture_graph
@@ -118,6 +119,7 @@ class DeviceStep:
         self.chain_parents = self.node_ids - 1
         self.tril = torch.ones(t, t, dtype=torch.bool, device=dev).tril()
         self.tree_bufs = tuple(torch.zeros(t, dtype=torch.long, device=dev) for _ in range(4)) + (torch.zeros(1, dtype=torch.long, device=dev),)
+        self.path = torch.zeros(t, dtype=torch.long, device=dev)  # a tree step's accepted path (tree_accept)
         self.recurrent = [layer for layer in runner.cache.layers if isinstance(layer, RecurrentCache)]
         pin = dev.type == "cuda"
         self.host_state = torch.zeros(7, dtype=torch.long, pin_memory=pin)
@@ -165,18 +167,15 @@ class DeviceStep:
         mask = ((anc[:, None] >> self.node_ids[None, :]) & 1).bool()  # [t, t]: j is i or an ancestor of i
         out = self._verify(ids, depths, parents, mask, start)
         target = self._targets(out)
-        ok = (ids == target.gather(0, parents.clamp_min(0))) & (self.node_ids < real)
-        ok = ok | (self.node_ids == 0)
-        ok_bits = (ok.long() << self.node_ids).sum(0, keepdim=True)
-        accepted = (anc & ~ok_bits) == 0  # [t]: the node and every ancestor carry the target's token
-        acc = accepted.long().sum(0, keepdim=True) - 1  # [1]
-        by_depth = torch.zeros(t + 1, dtype=torch.long, device=ids.device)  # slot t takes the rest
-        by_depth.scatter_(0, torch.where(accepted, depths, t), self.node_ids)
-        end = by_depth.gather(0, acc)  # the deepest accepted node
-        path = torch.where(self.node_ids <= acc, by_depth[:t], end)
-        self._commit(path, acc, start)
-        max_depth = torch.where(self.node_ids < real, depths, 0).amax(0, keepdim=True)
-        self._finish(out, ids, path, acc, target, max_depth, real - 1)
+        r = self.runner
+        tm = r.buckets[-1]
+        # acceptance, the commit's inputs, the result row and the next state in one launch (kernels/accept.py)
+        tree_accept(ids, parents, depths, anc, real, target, self.state, self.result, r.ints[3 * tm + 1 :], self.path, tm, HEAD)
+        if r.k1:
+            self._conv_rows(self.path, self.result[0:1])
+        r._commit_static(t)
+        m = min(t, g.block_size)
+        torch.index_select(out.captured, 0, self.path[:m], out=g.ctx_in[:m])  # the next pass's context rows
 
     def _verify(self, ids, depths, parents, mask, start):
         r, t = self.runner, self.t
@@ -205,10 +204,16 @@ class DeviceStep:
         r.ints[o : o + t].copy_(start + path)
         r.ints[o + tm : o + tm + t].copy_(start + self.node_ids)
         r.ints[o + 2 * tm : o + 2 * tm + 1].copy_(acc + 1)
-        if r.k1:  # the conv window's rows: [0 .. k1-1] then k1 + each path node; the last k1 of them
-            idx = self.node_ids[: r.k1] + acc + 1
-            r.ints[o + 2 * tm + 1 : o + 2 * tm + 1 + r.k1].copy_(torch.where(idx < r.k1, idx, r.k1 + path.gather(0, (idx - r.k1).clamp_min(0))))
+        if r.k1:
+            self._conv_rows(path, acc)
         r._commit_static(t)
+
+    def _conv_rows(self, path, acc) -> None:
+        """The conv window's rows for the runner's commit: [0 .. k1-1] then k1 + each path node; the last k1 of them."""
+        r = self.runner
+        o = 3 * r.buckets[-1] + 1 + 2 * r.buckets[-1] + 1
+        idx = self.node_ids[: r.k1] + acc + 1
+        r.ints[o : o + r.k1].copy_(torch.where(idx < r.k1, idx, r.k1 + path.gather(0, (idx - r.k1).clamp_min(0))))
 
     def _finish(self, out, ids, path, acc, target, max_depth, drafted) -> None:
         g, t = self.drafter.graphs, self.t

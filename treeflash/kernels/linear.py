@@ -203,8 +203,10 @@ def linear_config(m: int, n: int, k: int, swiglu: bool = False) -> LinearConfig:
         return LinearConfig(1, 16, 512 if k >= 512 else max(16, triton.next_power_of_2(k)), 8, 3, fma=True)
     block_m = 16 if m <= 16 else (32 if m <= 32 else 64)
     if m <= 64 and (2 if swiglu else 1) * n * k * 2 <= SMALL_WEIGHT_BYTES:
-        # small weights (SmolLM2's), verify batches: many narrow programs, short K steps, deep pipelines
-        # (H200 sweep, bench/gpu_linear.py --projections smol.*: best or within 6% of it at 16 and 33 rows)
+        # small weights (SmolLM2's), verify batches: many narrow programs, short K steps, deep pipelines.
+        # H200, 33 rows, weights from memory (bench/results/s22/gpu_linear_smol_cold.json), with the fused
+        # norm / SwiGLU / residual: o 3.9 us, gate/up 4.6, down 6.6, against 4.1 / 5.2 / 7.2 for the
+        # 32 x 128 tiles below; still behind cuBLAS (3.6 / 4.2 / 5.0), so FUSED_ROWS stays 0
         return LinearConfig(block_m, 16, 64 if k <= 1024 else 128, 4, 4 if k <= 1024 else 3)
     block_n = 64 if swiglu and m == 1 else 32
     return LinearConfig(block_m, block_n, 128 if k >= 128 else max(16, triton.next_power_of_2(k)), 4, 3)

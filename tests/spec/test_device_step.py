@@ -241,3 +241,35 @@ def test_compressed_caches_commit_on_the_device(types, monkeypatch):
         if device:
             assert stats.tau > 2.0
     assert outs[0] == outs[1] == ref[:N]
+
+
+def test_auto_skips_device_steps_after_requests_that_lost(monkeypatch):
+    """--budget auto across requests: after AUTO_LOSSES_IN_ROW requests whose device steps lost, the
+    next AUTO_SKIP_REQUESTS decode plainly from their first token (no device step, token-identical),
+    then one probes with device steps again; a request whose device steps win resets the count."""
+    from treeflash.spec import device_step
+
+    _, target = make_pair("qwen3")
+    model = random_drafter(target)
+    ref, _ = run(target, PROMPT, 40)
+    cache, drafter, runner = setup(target, model, len(PROMPT) + N + 80, "auto")
+    monkeypatch.setattr(device_step, "AUTO_EARLY_STEPS", 3)
+    monkeypatch.setattr(device_step, "AUTO_SKIP_REQUESTS", 2)
+    calls = count_enqueues(monkeypatch)
+    monkeypatch.setattr(DeviceStep, "plain_time", lambda self, n: 1e-9)  # device steps always lose
+    per_request = []
+    for _ in range(6):
+        calls.clear()
+        out, _, _, dec = decode(target, cache, drafter, runner, PROMPT, 40, calls)
+        assert out == ref
+        per_request.append(len(calls))
+    # two losing requests, two skipped (no device step at all), a probe that loses, a skipped one
+    assert [n > 0 for n in per_request] == [True, True, False, False, True, False]
+    monkeypatch.setattr(DeviceStep, "plain_time", lambda self, n: 1e9)  # now they win
+    monkeypatch.setattr(device_step, "AUTO_CHECK_STEPS", 4)
+    calls.clear()
+    decode(target, cache, drafter, runner, PROMPT, 40, calls)  # skipped still (the 2nd of 2)
+    assert len(calls) == 0
+    calls.clear()
+    out, _, _, dec = decode(target, cache, drafter, runner, PROMPT, 40, calls)  # the probe wins
+    assert out == ref and len(calls) > 4 and dec._dev.losses == 0 and not dec._dev_off

@@ -56,6 +56,9 @@ class Decoder:
         """Commit the prompt; return the first sampled token (the root of the first step)."""
         self._ahead = None  # a step left enqueued by an earlier sequence is reset with the cache
         self._dev, self._dev_cur = self._device_step(), None  # built (captured) before the reset below
+        # --budget auto: plain from the first token after requests of this kind kept losing (DeviceStep.skip_request)
+        self._dev_off = self._dev is not None and self.drafter.tuner is not None and self._dev.skip_request()
+        self._dev_run = (0.0, 0, 0, 0.0)
         self.cache.reset()
         if self.drafter is not None:
             self.drafter.reset()
@@ -173,7 +176,8 @@ class Decoder:
     def _device_losing(self) -> bool:
         """--budget auto: after AUTO_CHECK_STEPS device steps, are they slower per token than plain
         decoding (the runner's one-node verify time), or after AUTO_EARLY_STEPS already AUTO_EARLY_MARGIN
-        times slower? Then this request decodes plainly from here."""
+        times slower? Then this request decodes plainly from here, and the verdict is recorded for the
+        next requests (DeviceStep.skip_request)."""
         from treeflash.spec.device_step import AUTO_CHECK_STEPS, AUTO_EARLY_MARGIN, AUTO_EARLY_STEPS
 
         start, steps, made, plain_s = self._dev_run
@@ -183,6 +187,9 @@ class Decoder:
         per_token = (time.perf_counter() - start) / made
         if per_token > plain_s * (1.0 if steps >= AUTO_CHECK_STEPS else AUTO_EARLY_MARGIN):
             self._dev_off = True
+            self._dev.record(lost=True)
+        elif steps >= AUTO_CHECK_STEPS:
+            self._dev.record(lost=False)
         return self._dev_off
 
     def _plain_step(self, draft_s: float = 0.0) -> list[int]:

@@ -62,6 +62,11 @@ AUTO_CHECK_STEPS = 32
 # steps (treeflash bench on the H200: 0.86x of plain decoding, bench/results/s22/final/cli_bench_sampled.json)
 AUTO_EARLY_STEPS = 8
 AUTO_EARLY_MARGIN = 1.5
+# ... and across requests of one kind (greedy / sampled, one DeviceStep each): after AUTO_LOSSES_IN_ROW requests in a
+# row whose device steps lost, the next AUTO_SKIP_REQUESTS decode plainly from their first token; then one probes again
+# (a server whose requests sample at temperature 1 would otherwise pay the losing steps on every request)
+AUTO_LOSSES_IN_ROW = 2
+AUTO_SKIP_REQUESTS = 8
 HEAD = 3
 MAX_NODES = 63  # ancestor sets are int64 bitmasks
 
@@ -128,6 +133,8 @@ class DeviceStep:
         self.events = [torch.cuda.Event() if pin else None for _ in range(2)]
         self._slot = 0
         self._plain_timer = None  # --budget auto's guard: the runner's one-node verify, timed per context bucket
+        self.losses = 0  # --budget auto: requests in a row whose device steps lost to plain decoding
+        self.skipped = 0  # requests decoded plainly since then
         self.draft_len = 0  # the draft cache length the host knows (the device runs ahead of it)
         self.count = 0  # rows the next read step's draft pass consumed
         saved = [layer.pending for layer in self.recurrent]
@@ -271,6 +278,19 @@ class DeviceStep:
             self._plain_timer = runner_verify_timer(self.runner, node_counts=(1,))
         self.drafter._own_pending()  # the observed rows may view the buffers the replays overwrite
         return self._plain_timer(seq_len).get(1, 0.0)
+
+    def skip_request(self) -> bool:
+        """--budget auto, at a request's start: whether it decodes plainly from its first token, after
+        AUTO_LOSSES_IN_ROW losing requests in a row (then AUTO_SKIP_REQUESTS such requests, then a probe)."""
+        if self.losses >= AUTO_LOSSES_IN_ROW and self.skipped < AUTO_SKIP_REQUESTS:
+            self.skipped += 1
+            return True
+        self.skipped = 0
+        return False
+
+    def record(self, lost: bool) -> None:
+        """A request's verdict from the guard: its device steps lost (or, after AUTO_CHECK_STEPS, did not)."""
+        self.losses = self.losses + 1 if lost else 0
 
     def enqueue(self) -> PendingStep:
         self.replay()

@@ -49,19 +49,30 @@ def main() -> None:
     for name, top_lp, top_ids, budget in cases():
         for seed in (False, True):
             want = expected(top_lp, top_ids, 7, budget, seed)
-            for impl, fn in (("kernel", ddtree), ("ref", None)):
-                n = budget + 1
+            n = budget + 1
+            # the verify's tree mask from the ancestor sets: row i sees j iff j is i or an ancestor of i
+            want_mask = [[bool(want[3][i] >> j & 1) for j in range(n)] for i in range(n)]
+            # kernel_fp32_mask: fp32 candidates (the device step's; summed in fp64 inside, as the host
+            # sums the same fp32 values) and the mask written into a larger buffer, as the runner's
+            lp32 = top_lp.float()
+            want32 = expected(lp32.double(), top_ids, 7, budget, seed)
+            for impl in ("kernel", "ref", "kernel_fp32_mask", "ref_mask"):
                 bufs = tuple(torch.zeros(n, dtype=torch.long) for _ in range(4)) + (torch.zeros(1, dtype=torch.long),)
-                if fn is None:
-                    got = ddtree_ref(top_lp, top_ids, torch.tensor([7]), budget, seed, bufs)
+                mask = torch.zeros(n + 3, 70, dtype=torch.bool) if impl.endswith("mask") else None
+                if impl.startswith("ref"):
+                    got = ddtree_ref(top_lp, top_ids, torch.tensor([7]), budget, seed, bufs, mask)
                 else:
-                    got = fn(top_lp, top_ids, torch.tensor([7]), budget, seed, bufs)
+                    got = ddtree(lp32 if "fp32" in impl else top_lp, top_ids, torch.tensor([7]), budget, seed, bufs, mask)
                 got = tuple(t.tolist() for t in got[:4]) + (int(got[4]),)
                 err = None
-                for field, a, b in zip(("tokens", "parents", "depths", "anc", "count"), got, want):
+                for field, a, b in zip(("tokens", "parents", "depths", "anc", "count"), got, want32 if "fp32" in impl else want):
                     if a != b:
                         err = f"{field}: got {a}, want {b}"
                         break
+                if err is None and mask is not None:
+                    m = want_mask if "fp32" not in impl else [[bool(want32[3][i] >> j & 1) for j in range(n)] for i in range(n)]
+                    if mask[:n, :n].tolist() != m or mask[n:].any() or mask[:, n:].any():
+                        err = f"mask: got {mask[:n, :n].int().tolist()}"
                 out[f"{name}_seed{int(seed)}_{impl}"] = err
     print(json.dumps(out))
 

@@ -9,7 +9,7 @@ from tests.kernels.interpret import assert_all_passed, run_module
 
 
 def test_ddtree_kernel_matches_best_first():
-    assert_all_passed(run_module("tests.kernels.ddtree_checks"), expected=36)
+    assert_all_passed(run_module("tests.kernels.ddtree_checks"), expected=72)
 
 
 def test_ddtree_kernel_rejects_budgets_past_the_bitmask():

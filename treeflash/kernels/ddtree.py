@@ -44,9 +44,9 @@ def _flag(c):
 
 
 @triton.jit
-def _ddtree_kernel(LP, IDS, ROOT, TOK, PAR, DEP, ANC, COUNT,
+def _ddtree_kernel(LP, IDS, ROOT, TOK, PAR, DEP, ANC, COUNT, MASK, mask_stride,
                    D: tl.constexpr, K: tl.constexpr, BUDGET: tl.constexpr, SEED: tl.constexpr,
-                   F: tl.constexpr, NP: tl.constexpr):
+                   F: tl.constexpr, NP: tl.constexpr, HAS_MASK: tl.constexpr):
     f = tl.arange(0, F)  # frontier slots
     n = tl.arange(0, NP)  # node ids
     NEG = float("-inf")
@@ -67,7 +67,7 @@ def _ddtree_kernel(LP, IDS, ROOT, TOK, PAR, DEP, ANC, COUNT,
     if SEED:
         alive = zero + 1
         for d in range(1, D + 1):
-            score = _pick(n, count - 1, ns) + tl.load(LP + (d - 1) * K)
+            score = _pick(n, count - 1, ns) + tl.load(LP + (d - 1) * K).to(tl.float64)
             ok = _flag(alive != 0) & _flag(zero + d <= BUDGET) & _flag(score > NEG)
             at = n == count
             ns = tl.where(at & ok, score, ns)
@@ -80,7 +80,7 @@ def _ddtree_kernel(LP, IDS, ROOT, TOK, PAR, DEP, ANC, COUNT,
         if K > 1:
             for c in range(1, D + 1):  # the chain's second-best siblings, in chain order
                 par = c - 1
-                score = _pick(n, par, ns) + tl.load(LP + (c - 1) * K + 1)
+                score = _pick(n, par, ns) + tl.load(LP + (c - 1) * K + 1).to(tl.float64)
                 ok = _flag(c < count) & _flag(score > NEG)
                 at = f == pushes
                 fs = tl.where(at & ok, score, fs)
@@ -112,7 +112,7 @@ def _ddtree_kernel(LP, IDS, ROOT, TOK, PAR, DEP, ANC, COUNT,
         count += go.to(tl.int32)
         # next sibling, then first child (push order as the reference)
         sib_ok = go & _flag(rank + 1 < K)
-        sib = _pick(n, parent, ns) + tl.load(LP + (depth - 1) * K + rank + 1, mask=sib_ok, other=NEG)
+        sib = _pick(n, parent, ns) + tl.load(LP + (depth - 1) * K + rank + 1, mask=sib_ok, other=NEG).to(tl.float64)
         sib_ok = sib_ok & _flag(sib > NEG)
         at = f == pushes
         fs = tl.where(at & sib_ok, sib, fs)
@@ -121,7 +121,7 @@ def _ddtree_kernel(LP, IDS, ROOT, TOK, PAR, DEP, ANC, COUNT,
         fr = tl.where(at & sib_ok, rank + 1, fr)
         pushes += sib_ok.to(tl.int32)
         kid_ok = go & _flag(depth < D)
-        kid = best + tl.load(LP + depth * K, mask=kid_ok, other=NEG)
+        kid = best + tl.load(LP + depth * K, mask=kid_ok, other=NEG).to(tl.float64)
         kid_ok = kid_ok & _flag(kid > NEG)
         at = f == pushes
         fs = tl.where(at & kid_ok, kid, fs)
@@ -140,6 +140,9 @@ def _ddtree_kernel(LP, IDS, ROOT, TOK, PAR, DEP, ANC, COUNT,
     tl.store(DEP + n, tl.where(n == 0, 0, nd).to(tl.int64), mask=keep)
     tl.store(ANC + n, nanc, mask=keep)
     tl.store(COUNT, count.to(tl.int64))
+    if HAS_MASK:  # the verify's tree mask: row i sees node j iff j is i or an ancestor of i
+        bits = ((nanc[:, None] >> n[None, :].to(tl.int64)) & 1) != 0
+        tl.store(MASK + n[:, None] * mask_stride + n[None, :], bits, mask=keep[:, None] & keep[None, :])
 
 
 def ddtree(
@@ -149,9 +152,12 @@ def ddtree(
     budget: int,
     seed_chain: bool,
     out: tuple[torch.Tensor, ...] | None = None,  # (tokens, parents, depths, anc [budget + 1], count [1]) to write into
+    mask: torch.Tensor | None = None,  # bool [>= N, >= N] (row-contiguous): also the verify's tree mask into [:N, :N]
 ) -> tuple[torch.Tensor, ...]:
     """-> (tokens, parents, depths, anc, count): the DDTree of `budget` nodes, on the device, with no
-    host sync. The reference off CUDA (unless interpreting)."""
+    host sync. The reference off CUDA (unless interpreting). The outputs may be views into a graph
+    runner's inputs (spec/device_step.py writes the verify's ids, depths and parents, and its tree
+    mask, straight from here). top_lp fp32 or fp64: the kernel sums in fp64 either way."""
     d, k = top_lp.shape
     n = budget + 1
     if n > 63:
@@ -160,16 +166,20 @@ def ddtree(
     if out is None:
         out = tuple(torch.empty(n, dtype=torch.long, device=dev) for _ in range(4)) + (torch.empty(1, dtype=torch.long, device=dev),)
     if not (top_lp.is_cuda or _interpreting()):
-        return ddtree_ref(top_lp, top_ids, root, budget, seed_chain, out)
+        return ddtree_ref(top_lp, top_ids, root, budget, seed_chain, out, mask)
     tok, par, dep, anc, count = out
+    if mask is not None and (mask.dtype != torch.bool or mask.stride(1) != 1 or mask.shape[0] < n or mask.shape[1] < n):
+        raise ValueError(f"ddtree: mask must be bool [>= {n}, >= {n}] with contiguous rows")
     pushes = d + 2 * budget + 1
-    _ddtree_kernel[(1,)](top_lp.double().contiguous(), top_ids.long().contiguous(), root, tok, par, dep, anc, count,
+    lp = top_lp if top_lp.dtype in (torch.float32, torch.float64) else top_lp.double()
+    _ddtree_kernel[(1,)](lp.contiguous(), top_ids.long().contiguous(), root, tok, par, dep, anc, count,
+                         mask if mask is not None else count, mask.stride(0) if mask is not None else 0,
                          D=d, K=k, BUDGET=budget, SEED=seed_chain, F=triton.next_power_of_2(pushes),
-                         NP=triton.next_power_of_2(n), num_warps=1)
+                         NP=triton.next_power_of_2(n), HAS_MASK=mask is not None, num_warps=1)
     return out
 
 
-def ddtree_ref(top_lp, top_ids, root, budget, seed_chain, out):
+def ddtree_ref(top_lp, top_ids, root, budget, seed_chain, out, mask=None):
     """The kernel's outputs from `best_first` (reads the candidates back: for CPU runs only)."""
     parents, ranks = best_first(top_lp.double().tolist(), budget, seed_chain)
     ids = top_ids.long().tolist()
@@ -191,6 +201,9 @@ def ddtree_ref(top_lp, top_ids, root, budget, seed_chain, out):
     dep_t.copy_(torch.tensor(dep, device=dev))
     anc_t.copy_(torch.tensor(anc, device=dev))
     count_t.fill_(count)
+    if mask is not None:
+        a = anc_t[:, None] >> torch.arange(n, device=dev)[None, :]
+        mask[:n, :n].copy_((a & 1).bool())
     return out
 
 

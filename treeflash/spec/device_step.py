@@ -123,7 +123,8 @@ class DeviceStep:
         self.node_ids = torch.arange(t, device=dev)
         self.chain_parents = self.node_ids - 1
         self.tril = torch.ones(t, t, dtype=torch.bool, device=dev).tril()
-        self.tree_bufs = tuple(torch.zeros(t, dtype=torch.long, device=dev) for _ in range(4)) + (torch.zeros(1, dtype=torch.long, device=dev),)
+        # a tree step's ancestor sets and real-node count (its ids, parents and depths go into the runner's ints)
+        self.tree_bufs = (torch.zeros(t, dtype=torch.long, device=dev), torch.zeros(1, dtype=torch.long, device=dev))
         self.path = torch.zeros(t, dtype=torch.long, device=dev)  # a tree step's accepted path (tree_accept)
         self.recurrent = [layer for layer in runner.cache.layers if isinstance(layer, RecurrentCache)]
         pin = dev.type == "cuda"
@@ -170,12 +171,15 @@ class DeviceStep:
         start, root, count = self.state[0:1], self.state[1:2], self.state[2:3]
         g.ints[1:2].copy_(root)
         top_lp, top_ids = g.device_pass(count)  # [D, K]
-        ids, parents, depths, anc, real = ddtree(top_lp, top_ids, root, t - 1, self.seed_chain, out=self.tree_bufs)
-        mask = ((anc[:, None] >> self.node_ids[None, :]) & 1).bool()  # [t, t]: j is i or an ancestor of i
-        out = self._verify(ids, depths, parents, mask, start)
-        target = self._targets(out)
         r = self.runner
         tm = r.buckets[-1]
+        # the tree straight into the verify's inputs: ids, parents and depths as the runner's ints, the
+        # ancestor sets as its tree mask (one launch, no copies)
+        bufs = (r.ints[:t], r.ints[2 * tm : 2 * tm + t], r.ints[tm : tm + t], *self.tree_bufs)
+        ids, parents, depths, anc, real = ddtree(top_lp, top_ids, root, t - 1, self.seed_chain, out=bufs, mask=r.tree_mask)
+        r.ints[3 * tm : 3 * tm + 1].copy_(start)
+        out = r._run_static(t, verify=True)
+        target = self._targets(out)
         # acceptance, the commit's inputs, the result row and the next state in one launch (kernels/accept.py)
         tree_accept(ids, parents, depths, anc, real, target, self.state, self.result, r.ints[3 * tm + 1 :], self.path, tm, HEAD)
         if r.k1:

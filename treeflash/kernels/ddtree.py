@@ -1,5 +1,5 @@
 """DDTree's best-first search in one GPU program, so that a draft tree is built where the drafter's
-candidates already are (spec/device_chain.py) instead of on the host after a read-back.
+candidates already are (spec/device_step.py) instead of on the host after a read-back.
 
 The search is `best_first` below (the reference, which spec/ddtree.py runs on the host;
 tests/kernels/test_ddtree_kernel.py checks the kernel against it, node for node): each depth's top-K candidates sorted descending, a prefix

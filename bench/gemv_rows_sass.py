@@ -20,6 +20,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import triton
+import triton.language as tl
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 from treeflash.kernels.gemv import _gemv_kernel, _gemv_swiglu_kernel
@@ -50,5 +51,5 @@ for g in (1, 8):
 sw_sig = dict(X="*bf16", W="*bf16", Y="*bf16", I="i32", R="*bf16", NW="*bf16", S="*bf16", eps="fp32")
 print("one-row swiglu", comp(_gemv_swiglu_kernel, sw_sig, dict(K=576, BLOCK_N=2, BLOCK_K=1024, STEPS=1, PDL=True, NORM_IN=False, UNIT=False), 4, div=("X", "W", "Y")))
 print("rows swiglu g8", comp(_gemv_rows_kernel, rows_sig, dict(K=576, HAS_BIAS=False, SWIGLU=True, BLOCK_N=2, BLOCK_K=1024, STEPS=1, GROUP=8, PDL=True), 4, div=("X", "W", "Y")))
-c_sig = dict(K="*bf16", V="*bf16", DEST="*i64", SRC="*i64", N="*i64")
-print("commit_rows P32", comp(_commit_rows_kernel, c_sig, dict(ROW=192, P=32, P2=32, BLOCK=256, PDL=True), 4))
+c_sig = dict(TABLE="*i64", DEST="*i64", SRC="*i64", N="*i64")  # the buffers' addresses in a table (kernels/commit.py)
+print("commit_rows P32", comp(_commit_rows_kernel, c_sig, dict(ROW=192, P=32, P2=32, BLOCK=256, ELT=tl.int16, PDL=True), 4))

@@ -45,7 +45,7 @@ def _commit_rows_kernel(TABLE, DEST, SRC, N, ROW: tl.constexpr, P: tl.constexpr,
     tl.store(buf + dest[:, None] * ROW + col[None, :], val, mask=ok)
 
 
-_INT_TYPES = {1: (torch.int8, tl.int8), 2: (torch.int16, tl.int16), 4: (torch.int32, tl.int32), 8: (torch.int64, tl.int64)}
+_INT_TYPES = {1: tl.int8, 2: tl.int16, 4: tl.int32, 8: tl.int64}
 
 
 class RowTable:
@@ -63,15 +63,19 @@ class RowTable:
                 raise ValueError("RowTable: contiguous buffers of one row size (in bytes) on one device expected")
         size = min(b.element_size() for b in buffers)
         size = max(s for s in _INT_TYPES if s <= size and self.row_bytes % s == 0)
-        self.int_dtype, self.tl_type = _INT_TYPES[size]
-        self.row = self.row_bytes // size  # elements of int_dtype per row
+        self.tl_type = _INT_TYPES[size]
+        self.row = self.row_bytes // size  # elements of tl_type per row
         self.buffers = buffers  # held: the table points into them
         self.table = torch.tensor([b.data_ptr() for b in buffers], dtype=torch.int64, device=first.device)
 
 
 def commit_rows_reference(k: torch.Tensor, v: torch.Tensor, dest: torch.Tensor, src: torch.Tensor, n: torch.Tensor) -> None:
+    _move_rows_reference((k, v), dest, src, n)
+
+
+def _move_rows_reference(buffers, dest: torch.Tensor, src: torch.Tensor, n: torch.Tensor) -> None:
     m = int(n.reshape(-1)[0])
-    for buf in (k, v):
+    for buf in buffers:
         buf.index_copy_(0, dest[:m], buf.index_select(0, src[:m]))
 
 
@@ -79,10 +83,7 @@ def commit_rows_table(rows: RowTable, dest: torch.Tensor, src: torch.Tensor, n: 
     """In every buffer of `rows`: rows dest[j] <- rows src[j] for j < n[0], in place, in one launch.
     dest, src [P] long (increasing; src[j] >= dest[j]), n [1] long, all on the buffers' device."""
     if not (rows.table.is_cuda or _interpreting()):
-        for buf in rows.buffers:
-            m = int(n.reshape(-1)[0])
-            buf.index_copy_(0, dest[:m], buf.index_select(0, src[:m]))
-        return
+        return _move_rows_reference(rows.buffers, dest, src, n)
     if dest.shape != src.shape or dest.dim() != 1 or n.numel() != 1:
         raise ValueError("commit_rows: dest and src [P], n [1] expected")
     p = dest.shape[0]
@@ -92,16 +93,10 @@ def commit_rows_table(rows: RowTable, dest: torch.Tensor, src: torch.Tensor, n: 
         rows.table, dest, src, n, ROW=rows.row, P=p, P2=p2, BLOCK=block, ELT=rows.tl_type, **pdl.kwargs(dest))
 
 
-def commit_rows(k: torch.Tensor, v: torch.Tensor, dest: torch.Tensor, src: torch.Tensor, n: torch.Tensor,
-                rows: RowTable | None = None) -> None:
-    """k, v [S, ...] contiguous (same row size): rows dest[j] <- rows src[j] for j < n[0], in place.
-    dest, src [P] long (increasing; src[j] >= dest[j]), n [1] long, all on the cache's device. `rows`:
-    a RowTable of (k, v) made beforehand (needed inside CUDA-graph capture: the table is a device tensor)."""
-    if not (k.is_cuda or _interpreting()):
-        return commit_rows_reference(k, v, dest, src, n)
-    if not (k.is_contiguous() and v.is_contiguous()) or v[0].numel() != k[0].numel() or k.dtype != v.dtype:
-        raise ValueError("commit_rows: contiguous K and V of one dtype and row size expected")
-    commit_rows_table(rows if rows is not None else RowTable([k, v]), dest, src, n)
+def commit_rows(k: torch.Tensor, v: torch.Tensor, dest: torch.Tensor, src: torch.Tensor, n: torch.Tensor) -> None:
+    """commit_rows_table over (k, v): k, v [S, ...] contiguous, one row size in bytes. Outside CUDA-graph
+    capture only (it makes the table, a host-to-device copy): a cache keeps its RowTable instead."""
+    commit_rows_table(RowTable([k, v]), dest, src, n)
 
 
 @triton.jit

@@ -332,15 +332,15 @@ def _launch(q, k, v, vis, start, kv_len, key_mask, scale, num_splits, config, sl
     block_m, block_n = cfg.block_m, cfg.block_n
     m_tiles = triton.cdiv(n * group, block_m)
     num_blocks = triton.cdiv(kv_len, block_n)
-    if num_splits is None:
+    if balanced:  # exactly that many shares of the filled blocks; per_split only bounds the interpreter's loop
+        splits = max(1, min(num_splits, num_blocks, MAX_SPLITS)) if num_splits is not None else \
+            split_count(num_blocks, m_tiles * num_kv_heads, q.device, cfg.programs_per_sm)
+        per_split = _next_pow2(triton.cdiv(num_blocks, splits))
+    elif num_splits is None:
         splits, per_split = plan_splits(num_blocks, m_tiles * num_kv_heads, q.device, cfg.programs_per_sm)
     else:
         per_split = _next_pow2(triton.cdiv(num_blocks, max(1, min(num_splits, num_blocks, MAX_SPLITS))))
         splits = triton.cdiv(num_blocks, per_split)
-    if balanced:  # exactly num_splits shares of the filled blocks; per_split only bounds the interpreter's loop
-        splits = max(1, min(num_splits, num_blocks, MAX_SPLITS)) if num_splits is not None else \
-            split_count(num_blocks, m_tiles * num_kv_heads, q.device, cfg.programs_per_sm)
-        per_split = _next_pow2(triton.cdiv(num_blocks, splits))
     skip_empty = slots is not None and STATIC_SPLIT_CAP > 0 and not balanced
     if skip_empty and num_splits is None and per_split > STATIC_SPLIT_CAP:
         # the filled part of a long buffer may be short: short splits (those past the end exit at

@@ -16,7 +16,8 @@ from treeflash.models.step import StepInput
 
 
 # The fused layers' q/k/v projection with the RMSNorm as its prologue (kernels/linear.py). Off: at SmolLM2's
-# shape on the H200 (bench/gpu_linear.py, 33 rows) it took 6.2 us against 4.8 for the norm kernel + cuBLAS
+# shape on the H200 (33 rows, weights from memory: bench/results/s22/gpu_linear_smol_cold.json) it took 6.8 us
+# against 5.9 for the norm kernel + cuBLAS
 QKV_NORM_PROLOGUE = False
 
 

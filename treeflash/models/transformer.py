@@ -19,14 +19,11 @@ from treeflash.models.config import FULL_ATTENTION, ModelConfig
 from treeflash.models.layers import MLP, RMSNorm, Rotary
 from treeflash.models.step import StepInput
 
-# Steps of 2..FUSED_ROWS tokens (verify trees) run forward_fused where every projection weight is at most
-# FUSED_WEIGHT_BYTES (SmolLM2-135M's 0.7-3.5 MB): there the fused Triton kernels beat cuBLAS + the small
-# kernels around it (H200, bench/gpu_linear.py, 33 rows: o_proj + residual 2.7 us against 3.0; gate/up with
-# the norm and SwiGLU 4.6 against 7.7). At the 8B and 27B shapes tl.dot lost to cuBLAS (docs/performance.md):
-# there fused_rows stays 0. One-token steps keep the GEMV path either way.
-# Measured in the step graphs since (device_step_time.py --fused-rows default,0, bench/results/s22/fused_layers_ab.json):
-# slower there, each _linear_kernel 6.1 us in the graph against 2.7-4.6 alone (DDTree-32 step 1.478 against
-# 1.435 ms, verify-16 1.036 against 0.978): off.
+# Steps of 2..FUSED_ROWS tokens (verify trees) may run forward_fused: norms, SwiGLU and residual adds inside
+# Triton projections (kernels/linear.py), only where every projection weight is at most FUSED_WEIGHT_BYTES
+# (tl.dot lost to cuBLAS at the 8B and 27B shapes: docs/performance.md). Off: at SmolLM2's shape, inside the
+# step graphs on the H200, DDTree-32's step took 1.478 ms with them against 1.435 without, and from memory
+# cuBLAS wins each projection at 33 rows (bench/results/s22/fused_layers_ab.json, gpu_linear_smol_cold.json).
 FUSED_ROWS = 0
 FUSED_WEIGHT_BYTES = 8 << 20
 

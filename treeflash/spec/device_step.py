@@ -122,6 +122,8 @@ class DeviceStep:
         self.result = torch.zeros(HEAD + t, dtype=torch.long, device=dev)
         self.node_ids = torch.arange(t, device=dev)
         self.chain_parents = self.node_ids - 1
+        self.chain_anc = (2 << self.node_ids) - 1  # bits 0 .. i
+        self.chain_real = torch.tensor([t], device=dev)
         self.tril = torch.ones(t, t, dtype=torch.bool, device=dev).tril()
         # a tree step's ancestor sets and real-node count (its ids, parents and depths go into the runner's ints)
         self.tree_bufs = (torch.zeros(t, dtype=torch.long, device=dev), torch.zeros(1, dtype=torch.long, device=dev))
@@ -158,13 +160,9 @@ class DeviceStep:
         top_lp, top_ids = g.device_pass(count)  # [D, K]
         ids = torch.cat((root, top_ids[: t - 1, 0]))
         out = self._verify(ids, self.node_ids, self.chain_parents, self.tril, start)
-        target = self._targets(out)  # [t]
-        acc = (target[: t - 1] == ids[1:t]).long().cumprod(0).sum(0, keepdim=True)  # [1]
-        path = torch.minimum(self.node_ids, acc)  # 0 .. a, padded with a
-        if self.recurrent:  # attention rows of a chain are already in place
-            self._commit(path, acc, start)
-        depth = torch.full_like(acc, t - 1)  # a chain's depth is also its number of drafts
-        self._finish(out, ids, path, acc, target, depth, depth)
+        # a chain is the tree whose node i has parent i - 1 and ancestors 0 .. i
+        # (attention rows of a chain are already in place: only recurrent state needs the commit)
+        self._accept(out, ids, self.chain_parents, self.node_ids, self.chain_anc, self.chain_real, commit=bool(self.recurrent))
 
     def _tree_step(self) -> None:
         g, t = self.drafter.graphs, self.t
@@ -179,12 +177,21 @@ class DeviceStep:
         ids, parents, depths, anc, real = ddtree(top_lp, top_ids, root, t - 1, self.seed_chain, out=bufs, mask=r.tree_mask)
         r.ints[3 * tm : 3 * tm + 1].copy_(start)
         out = r._run_static(t, verify=True)
-        target = self._targets(out)
-        # acceptance, the commit's inputs, the result row and the next state in one launch (kernels/accept.py)
-        tree_accept(ids, parents, depths, anc, real, target, self.state, self.result, r.ints[3 * tm + 1 :], self.path, tm, HEAD)
-        if r.k1:
-            self._conv_rows(self.path, self.result[0:1])
-        r._commit_static(t)
+        self._accept(out, ids, parents, depths, anc, real, commit=True)
+
+    def _accept(self, out, ids, parents, depths, anc, real, commit: bool) -> None:
+        """After the verify: acceptance, the commit's inputs, the result row and the next state in one
+        launch (kernels/accept.py), then the runner's commit and the next pass's context rows."""
+        g, r, t = self.drafter.graphs, self.runner, self.t
+        tm = r.buckets[-1]
+        tree_accept(ids, parents, depths, anc, real, self._targets(out), self.state, self.result, r.ints[3 * tm + 1 :],
+                    self.path, tm, HEAD)
+        if commit:
+            if r.k1:  # the conv window's rows: [0 .. k1-1] then k1 + each path node; the last k1 of them
+                idx = self.node_ids[: r.k1] + self.result[0:1] + 1
+                conv = r.ints[3 * tm + 1 + 2 * tm + 1 :][: r.k1]
+                conv.copy_(torch.where(idx < r.k1, idx, r.k1 + self.path.gather(0, (idx - r.k1).clamp_min(0))))
+            r._commit_static(t)
         m = min(t, g.block_size)
         torch.index_select(out.captured, 0, self.path[:m], out=g.ctx_in[:m])  # the next pass's context rows
 
@@ -206,39 +213,6 @@ class DeviceStep:
         tokens = sample_static(probs, self.iparams[1:2], self.iparams[2:3], self.node_ids)
         self.iparams[2:3].add_(1)  # the next step's draws
         return tokens
-
-    def _commit(self, path, acc, start) -> None:
-        """The runner's commit inputs on the device (as CudaGraphRunner.commit fills them on the host), then its commit."""
-        r, t = self.runner, self.t
-        tm = r.buckets[-1]
-        o = 3 * tm + 1
-        r.ints[o : o + t].copy_(start + path)
-        r.ints[o + tm : o + tm + t].copy_(start + self.node_ids)
-        r.ints[o + 2 * tm : o + 2 * tm + 1].copy_(acc + 1)
-        if r.k1:
-            self._conv_rows(path, acc)
-        r._commit_static(t)
-
-    def _conv_rows(self, path, acc) -> None:
-        """The conv window's rows for the runner's commit: [0 .. k1-1] then k1 + each path node; the last k1 of them."""
-        r = self.runner
-        o = 3 * r.buckets[-1] + 1 + 2 * r.buckets[-1] + 1
-        idx = self.node_ids[: r.k1] + acc + 1
-        r.ints[o : o + r.k1].copy_(torch.where(idx < r.k1, idx, r.k1 + path.gather(0, (idx - r.k1).clamp_min(0))))
-
-    def _finish(self, out, ids, path, acc, target, max_depth, drafted) -> None:
-        g, t = self.drafter.graphs, self.t
-        bonus = target.gather(0, path[t - 1 :])  # path is padded with its end, so its last entry is the end
-        emitted = torch.cat((ids.gather(0, path[1:]), bonus)).scatter(0, acc, bonus)  # drafts 1 .. a, the bonus at a
-        self.result[0:1].copy_(acc)
-        self.result[1:2].copy_(max_depth)
-        self.result[2:3].copy_(drafted)
-        self.result[HEAD:].copy_(emitted)
-        m = min(t, g.block_size)
-        g.ctx_in[:m].copy_(out.captured.index_select(0, path[:m]))
-        self.state[0:1].add_(acc + 1)
-        self.state[1:2].copy_(bonus)
-        self.state[2:3].copy_(acc + 1)
 
     # -- the host's side --
     def begin(self, root: int, start: int, rows: list[torch.Tensor], draft_len: int, params=None, seed: int = 0) -> None:

@@ -204,15 +204,22 @@ class DFlashAttention(nn.Module):
         if self.qkv_weight is None:
             self.qkv_weight, self.qkv_bias = fuse_linears([self.q_proj, self.k_proj, self.v_proj])
 
-    def _qkv(self, rows: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """q, k, v [R, heads, D] of every row (views of one GEMM's output once fused)."""
-        r = rows.shape[0]
-        if self.qkv_weight is None:
-            q, k, v = self.q_proj(rows), self.k_proj(rows), self.v_proj(rows)
+    def _qkv(self, rows: torch.Tensor, q_from: int = 0) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """q [R - q_from, heads, D] of rows[q_from:], k and v [R, kv heads, D] of every row. Fused and
+        q_from = 0 (the static pass: a few context rows), one GEMM; else q apart (an eager pass's context
+        can be a whole prompt, whose queries nothing reads) and k, v in one GEMM once fused."""
+        r, qo = rows.shape[0], self.q_proj.weight.shape[0]
+        kv_sizes = [self.k_proj.weight.shape[0], self.v_proj.weight.shape[0]]
+        if self.qkv_weight is not None and q_from == 0:
+            q, k, v = F.linear(rows, self.qkv_weight, self.qkv_bias).split([qo, *kv_sizes], dim=-1)
         else:
-            q, k, v = F.linear(rows, self.qkv_weight, self.qkv_bias).split(
-                [self.q_proj.weight.shape[0], self.k_proj.weight.shape[0], self.v_proj.weight.shape[0]], dim=-1)
-        return (q.view(r, self.num_heads, self.head_dim), k.view(r, self.num_kv_heads, self.head_dim),
+            q = self.q_proj(rows[q_from:])
+            if self.qkv_weight is None:
+                k, v = self.k_proj(rows), self.v_proj(rows)
+            else:
+                bias = None if self.qkv_bias is None else self.qkv_bias[qo:]
+                k, v = F.linear(rows, self.qkv_weight[qo:], bias).split(kv_sizes, dim=-1)
+        return (q.view(r - q_from, self.num_heads, self.head_dim), k.view(r, self.num_kv_heads, self.head_dim),
                 v.view(r, self.num_kv_heads, self.head_dim))
 
     def forward(
@@ -233,8 +240,8 @@ class DFlashAttention(nn.Module):
             mask = self._mask(slots[n:], key_pos, slots[-1:] + 1)
         if slots is not None and _rotary_kernel_fits(rope[0]):
             return self._static(both, b, rope, keys, values, slots, key_pos, mask)
-        q, k, v = self._qkv(both)
-        q, k = self.q_norm(q[n:]), self.k_norm(k)
+        q, k, v = self._qkv(both, q_from=n)
+        q, k = self.q_norm(q), self.k_norm(k)
         cos, sin = rope
         q, k = apply_rotary(q, cos[n:], sin[n:]), apply_rotary(k, cos, sin)
         if slots is None:  # eager: shapes follow the context length

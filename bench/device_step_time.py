@@ -7,7 +7,9 @@ drafter (speed does not depend on the weights), each replayed N times back to ba
     draft         the drafter's pass graph over 16 new rows
     device-chain  DeviceStep's whole chain step (draft + verify + accept + next state; spec/device_step.py)
     device-ddtree-N  the same with a DDTree of N nodes built on the device (kernels/ddtree.py) and its commit
-    device-ddtree-N-sampled  the same for a sampled request (the processed distribution and a draw at every node)
+    device-ddtree-N-sampled  the same for a sampled request with top-k / top-p (the sort of every node's
+                             distribution, then a draw at every node)
+    device-ddtree-N-sampled-nosort  a sampled request with neither (temperature, min-p): kernels/sample.py
 
 Per graph: the host's enqueue time per replay and the elapsed GPU time per replay (CUDA events around
 the N replays; when the host enqueues faster than the GPU runs, this is the GPU's time), and the
@@ -112,8 +114,8 @@ def measure(fused_rows: int | None, max_len: int, ctx: int, n: int, trees: list[
         trunner = CudaGraphRunner(model, tcache, capture_layers=tree_drafter.capture_layers, buckets=BUCKETS)
         tree_drafter.bind_runner(trunner)
         tg = tree_drafter.graphs
-        for sampled in (False, True):  # greedy, then the sampled step (temperature 1, no filters)
-            tstep = DeviceStep(trunner, tree_drafter, b + 1, sampled=sampled)
+        for sampled, filtered in ((False, False), (True, True), (True, False)):  # greedy, sampled (sorting / not)
+            tstep = DeviceStep(trunner, tree_drafter, b + 1, sampled=sampled, filtered=filtered)
             tcache.reset()
             tree_drafter.reset()
             tstep.state.copy_(torch.tensor([ctx, 1, 16]))
@@ -123,7 +125,7 @@ def measure(fused_rows: int | None, max_len: int, ctx: int, n: int, trees: list[
                 tg.ints[0:1].fill_(ctx)
                 tstep.replay()
 
-            name = f"device-ddtree-{b}" + ("-sampled" if sampled else "")
+            name = f"device-ddtree-{b}" + ("-sampled" if sampled else "") + ("-nosort" if sampled and not filtered else "")
             res[name] = timed(tree_step, n)
             names.append(name)
     for k in names:

@@ -123,15 +123,17 @@ class Decoder:
     def _device_step(self):
         """The drafter's DeviceStep for this runner when this decoder can use one, else None."""
         from treeflash.spec.device_step import DeviceStep, supported
+        from treeflash.spec.sampling import needs_order
 
         t = supported(self.runner, self.drafter, self.params, self.want_logprobs) if self.drafter is not None else 0
         if not t:
             return None
         sampled = not self.params.greedy
-        name = "device_step_sampled" if sampled else "device_step"  # greedy: captured at bind_runner
+        filtered = sampled and needs_order(self.params)  # top-k / top-p: a sort per node, in a graph of its own
+        name = "device_step_filtered" if filtered else "device_step_sampled" if sampled else "device_step"  # greedy: captured at bind_runner
         dev = getattr(self.drafter, name, None)
         if dev is None or dev.runner is not self.runner or dev.t != t or dev.tree != self.drafter.tree:
-            dev = DeviceStep(self.runner, self.drafter, t, sampled=sampled)
+            dev = DeviceStep(self.runner, self.drafter, t, sampled=sampled, filtered=filtered)
             setattr(self.drafter, name, dev)
         return dev
 

@@ -11,7 +11,8 @@ decision of a step can be made on the device, so one CUDA graph holds it all:
     verify   the target over the t nodes (the runner's static verify code)
     target   the target's token at every node: its argmax (greedy), or one draw from the request's
              processed distribution (sampled: spec/sampling.processed_probs_static, and a
-             counter-based hash for randomness, so the graph replays without generator state)
+             counter-based hash for randomness, so the graph replays without generator state;
+             without top-k and top-p, kernels/sample.py draws with no sort, in its own graph)
     accept   node i is accepted when it and all its ancestors carry the target's token at their
              parent; the accepted nodes form the path, the target's token at its end is the bonus.
              Sampled, this is sample-and-match (spec/verify.py): each node's draw is independent,
@@ -45,7 +46,8 @@ from treeflash.kernels.accept import tree_accept
 from treeflash.kernels.ddtree import ddtree
 from treeflash.kv.recurrent_cache import RecurrentCache
 from treeflash.models.runner import CudaGraphRunner, capture_graph
-from treeflash.spec.sampling import OFF_TOP_P, processed_probs_static, sample_static, static_params
+from treeflash.kernels.sample import sample_rows
+from treeflash.spec.sampling import OFF_TOP_P, needs_order, processed_probs_static, sample_static, static_params
 
 ENV = "TREEFLASH_DEVICE_STEPS"  # "0": synchronous steps (the A/B baseline)
 # --budget auto on the device: one tree size for the whole request, not the tuner's per-step choice
@@ -107,10 +109,13 @@ def supported(runner, drafter, params, want_logprobs) -> int:
 
 
 class DeviceStep:
-    def __init__(self, runner: CudaGraphRunner, drafter, nodes: int, sampled: bool = False):
+    def __init__(self, runner: CudaGraphRunner, drafter, nodes: int, sampled: bool = False, filtered: bool = True):
         """Captures the step (a CUDA graph on a GPU). Its warm-ups write scratch rows and advance
-        recurrent state: build it before a prefill, which resets the caches."""
+        recurrent state: build it before a prefill, which resets the caches. A sampled step with
+        `filtered` applies top-k and top-p (a sort per node); without, it serves only requests that set
+        neither (sampling.needs_order), and draws in one launch."""
         self.runner, self.drafter, self.t, self.sampled = runner, drafter, nodes, sampled
+        self.filtered = sampled and filtered
         self.tree, self.seed_chain = drafter.tree, drafter.seed_chain
         g = drafter.graphs
         dev = runner.ints.device
@@ -209,8 +214,11 @@ class DeviceStep:
         """[t] long: the target's token at each node (argmax, or a draw of the processed distribution)."""
         if not self.sampled:
             return out.argmax[: self.t]
-        probs = processed_probs_static(out.logits[: self.t], self.fparams, self.iparams[0:1])
-        tokens = sample_static(probs, self.iparams[1:2], self.iparams[2:3], self.node_ids)
+        if self.filtered:
+            probs = processed_probs_static(out.logits[: self.t], self.fparams, self.iparams[0:1])
+            tokens = sample_static(probs, self.iparams[1:2], self.iparams[2:3], self.node_ids)
+        else:  # temperature and min-p only: the same distribution without a sort
+            tokens = sample_rows(out.logits[: self.t], self.fparams, self.iparams[1:2], self.iparams[2:3], self.node_ids)
         self.iparams[2:3].add_(1)  # the next step's draws
         return tokens
 
@@ -231,6 +239,8 @@ class DeviceStep:
         self.state.copy_(self.host_state[:3].to(dev, non_blocking=True))
         g.ints[0:1].copy_(self.host_state[3:4].to(dev, non_blocking=True))
         if self.sampled:
+            if not self.filtered and needs_order(params):
+                raise RuntimeError("device steps: this sampled step applies neither top-k nor top-p")
             floats, top_k = static_params(params, self.runner.model.config.vocab_size)
             self.host_fparams.numpy()[:] = floats
             hs[4:7] = top_k, seed & 0x7FFFFFFF, 0

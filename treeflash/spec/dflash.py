@@ -59,6 +59,7 @@ class DFlashDrafter(Drafter):
         self.graphs = None  # DraftGraphs once bound to a static-shape runner
         self.device_step = None  # DeviceStep (device_step.py) once bound, for greedy requests
         self.device_step_sampled = None  # the sampled one, captured at the first sampled request
+        self.device_step_filtered = None  # the same with top-k / top-p, at the first request that sets them
         self.reset()
 
     def bind_runner(self, runner) -> None:
@@ -79,7 +80,7 @@ class DFlashDrafter(Drafter):
                 warnings.warn(f"dflash: capturing the drafter's CUDA graphs failed ({e}); drafting eagerly")
                 self.graphs = None
                 self.reset()
-        self.device_step = self.device_step_sampled = None
+        self.device_step = self.device_step_sampled = self.device_step_filtered = None
         if self.graphs is not None:
             self._build_device_step(runner)
 

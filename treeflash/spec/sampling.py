@@ -82,6 +82,12 @@ def pick(logits: torch.Tensor, params: SamplingParams, generator: torch.Generato
 OFF_TOP_P = 2.0  # a top_p no mass prefix reaches: nothing dropped, as top_p = 1.0 on the host
 
 
+def needs_order(params: SamplingParams) -> bool:
+    """Whether the processed distribution depends on the tokens' order (top-k or top-p on): the device
+    steps then sort (processed_probs_static); without, kernels/sample.py draws with no sort."""
+    return 0 < params.top_k or params.top_p < 1.0
+
+
 def static_params(params: SamplingParams, vocab: int) -> tuple[list[float], int]:
     """(temperature, top_p, min_p), top_k for processed_probs_static: every filter always runs, a
     neutral value where the request has it off."""

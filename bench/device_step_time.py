@@ -23,6 +23,7 @@ bytes or by the number of kernels. Written in stop 21, after the device chain to
 from __future__ import annotations
 
 import argparse
+import os
 import json
 import sys
 import time
@@ -167,7 +168,8 @@ def main() -> None:
         quant_attention.BALANCED_SPLITS = args.balanced_splits
     res = {"shape": "smollm2-135m", "drafter": "3 layers, block 16", "balanced_splits": args.balanced_splits,
            "fused_combine": args.fused_combine, "attn_block_m": args.attn_block_m, "device": torch.cuda.get_device_name() if DEV == "cuda" else "cpu",
-           "replays": args.replays, "max_len": args.max_len, "context": args.context, "runs": []}
+           "replays": args.replays, "max_len": args.max_len, "context": args.context,
+           "env": {k: v for k, v in os.environ.items() if k.startswith("PYTORCH_TUNABLEOP")}, "runs": []}
     for fr in (None if x == "default" else int(x) for x in args.fused_rows.split(",")):
         res["runs"].append(measure(fr, args.max_len, args.context, args.replays, [int(b) for b in args.trees.split(",") if b]))
         Path(args.out).write_text(json.dumps(res, indent=1) + "\n")

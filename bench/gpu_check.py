@@ -163,6 +163,13 @@ def main() -> None:
         plain = decode(ours, prompt, 60)
         graph_plain = decode(ours, prompt, 60, graphs=True)
         graph_spec = decode(ours, prompt, 60, OracleDrafter(ours, depth=4, width=2, corrupt=0.4), graphs=True)
+        folded = {}
+        if ours.foldable():  # the norms folded into the projections (forward_folded), fp32, eager prefill and graphed verify
+            ours.fuse_projections(fused_rows=0, folded_rows=128)
+            f_err, f_inc = prefill_and_decode_errors(ours, ids[0], ref)
+            f_spec = decode(ours, prompt, 60, OracleDrafter(ours, depth=4, width=2, corrupt=0.4), graphs=True)
+            folded = {"folded_prefill_max_abs_err": f_err, "folded_decode_max_abs_err": f_inc, "folded_graph_spec_identical": f_spec == plain}
+            ours.fuse_projections(fused_rows=0, folded_rows=0)
         # bf16: the CUDA kernels (attention over the dense cache, tree recurrence) through the graphs
         _, b16 = make_pair(arch, dtype=torch.bfloat16)
         b16 = b16.cuda().fuse_projections()
@@ -178,17 +185,22 @@ def main() -> None:
         ref32 = b32(StepInput.plain(ids[0], 0), b32.new_cache(64)).logits.float()
         b16.fuse_projections(fused_rows=128)
         fused_bf16 = b16(StepInput.plain(ids[0], 0), b16.new_cache(64)).logits.float()
-        b16.fuse_projections(fused_rows=0)
+        b16.fuse_projections(fused_rows=0, folded_rows=0)
         unfused_bf16 = b16(StepInput.plain(ids[0], 0), b16.new_cache(64)).logits.float()
+        folded_bf16 = None
+        if b16.foldable():
+            b16.fuse_projections(fused_rows=0, folded_rows=128)
+            folded_bf16 = b16(StepInput.plain(ids[0], 0), b16.new_cache(64)).logits.float()
         b16.fuse_projections()
         scale = ref32.abs().max().item()
         res[arch + "_bf16"] = {"graph_spec_vs_eager_plain_token_agreement": agree, "verify_logits_rel_err_graph_vs_eager": rel,
                                "fused_layers_rel_err_vs_fp32": (fused_bf16 - ref32).abs().max().item() / scale,
                                "unfused_rel_err_vs_fp32": (unfused_bf16 - ref32).abs().max().item() / scale,
+                               "folded_rel_err_vs_fp32": None if folded_bf16 is None else (folded_bf16 - ref32).abs().max().item() / scale,
                                "note": "bf16 eager and graph paths use different kernels; rounding can flip near-ties"}
         res[arch] = {"prefill_max_abs_err": err, "decode_max_abs_err": inc,
                      "fused_layers_prefill_max_abs_err": fused_err, "fused_layers_decode_max_abs_err": fused_inc,
-                     "graph_plain_identical": graph_plain == plain, "graph_spec_identical": graph_spec == plain}
+                     "graph_plain_identical": graph_plain == plain, "graph_spec_identical": graph_spec == plain, **folded}
         if arch in ("qwen3", "qwen3_5"):  # DFlash (random drafter): eager passes vs CUDA-graph passes, chain and tree
             draft = random_drafter(ours).cuda()
             for name, budget, tree in (("chain", 7, False), ("ddtree22", 22, True)):
@@ -207,9 +219,12 @@ def main() -> None:
     # (greedy tokens of flat random tiny models can flip on near-ties, so agreement is reported, not gated)
     ok = all(r["verify_logits_rel_err_graph_vs_eager"] < 2e-2
              and r["fused_layers_rel_err_vs_fp32"] <= 2 * r["unfused_rel_err_vs_fp32"] + 1e-3
+             and (r["folded_rel_err_vs_fp32"] is None or r["folded_rel_err_vs_fp32"] <= 2 * r["unfused_rel_err_vs_fp32"] + 1e-3)
              if "verify_logits_rel_err_graph_vs_eager" in r else
              r["prefill_max_abs_err"] < 1e-3 and r["decode_max_abs_err"] < 1e-3 and r["graph_plain_identical"] and r["graph_spec_identical"]
              and r["fused_layers_prefill_max_abs_err"] < 1e-3 and r["fused_layers_decode_max_abs_err"] < 1e-3
+             and r.get("folded_prefill_max_abs_err", 0) < 1e-3 and r.get("folded_decode_max_abs_err", 0) < 1e-3
+             and r.get("folded_graph_spec_identical", True)
              and all(v for k, v in r.items() if k.startswith("dflash_"))
              for name, r in res.items() if name not in ("gemv_epilogue", "gemv_prologue", "prefill_attention"))
     ok = ok and res["gemv_epilogue"]["ok"] and res["gemv_prologue"]["ok"] and res["prefill_attention"]["ok"]

@@ -65,7 +65,9 @@ def check_rotary_into_cache() -> dict:
     from treeflash.kernels.rotary import norm_rotary_into_cache, norm_rotary_into_cache_ref
 
     out = {}
-    for d, rd, hq, hkv, norm, unit in ((64, 64, 4, 2, True, False), (64, 16, 6, 2, True, True), (32, 32, 2, 2, False, False)):
+    for d, rd, hq, hkv, norm, unit, folded in ((64, 64, 4, 2, True, False, False), (64, 16, 6, 2, True, True, False),
+                                               (32, 32, 2, 2, False, False, False), (64, 64, 4, 2, False, False, True),
+                                               (64, 32, 4, 2, True, False, True)):
         t, slots_n = 3, 10
         qkv = torch.randn(t, (2 * hq + 2 * hkv) * d)  # a gated q: [q | gate] per head, then k, then v
         q = qkv[:, : 2 * hq * d].view(t, hq, 2 * d)[..., :d]
@@ -77,11 +79,13 @@ def check_rotary_into_cache() -> dict:
         before = (torch.randn(slots_n, hkv, d), torch.randn(slots_n, hkv, d))
         caches = [(before[0].clone(), before[1].clone()) for _ in range(2)]
         ref_k, ref_v = caches[1]
-        got_q = norm_rotary_into_cache(q, k, v, cos, sin, qw, kw, 1e-6, unit, *caches[0], slots)
-        ref_q = norm_rotary_into_cache_ref(q, k, v, cos, sin, qw, kw, 1e-6, unit, ref_k, ref_v, slots)
+        # folded: the input norm's 1 / rms of a 200-wide stream (a width that is not a power of two)
+        rows = (torch.randn(t, 200) * 3, 1e-5) if folded else None
+        got_q = norm_rotary_into_cache(q, k, v, cos, sin, qw, kw, 1e-6, unit, *caches[0], slots, rows)
+        ref_q = norm_rotary_into_cache_ref(q, k, v, cos, sin, qw, kw, 1e-6, unit, ref_k, ref_v, slots, rows)
         err = max((got_q - ref_q).abs().max().item(), (caches[0][0] - ref_k).abs().max().item(),
                   (caches[0][1] - ref_v).abs().max().item())
-        out[f"rotary_into_cache_{d}_{rd}_{hq}_{norm}"] = err
+        out[f"rotary_into_cache_{d}_{rd}_{hq}_{norm}" + ("_folded" if folded else "")] = err
     return out
 
 
@@ -92,6 +96,8 @@ def check_activation() -> dict:
 
     x = torch.randn(3, 2 * 1500)
     out = {"silu_mul": (silu_mul(x) - silu_mul_ref(x)).abs().max().item()}
+    rows = (torch.randn(3, 576) * 4, 1e-5)  # the folded MLP norm's 1 / rms
+    out["silu_mul_folded"] = (silu_mul(x, rows) - silu_mul_ref(x, rows)).abs().max().item()
     for dtype in (torch.float32, torch.bfloat16):  # the gate: the second half of each head's [q | gate]
         qg = torch.randn(2, 6, 2 * 256).to(dtype)
         gate, y = qg[..., 256:], torch.randn(2, 6 * 256).to(dtype)

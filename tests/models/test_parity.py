@@ -9,15 +9,22 @@ from tests.models.hf_oracle import make_pair
 ARCHS = ["llama", "qwen2", "qwen3", "qwen3_5"]
 
 
-@pytest.mark.parametrize("fused", [False, True, "layers"])
+@pytest.mark.parametrize("fused", [False, True, "layers", "folded"])
 @pytest.mark.parametrize("arch", ARCHS)
 @torch.inference_mode()
 def test_prefill_logits_match_transformers(arch, fused):
     """fused: one GEMV for q/k/v and gate/up; "layers": also the norms and residual adds folded
-    into the GEMVs (forward_fused, here through linear_fused's reference math on the CPU)."""
+    into the GEMVs (forward_fused, here through linear_fused's reference math on the CPU);
+    "folded": each norm's scale folded into the projection's weights and its 1 / rms applied
+    after it, the residual adds in the GEMMs (forward_folded; qwen2's q/k/v bias and qwen3_5's
+    gated, hybrid layers refuse it)."""
     hf, ours = make_pair(arch)
+    if fused == "folded" and not ours.fuse_projections(folded_rows=0).foldable():
+        with pytest.raises(ValueError, match="folded norms"):
+            ours.fuse_projections(folded_rows=64)
+        return
     if fused:
-        ours.fuse_projections(fused_rows=64 if fused == "layers" else 0)
+        ours.fuse_projections(fused_rows=64 if fused == "layers" else 0, folded_rows=64 if fused == "folded" else 0)
     ids = torch.randint(0, 97, (1, 23))
     ref = hf(ids).logits[0].float()
     cache = ours.new_cache(64)

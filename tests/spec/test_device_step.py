@@ -94,16 +94,20 @@ def test_device_steps_equal_the_synchronous_steps(arch, budget, monkeypatch):
         sync_stats.passes, sync_stats.committed, sync_stats.nodes, sync_stats.proposed_per_depth, sync_stats.accepted_per_depth)
 
 
-@pytest.mark.parametrize("arch", ["qwen3", "qwen3_5"])
+@pytest.mark.parametrize("arch", ["qwen3", "qwen3_5", "qwen3-folded"])
 def test_accepted_drafts_commit_exactly(arch):
     """Drafts that are mostly right: steps accept several nodes, the caches commit along the accepted
     path on the device (through second-best siblings in a tree), and the output stays the target's
-    own. The chain stops at each wrong rank-0 draft; the tree goes on through its siblings."""
+    own. The chain stops at each wrong rank-0 draft; the tree goes on through its siblings.
+    qwen3-folded: the verify runs the folded-norm layers (forward_folded) in the static code, the
+    rotary kernel's reference applying the input norm's 1 / rms."""
     if arch == "qwen3_5":
         pytest.importorskip("treeflash.models.gated_deltanet")
-    _, target = make_pair(arch)
+    _, target = make_pair(arch.removesuffix("-folded"))
     model = random_drafter(target)
     ref, _ = run(target, PROMPT, N + 40)
+    if arch.endswith("-folded"):
+        target.fuse_projections(folded_rows=64)
     taus = {}
     for budget in ("chain", 22):
         cache, drafter, runner = setup(target, model, len(PROMPT) + N + 80, budget)

@@ -16,7 +16,7 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 from torch.nn.attention.bias import CausalBias, causal_lower_right
 
 from treeflash.kernels.norm import _interpreting
-from treeflash.kernels.rotary import norm_rotary, norm_rotary_into_cache
+from treeflash.kernels.rotary import norm_rotary, norm_rotary_into_cache, row_scale_ref
 from treeflash.kernels.commit import RowTable, commit_rows_table
 
 if TYPE_CHECKING:
@@ -218,14 +218,18 @@ class DenseAttentionCache:
         self.v.index_copy_(0, slots, v.to(self.v.dtype))
         return self._attend_written(q, key_mask, scale, slots)
 
-    def attend_static_rotary(self, q, k, v, rotary: RotaryArgs, slots, key_mask, scale):
+    def attend_static_rotary(self, q, k, v, rotary: RotaryArgs, slots, key_mask, scale, rows=None):
         """attend_static for q and k before their (norm +) rotary: on the GPU one kernel turns the
         query heads and writes the turned keys and the values into the cache rows (no separate
-        norm_rotary launches, no index_copy_)."""
+        norm_rotary launches, no index_copy_). rows: None or (stream, eps), the input norm folded
+        into the projection (kernels/rotary.py): q, k and v are first scaled by 1 / rms(stream)."""
         cos, sin, q_w, k_w, eps, unit = rotary
         if (q.is_cuda or _interpreting()) and self.k.dtype == k.dtype and self.v.dtype == v.dtype:
-            q = norm_rotary_into_cache(q, k, v, cos, sin, q_w, k_w, eps, unit, self.k, self.v, slots)
+            q = norm_rotary_into_cache(q, k, v, cos, sin, q_w, k_w, eps, unit, self.k, self.v, slots, rows)
             return self._attend_written(q, key_mask, scale, slots)
+        if rows is not None:
+            pre = row_scale_ref(*rows)[:, None, None]
+            q, k, v = ((x.float() * pre).to(x.dtype) for x in (q, k, v))
         q = norm_rotary(q, cos, sin, q_w, eps, unit)
         k = norm_rotary(k, cos, sin, k_w, eps, unit)
         return self.attend_static(q, k, v, slots, key_mask, scale)

@@ -7,7 +7,7 @@ from torch import nn
 
 from treeflash.kernels.activation import sigmoid_gate
 from treeflash.kernels.linear import linear_fused
-from treeflash.kernels.rotary import norm_rotary
+from treeflash.kernels.rotary import norm_rotary, row_scale_ref
 from treeflash.kernels import projection
 from treeflash.kv.attention_cache import AttentionCache
 from treeflash.models.config import ModelConfig
@@ -41,6 +41,7 @@ class Attention(nn.Module):
         self.eps, self.unit_offset = config.rms_norm_eps, config.norm_unit_offset
         self.register_buffer("qkv_weight", None, persistent=False)  # [q_out + 2 * kv_out, hidden] once fused
         self.register_buffer("qkv_bias", None, persistent=False)
+        self.register_buffer("qkv_folded", None, persistent=False)  # [q_out + 2 * kv_out, hidden]: fold_norm
         self.qkv_int4 = None  # models.int4_linear: one 4-bit GEMV for q, k and v (CPU)
 
     def fuse(self) -> None:
@@ -49,6 +50,41 @@ class Attention(nn.Module):
             return
         # registered buffers: .to() carries them
         self.qkv_weight, self.qkv_bias = fuse_linears([self.q_proj, self.k_proj, self.v_proj])
+
+    def fold_norm(self, norm: RMSNorm) -> None:
+        """qkv_folded = the fused q/k/v weight with the input norm's scale folded into its columns, for
+        forward_folded (the raw residual stream in, 1 / rms applied after the projection). Needs
+        fuse(), no q/k/v bias and no output gate."""
+        w = norm.weight.detach().float() + 1.0 if norm.unit_offset else norm.weight.detach().float()
+        self.qkv_folded = (self.qkv_weight.detach().float() * w[None, :]).to(self.qkv_weight.dtype)
+
+    def forward_folded(self, s: torch.Tensor, rope, step: StepInput, cache: AttentionCache, norm_eps: float) -> torch.Tensor:
+        """s [T, hidden], the residual stream -> s + o_proj(attention(norm(s))), s updated in place: the
+        projection reads s itself (qkv_folded), the rotary kernel applies 1 / rms(s), and o_proj adds
+        into s in its GEMM (beta = 1). Two launches fewer than norm + projection + add."""
+        n = s.shape[0]
+        q, k, v = torch.nn.functional.linear(s, self.qkv_folded).split(
+            [self.q_proj.weight.shape[0], self.k_proj.weight.shape[0], self.v_proj.weight.shape[0]], dim=-1)
+        q = q.view(n, self.num_heads, self.head_dim)
+        k = k.view(n, self.num_kv_heads, self.head_dim)
+        v = v.view(n, self.num_kv_heads, self.head_dim)
+        cos, sin = rope
+        q_w = self.q_norm.weight if self.q_norm is not None else None
+        k_w = self.k_norm.weight if self.k_norm is not None else None
+        rows = (s, norm_eps)
+        if step.key_mask is not None and hasattr(cache, "attend_static_rotary"):
+            rotary = (cos, sin, q_w, k_w, self.eps, self.unit_offset)
+            out = cache.attend_static_rotary(q, k, v, rotary, step.slots, step.key_mask, self.scale, rows).reshape(n, -1)
+        else:  # the input norm's scale in torch, then the usual path
+            pre = row_scale_ref(*rows)[:, None, None]
+            q, k, v = ((x.float() * pre).to(x.dtype) for x in (q, k, v))
+            q = norm_rotary(q, cos, sin, q_w, self.eps, self.unit_offset)
+            k = norm_rotary(k, cos, sin, k_w, self.eps, self.unit_offset)
+            if step.key_mask is not None:
+                out = cache.attend_static(q, k, v, step.slots, step.key_mask, self.scale).reshape(n, -1)
+            else:
+                out = cache.attend(q, k, v, step.start, step.tree_mask, self.scale).reshape(n, -1)
+        return s.addmm_(out, self.o_proj.weight.t())
 
     def takes_pending_norm(self) -> bool:
         """Whether forward takes a projection.PendingNorm x (the fused qkv projection runs it)."""

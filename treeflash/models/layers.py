@@ -120,6 +120,7 @@ class MLP(nn.Module):
         self.down_proj = nn.Linear(inner, hidden, bias=False)
 
         self.register_buffer("gate_up", None, persistent=False)  # [2 * inner, hidden] once fused (gate_proj/up_proj become views)
+        self.register_buffer("gate_up_folded", None, persistent=False)  # the same times the norm's scale: fold_norm
         self.gate_up_int4 = None  # models.int4_linear: one 4-bit GEMV for gate and up (CPU)
 
     def fuse(self) -> None:
@@ -127,6 +128,17 @@ class MLP(nn.Module):
         if self.gate_up is not None:
             return
         self.gate_up, _ = fuse_linears([self.gate_proj, self.up_proj])  # a registered buffer: .to() carries it
+
+    def fold_norm(self, norm: RMSNorm) -> None:
+        """gate_up_folded = gate_up with the norm's scale folded into its columns (forward_folded); needs fuse()."""
+        w = norm.weight.detach().float() + 1.0 if norm.unit_offset else norm.weight.detach().float()
+        self.gate_up_folded = (self.gate_up.detach().float() * w[None, :]).to(self.gate_up.dtype)
+
+    def forward_folded(self, s: torch.Tensor, norm_eps: float) -> torch.Tensor:
+        """s + down(swiglu(gate_up(norm(s)))) with s updated in place: gate_up_folded reads s itself, the
+        SiLU-mul applies 1 / rms(s), and down adds into s in its GEMM (beta = 1). s: [T, hidden]."""
+        act = silu_mul(F.linear(s, self.gate_up_folded), rows=(s, norm_eps))  # [T, inner]
+        return s.addmm_(act, self.down_proj.weight.t())
 
     def forward_fused(self, s: torch.Tensor, norm: RMSNorm) -> torch.Tensor:
         """s + down(swiglu(gate_up(norm(s)))) in two kernels; needs fuse(). s: [T, hidden]."""

@@ -26,6 +26,12 @@ from treeflash.models.step import StepInput
 # cuBLAS wins each projection at 33 rows (bench/results/s22/fused_layers_ab.json, gpu_linear_smol_cold.json).
 FUSED_ROWS = 0
 FUSED_WEIGHT_BYTES = 8 << 20
+# Steps of 2..FOLDED_ROWS tokens may run forward_folded: each RMSNorm's scale folded into the projection
+# after it (a second copy of the q/k/v and gate/up weights), its 1 / rms applied by the rotary and SiLU-mul
+# kernels that follow, the residual adds inside cuBLAS (beta = 1): 8 launches a layer instead of 10. For
+# small dense attention-only models (every projection at most FUSED_WEIGHT_BYTES), where the step is
+# bound by launches, not bytes; fuse_projections chooses it.
+FOLDED_ROWS = 128
 
 
 @dataclass
@@ -65,6 +71,16 @@ class DecoderLayer(nn.Module):
         else:
             s = self.linear_attn(s, step, cache, norm=norm, residual=s)
         return self.mlp.forward_fused(s, self.post_attention_layernorm)
+
+    def forward_folded(self, s: torch.Tensor, rope, step: StepInput, cache) -> torch.Tensor:
+        """The layer on the residual stream s [T, hidden], updated in place, with both norms folded into
+        the projections after them (Attention.forward_folded, MLP.forward_folded; needs fold_norms)."""
+        s = self.self_attn.forward_folded(s, rope, step, cache, self.input_layernorm.eps)
+        return self.mlp.forward_folded(s, self.post_attention_layernorm.eps)
+
+    def fold_norms(self) -> None:
+        self.self_attn.fold_norm(self.input_layernorm)
+        self.mlp.fold_norm(self.post_attention_layernorm)
 
     def forward_residual(self, x, residual, rope, step: StepInput, cache, defer: bool = False):
         """The layer with the residual add fused into each norm: the stream is x + residual.
@@ -120,22 +136,40 @@ class CausalLM(nn.Module):
         # steps of 2..fused_rows tokens run forward_fused (norms and residual adds folded into the
         # projections); 0 = off. fuse_projections chooses it (FUSED_ROWS for small bf16/fp16 models on CUDA).
         self.fused_rows = 0
+        self.folded_rows = 0  # steps of 2..folded_rows tokens run forward_folded (fuse_projections chooses it)
 
-    def fuse_projections(self, fused_rows: int | None = None) -> "CausalLM":
+    def fuse_projections(self, fused_rows: int | None = None, folded_rows: int | None = None) -> "CausalLM":
         """Fuse q/k/v, gate/up and the linear-attention input projections into single GEMVs
         (the per-projection parameters become views, so names and loading are unchanged), and
         choose how many tokens a step may have to take the fused-layer path (None: FUSED_ROWS for
-        bf16/fp16 weights on CUDA whose largest projection is at most FUSED_WEIGHT_BYTES, else 0).
+        bf16/fp16 weights on CUDA whose largest projection is at most FUSED_WEIGHT_BYTES, else 0)
+        and the folded-norm path (None: FOLDED_ROWS under the same condition, for the models
+        foldable() accepts; a positive value needs foldable()).
         Call after the weights are placed on their device."""
         for layer in self.model.layers:
             layer.fuse()
+        on_gpu = self.device.type == "cuda" and self.dtype in (torch.float16, torch.bfloat16)
+        largest = max((p.numel() * p.element_size() for name, p in self.model.layers.named_parameters()
+                       if name.endswith("weight") and p.dim() == 2), default=0)
+        small = on_gpu and largest <= FUSED_WEIGHT_BYTES
         if fused_rows is None:
-            on_gpu = self.device.type == "cuda" and self.dtype in (torch.float16, torch.bfloat16)
-            largest = max((p.numel() * p.element_size() for name, p in self.model.layers.named_parameters()
-                           if name.endswith("weight") and p.dim() == 2), default=0)
-            fused_rows = FUSED_ROWS if on_gpu and largest <= FUSED_WEIGHT_BYTES else 0
-        self.fused_rows = fused_rows
+            fused_rows = FUSED_ROWS if small else 0
+        if folded_rows is None:
+            folded_rows = FOLDED_ROWS if small and self.foldable() else 0
+        if folded_rows and not self.foldable():
+            raise ValueError(f"fuse_projections: folded norms need a dense attention-only model without q/k/v bias, "
+                             f"output gate or int4 projections ({self.config.arch})")
+        for layer in self.model.layers if folded_rows else ():
+            layer.fold_norms()
+        self.fused_rows, self.folded_rows = fused_rows, folded_rows
         return self
+
+    def foldable(self) -> bool:
+        """Whether forward_folded applies: every layer full attention, no q/k/v bias, no output gate, no
+        int4 projections (GatedDeltaNet and gated attention keep the norm launches)."""
+        c = self.config
+        return (all(t == FULL_ATTENTION for t in c.layer_types) and not c.attention_bias and not c.attn_output_gate
+                and all(layer.self_attn.qkv_int4 is None and layer.mlp.gate_up_int4 is None for layer in self.model.layers))
 
     # -- shared with drafters (DFlash and MTP reuse the target's embedding and head) --
     def embed(self, input_ids: torch.Tensor) -> torch.Tensor:
@@ -212,6 +246,12 @@ class CausalLM(nn.Module):
                 x = layer.forward_fused(x, rope, step, cache.layers[i])
                 if i in capture_layers:
                     captured.append(x)
+            hidden = self.model.norm(x)
+        elif 1 < step.num_tokens <= self.folded_rows:  # norms folded into the projections (the stream updated in place)
+            for i, layer in enumerate(self.model.layers):
+                x = layer.forward_folded(x, rope, step, cache.layers[i])
+                if i in capture_layers:
+                    captured.append(x.clone())
             hidden = self.model.norm(x)
         else:
             residual = None

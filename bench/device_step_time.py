@@ -171,7 +171,7 @@ def main() -> None:
     res = {"shape": "smollm2-135m", "drafter": "3 layers, block 16", "balanced_splits": args.balanced_splits,
            "fused_combine": args.fused_combine, "attn_block_m": args.attn_block_m, "device": torch.cuda.get_device_name() if DEV == "cuda" else "cpu",
            "replays": args.replays, "max_len": args.max_len, "context": args.context,
-           "env": {k: v for k, v in os.environ.items() if k.startswith("PYTORCH_TUNABLEOP")}, "runs": []}
+           "env": {k: v for k, v in os.environ.items() if k.startswith(("PYTORCH_TUNABLEOP", "TORCH_BLAS"))}, "runs": []}
     for fr in (None if x == "default" else int(x) for x in args.fused_rows.split(",")):
         for fo in (None if x == "default" else int(x) for x in args.folded_rows.split(",")):
             res["runs"].append(measure(fr, args.max_len, args.context, args.replays, [int(b) for b in args.trees.split(",") if b], fo))

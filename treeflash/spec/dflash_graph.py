@@ -25,6 +25,7 @@ from typing import Callable
 
 import torch
 
+from treeflash.kernels.topk import MAX_K, topk_logprobs, topk_logprobs_reference
 from treeflash.models.runner import capture_graph
 from treeflash.spec.dflash_model import DFlashModel, DraftCache
 
@@ -72,12 +73,14 @@ class DraftGraphs:
 
     # -- the static pass --
     def _run(self, n: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """-> logits, packed: the top-K log-probs and their ids in one fp64 tensor, one read-back."""
+        """-> logits [B-1, vocab] fp32, packed: the top-K log-probs and their ids in one fp64 tensor, one
+        read-back."""
         logits, top_lp, top_ids = self._scores(n)
-        return logits, torch.cat((top_lp.double(), top_ids.double()))  # ids < 2^53: exact in fp64
+        return logits.float(), torch.cat((top_lp.double(), top_ids.double()))  # ids < 2^53: exact in fp64
 
     def _scores(self, n: int, count: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """-> logits [B-1, vocab] fp32, top-K log-probs [B-1, K] fp32 and their ids [B-1, K] long."""
+        """-> logits [B-1, vocab] in the head's dtype (the caller converts them if it reads them), top-K
+        log-probs [B-1, K] fp32 and their ids [B-1, K] long."""
         c = self.model.config
         start, root = self.ints[0:1], self.ints[1:2]
         block_ids = torch.where(self.depth_ids == 0, root, c.mask_token_id)  # [B]: root, MASK ...
@@ -85,8 +88,9 @@ class DraftGraphs:
         if c.input_embedding_scale != 1.0:
             block = block * c.input_embedding_scale
         hidden = self.model.forward_static(self.prepare(self.ctx_in[:n]), block, self.cache, start, self.key_pos, count)
-        logits = self.model.logits(hidden[1:], self.target.head).float()  # [B-1, vocab]
-        top_lp, top_ids = torch.log_softmax(logits, dim=-1).topk(self.top_k, dim=-1)
+        logits = self.model.logits(hidden[1:], self.target.head).contiguous()  # [B-1, vocab] bf16 (the head's)
+        topk = topk_logprobs if self.top_k <= MAX_K else topk_logprobs_reference  # fixed tree budgets may pass 64
+        top_lp, top_ids = topk(logits, self.top_k)  # log-softmax in fp32 inside: no fp32 copy of the logits
         return logits, top_lp, top_ids
 
     def _capture(self, n: int) -> _Pass:

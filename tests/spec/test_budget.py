@@ -141,3 +141,15 @@ def test_measure_verify_times_is_cached_per_bucket():
     assert set(times) == {1, 4} and all(t > 0 for t in times.values())
     assert measure_verify_times(model, 120, node_counts=(1, 4), repeats=1) is times  # same bucket: cached
     assert context_bucket(100) == context_bucket(128) == 128 and context_bucket(129) == 256
+
+
+def test_one_cold_propose_does_not_price_every_draft():
+    """A request's first propose (the prompt's eager pass, or a first kernel compile) can take 100x a
+    steady one: the draft cost is the median of recent proposes, so one such outlier leaves the
+    tuner drafting (a mean of the first steps priced drafts at 24 ms on the H200 and chose plain)."""
+    tuner = BudgetTuner(max_budget=64, measure=lambda n: linear_times(0.0005, 0.00001), revise_every=10, warmup=4)
+    for step in range(12):
+        b = tuner.next_budget(100)
+        tuner.record(b, list(range(1, min(b, 4) + 1)), draft_s=0.2 if step == 0 else 0.0004)
+    assert abs(tuner.draft_s - 0.0004) < 1e-9
+    assert tuner.budget > 0, tuner.reason

@@ -30,8 +30,10 @@ FUSED_WEIGHT_BYTES = 8 << 20
 # after it (a second copy of the q/k/v and gate/up weights), its 1 / rms applied by the rotary and SiLU-mul
 # kernels that follow, the residual adds inside cuBLAS (beta = 1): 8 launches a layer instead of 10. For
 # small dense attention-only models (every projection at most FUSED_WEIGHT_BYTES), where the step is
-# bound by launches, not bytes; fuse_projections chooses it.
-FOLDED_ROWS = 128
+# bound by launches, not bytes; fuse_projections chooses it. 64: the node counts checked on the H200 with
+# the real default model (DDTree-48, bench/results/s23/); the 128-row bucket (trees of 64+ nodes) keeps
+# the norm launches until a sampled CLI run's NaN probability (stop 23, unexplained) is understood.
+FOLDED_ROWS = 64
 
 
 @dataclass

@@ -25,6 +25,8 @@ little more than plain decoding.
 
 from __future__ import annotations
 
+import collections
+import statistics
 import time
 import weakref
 from dataclasses import dataclass, field
@@ -34,6 +36,7 @@ import torch
 
 from treeflash.models.step import StepInput
 
+DRAFT_WINDOW = 50  # proposes whose median prices a draft
 NODE_COUNTS = (1, 2, 3, 5, 9, 17, 33, 65)  # verify sizes timed: budgets 0, 1, 2, 4, 8, 16, 32, 64 plus the root
 
 
@@ -123,7 +126,13 @@ class BudgetTuner:
         self.max_budget, self.measure = max_budget, measure
         self.revise_every, self.warmup, self.probe_cost = revise_every, warmup, probe_cost
         self.stats = AcceptanceByRank(decay)
-        self.draft_s = 0.0  # running mean of the drafter's propose time
+        # the drafter's propose time: the median of the last DRAFT_WINDOW proposes. Not a mean: one cold
+        # propose (a request's first pass runs eagerly over the prompt, and a process's first one may
+        # compile kernels) took 194 ms on the H200 against ~0.4 ms after (bench/results/s23/
+        # draft_time_probe.json), and a running mean seeded with it priced every draft at 12-24 ms
+        # for dozens of steps, so `--budget auto` chose plain decoding
+        self.draft_s = 0.0
+        self._draft_times: collections.deque[float] = collections.deque(maxlen=DRAFT_WINDOW)
         self.steps = 0
         self.period = revise_every  # steps between revisions: doubles while budget 0 keeps winning
         self.next_revision = warmup + 1
@@ -157,8 +166,8 @@ class BudgetTuner:
 
     def record(self, num_draft_nodes: int, accepted_nodes: list[int], draft_s: float) -> None:
         self.stats.record(num_draft_nodes, accepted_nodes)
-        n = min(self.steps, 50)  # a running mean over about the last 50 steps
-        self.draft_s += (draft_s - self.draft_s) / max(n, 1)
+        self._draft_times.append(draft_s)
+        self.draft_s = statistics.median(self._draft_times)
 
     def revise(self, context_len: int) -> BudgetChoice:
         times = self.measure(context_len)

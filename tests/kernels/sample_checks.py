@@ -34,6 +34,10 @@ def main() -> None:
         name = f"v{vocab}-{str(dtype)[6:]}-t{temperature}-minp{min_p}"
         same = got.dtype == torch.long and torch.equal(got, want)
         out[name] = None if same else f"kernel {got.tolist()} reference {want.tolist()}"
+    # a NaN row (no kept token) still draws an id inside the vocabulary
+    bad = torch.full((2, 1000), float("nan"))
+    got = sample_rows(bad, torch.tensor([1.0, 2.0, 0.0]), torch.tensor([1]), torch.tensor([0]), torch.arange(2))
+    out["nan-row"] = None if bool(((got >= 0) & (got < 1000)).all()) else f"ids {got.tolist()}"
     print(json.dumps(out))
 
 

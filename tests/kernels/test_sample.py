@@ -11,7 +11,7 @@ pytest.importorskip("triton")
 
 
 def test_sample_rows_kernel_matches_reference():
-    assert_all_passed(run_module("tests.kernels.sample_checks"), expected=4)
+    assert_all_passed(run_module("tests.kernels.sample_checks"), expected=5)
 
 
 def test_reference_is_the_static_sampler_with_filters_off():

@@ -97,7 +97,11 @@ def _sample_rows_kernel(LOGITS, FPARAMS, SEED, COUNTER, INDEX, OUT, stride_row,
         cdf = run + tl.cumsum(e, axis=0)
         below += (ok & (cdf <= target)).to(tl.int32)
         run += tl.sum(e, axis=0)
-    token = tl.minimum(tl.sum(below, axis=0), tl.max(last_vec, axis=0))
+    last = tl.max(last_vec, axis=0)
+    # never an id outside the vocabulary: a row with no kept token (NaN logits, or a temperature so
+    # small that the scaled logits overflow) draws token 0, where the torch path's searchsorted
+    # would clamp to the last id; either way garbage in, but no out-of-range embedding read after
+    token = tl.where(last >= 0, tl.minimum(tl.sum(below, axis=0), last), 0)
     tl.store(OUT + row, token.to(tl.int64))
 
 

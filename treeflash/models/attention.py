@@ -68,23 +68,28 @@ class Attention(nn.Module):
         q = q.view(n, self.num_heads, self.head_dim)
         k = k.view(n, self.num_kv_heads, self.head_dim)
         v = v.view(n, self.num_kv_heads, self.head_dim)
+        out = self._attend(q, k, v, rope, step, cache, rows=(s, norm_eps))
+        return s.addmm_(out, self.o_proj.weight.t())
+
+    def _attend(self, q, k, v, rope, step: StepInput, cache: AttentionCache, rows=None) -> torch.Tensor:
+        """q [T, H, D], k, v [T, Hkv, D] before qk-norm and rotary -> attention output [T, H * D]; the
+        new keys and values go into the cache. rows: None, or (stream, eps) for the folded input
+        norm (q, k and v first times 1 / rms of the stream's row)."""
+        n = q.shape[0]
         cos, sin = rope
         q_w = self.q_norm.weight if self.q_norm is not None else None
         k_w = self.k_norm.weight if self.k_norm is not None else None
-        rows = (s, norm_eps)
-        if step.key_mask is not None and hasattr(cache, "attend_static_rotary"):
+        if step.key_mask is not None and hasattr(cache, "attend_static_rotary"):  # dense cache: one kernel turns and writes
             rotary = (cos, sin, q_w, k_w, self.eps, self.unit_offset)
-            out = cache.attend_static_rotary(q, k, v, rotary, step.slots, step.key_mask, self.scale, rows).reshape(n, -1)
-        else:  # the input norm's scale in torch, then the usual path
+            return cache.attend_static_rotary(q, k, v, rotary, step.slots, step.key_mask, self.scale, rows).reshape(n, -1)
+        if rows is not None:  # the folded norm's scale in torch
             pre = row_scale_ref(*rows)[:, None, None]
             q, k, v = ((x.float() * pre).to(x.dtype) for x in (q, k, v))
-            q = norm_rotary(q, cos, sin, q_w, self.eps, self.unit_offset)
-            k = norm_rotary(k, cos, sin, k_w, self.eps, self.unit_offset)
-            if step.key_mask is not None:
-                out = cache.attend_static(q, k, v, step.slots, step.key_mask, self.scale).reshape(n, -1)
-            else:
-                out = cache.attend(q, k, v, step.start, step.tree_mask, self.scale).reshape(n, -1)
-        return s.addmm_(out, self.o_proj.weight.t())
+        q = norm_rotary(q, cos, sin, q_w, self.eps, self.unit_offset)  # [T, H, D], qk-norm then rotary, fused
+        k = norm_rotary(k, cos, sin, k_w, self.eps, self.unit_offset)
+        if step.key_mask is not None:
+            return cache.attend_static(q, k, v, step.slots, step.key_mask, self.scale).reshape(n, -1)
+        return cache.attend(q, k, v, step.start, step.tree_mask, self.scale).reshape(n, -1)
 
     def takes_pending_norm(self) -> bool:
         """Whether forward takes a projection.PendingNorm x (the fused qkv projection runs it)."""
@@ -121,19 +126,7 @@ class Attention(nn.Module):
             q = q.view(n, self.num_heads, self.head_dim)
         k = k.view(n, self.num_kv_heads, self.head_dim)
         v = v.view(n, self.num_kv_heads, self.head_dim)
-        cos, sin = rope
-        q_w = self.q_norm.weight if self.q_norm is not None else None
-        k_w = self.k_norm.weight if self.k_norm is not None else None
-        if step.key_mask is not None and hasattr(cache, "attend_static_rotary"):  # dense cache: one kernel turns and writes
-            rotary = (cos, sin, q_w, k_w, self.eps, self.unit_offset)
-            out = cache.attend_static_rotary(q, k, v, rotary, step.slots, step.key_mask, self.scale).reshape(n, -1)
-        else:
-            q = norm_rotary(q, cos, sin, q_w, self.eps, self.unit_offset)  # [T, H, D], qk-norm then rotary, fused
-            k = norm_rotary(k, cos, sin, k_w, self.eps, self.unit_offset)
-            if step.key_mask is not None:
-                out = cache.attend_static(q, k, v, step.slots, step.key_mask, self.scale).reshape(n, -1)
-            else:
-                out = cache.attend(q, k, v, step.start, step.tree_mask, self.scale).reshape(n, -1)
+        out = self._attend(q, k, v, rope, step, cache)
         if gate is not None:
             out = sigmoid_gate(out, gate)
         if residual is not None:

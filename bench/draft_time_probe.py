@@ -54,7 +54,7 @@ def one(budget: str, temperature: float, folded: int | None, reference_topk: boo
     out = {"budget": budget, "temperature": temperature, "folded_rows": model.folded_rows, "reference_topk": reference_topk}
     for request in range(2):
         params = SamplingParams(temperature=temperature, seed=request)
-        dec = Decoder(model, cache, params, drafter, runner=runner)
+        dec = Decoder(model, cache, params, drafter, runner=runner, generator=torch.Generator(device="cuda").manual_seed(request))
         prompt = torch.randint(0, 49152, (40,), generator=torch.Generator().manual_seed(request)).tolist()
         t0 = time.perf_counter()
         toks = [dec.prefill(prompt)]

@@ -16,7 +16,8 @@ def test_sample_rows_kernel_matches_reference():
 
 def test_reference_is_the_static_sampler_with_filters_off():
     from treeflash.kernels.sample import sample_rows, sample_rows_reference
-    from treeflash.spec.sampling import OFF_TOP_P, processed_probs_static, sample_static
+    from treeflash.kernels.sample import sample_static
+    from treeflash.spec.sampling import OFF_TOP_P, processed_probs_static
 
     logits = torch.randn(5, 300, generator=torch.Generator().manual_seed(1)) * 2
     fparams = torch.tensor([0.8, 0.5, 0.05])  # the top_p slot is ignored

@@ -25,7 +25,8 @@ from treeflash.models.runner import CudaGraphRunner
 from treeflash.spec.decoder import Decoder
 from treeflash.spec.device_step import DeviceStep
 from treeflash.spec.dflash import DFlashDrafter
-from treeflash.spec.sampling import needs_order, processed_probs_static, sample_static, static_params, target_probs
+from treeflash.kernels.sample import sample_static
+from treeflash.spec.sampling import needs_order, processed_probs_static, static_params, target_probs
 
 ALPHA = 1e-3
 NUM_TESTS = 5  # chi-square tests that must pass: 2 sampler + 3 decodes

@@ -14,7 +14,7 @@ distribution needs no order, and one program per row draws in three passes over 
     Z   = sum of the kept e_i
     token = #{i : cumsum of kept e up to i <= u Z}      (searchsorted(cdf, u Z, right=True))
 
-with u = sampling.uniforms(seed, counter, index[row]), the same counter-based hash as sample_static.
+with u = uniforms(seed, counter, index[row]) (below), the counter-based hash sample_static draws with.
 It draws from the same distribution as processed_probs_static + sample_static; the two may pick
 different tokens where u Z lands within rounding of a cdf step (the sums run in another order).
 """
@@ -33,19 +33,44 @@ BLOCK = 4096  # logits per loop iteration
 def sample_rows_reference(logits: torch.Tensor, fparams: torch.Tensor, seed: torch.Tensor, counter: torch.Tensor,
                           index: torch.Tensor) -> torch.Tensor:
     """logits [N, V]; fparams [3] fp32 (temperature > 0, top_p: ignored, min_p); seed, counter [1]
-    long; index [N] long -> tokens [N] long. The torch path: sampling.processed_probs_static with
-    top-k and top-p off, then sample_static."""
-    from treeflash.spec.sampling import OFF_TOP_P, processed_probs_static, sample_static
+    long; index [N] long -> tokens [N] long. The torch path: spec/sampling.processed_probs_static with
+    top-k and top-p off (softmax of logits / T, min-p, renormalized), then sample_static."""
+    probs = torch.softmax(logits.float() / fparams[0], dim=-1)
+    probs = probs.masked_fill(probs < fparams[2] * probs.amax(-1, keepdim=True), 0.0)
+    return sample_static(probs / probs.sum(-1, keepdim=True), seed, counter, index)
 
-    vocab = logits.shape[-1]
-    fp = torch.stack((fparams[0], torch.full_like(fparams[0], OFF_TOP_P), fparams[2]))
-    probs = processed_probs_static(logits, fp, torch.full((1,), vocab, dtype=torch.long, device=logits.device))
-    return sample_static(probs, seed, counter, index)
+
+_M31 = 0x7FFFFFFF
+
+
+def _mix(x: torch.Tensor) -> torch.Tensor:
+    """A 31-bit integer hash (xor-shift-multiply rounds; every product stays below 2^63)."""
+    x = x ^ (x >> 16)
+    x = (x * 0x7FEB352D) & _M31
+    x = x ^ (x >> 15)
+    x = (x * 0x846CA68B) & _M31
+    return x ^ (x >> 16)
+
+
+def uniforms(seed: torch.Tensor, counter: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
+    """[N] fp32 in [0, 1), 24 random bits each, from a counter-based hash of (seed, counter, index)
+    ([1], [1], [N] long on the device): no generator state, so a CUDA graph can replay it."""
+    x = _mix((_mix(seed & _M31) ^ _mix((counter * 2 + 1) & _M31)) & _M31)
+    x = _mix(x ^ (index & _M31))
+    return (x >> 7).float() / float(1 << 24)
+
+
+def sample_static(probs: torch.Tensor, seed: torch.Tensor, counter: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
+    """probs [N, vocab] -> [N] long: row i draws with uniforms(seed, counter, index)[i] by the
+    inverse CDF (a token of probability zero is never drawn)."""
+    cdf = probs.cumsum(-1)
+    u = uniforms(seed, counter, index)[:, None] * cdf[:, -1:]
+    return torch.searchsorted(cdf, u, right=True).squeeze(-1).clamp_max(probs.shape[-1] - 1)
 
 
 @triton.jit
-def _mix(x):
-    """sampling._mix: a 31-bit integer hash (int64 lanes; every product stays below 2^63)."""
+def _mix_tl(x):
+    """_mix in Triton (int64 lanes; every product stays below 2^63)."""
     x = x ^ (x >> 16)
     x = (x * 0x7FEB352D) & 0x7FFFFFFF
     x = x ^ (x >> 15)
@@ -61,12 +86,12 @@ def _sample_rows_kernel(LOGITS, FPARAMS, SEED, COUNTER, INDEX, OUT, stride_row,
     inv_t = 1.0 / tl.load(FPARAMS)
     min_p = tl.load(FPARAMS + 2)
     offs = tl.arange(0, BLOCK)
-    # the uniform, as sampling.uniforms
+    # the uniform, as uniforms()
     seed = tl.load(SEED).to(tl.int64)
     counter = tl.load(COUNTER).to(tl.int64)
     idx = tl.load(INDEX + row).to(tl.int64)
-    x = _mix((_mix(seed & 0x7FFFFFFF) ^ _mix((counter * 2 + 1) & 0x7FFFFFFF)) & 0x7FFFFFFF)
-    x = _mix(x ^ (idx & 0x7FFFFFFF))
+    x = _mix_tl((_mix_tl(seed & 0x7FFFFFFF) ^ _mix_tl((counter * 2 + 1) & 0x7FFFFFFF)) & 0x7FFFFFFF)
+    x = _mix_tl(x ^ (idx & 0x7FFFFFFF))
     u = (x >> 7).to(tl.float32) / 16777216.0
     # pass 1: the largest scaled logit
     m_vec = tl.full([BLOCK], float("-inf"), tl.float32)

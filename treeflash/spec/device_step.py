@@ -46,8 +46,8 @@ from treeflash.kernels.accept import tree_accept
 from treeflash.kernels.ddtree import ddtree
 from treeflash.kv.recurrent_cache import RecurrentCache
 from treeflash.models.runner import CudaGraphRunner, capture_graph
-from treeflash.kernels.sample import sample_rows
-from treeflash.spec.sampling import OFF_TOP_P, needs_order, processed_probs_static, sample_static, static_params
+from treeflash.kernels.sample import sample_rows, sample_static
+from treeflash.spec.sampling import OFF_TOP_P, needs_order, processed_probs_static, static_params
 
 ENV = "TREEFLASH_DEVICE_STEPS"  # "0": synchronous steps (the A/B baseline)
 # --budget auto on the device: one tree size for the whole request, not the tuner's per-step choice

@@ -114,31 +114,3 @@ def processed_probs_static(
     probs = probs.masked_fill(drop, 0.0)
     probs = probs.masked_fill(probs < fparams[2] * probs.amax(-1, keepdim=True), 0.0)
     return probs / probs.sum(-1, keepdim=True)
-
-
-_M31 = 0x7FFFFFFF
-
-
-def _mix(x: torch.Tensor) -> torch.Tensor:
-    """A 31-bit integer hash (xor-shift-multiply rounds; every product stays below 2^63)."""
-    x = x ^ (x >> 16)
-    x = (x * 0x7FEB352D) & _M31
-    x = x ^ (x >> 15)
-    x = (x * 0x846CA68B) & _M31
-    return x ^ (x >> 16)
-
-
-def uniforms(seed: torch.Tensor, counter: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
-    """[N] fp32 in [0, 1), 24 random bits each, from a counter-based hash of (seed, counter, index)
-    ([1], [1], [N] long on the device): no generator state, so a CUDA graph can replay it."""
-    x = _mix((_mix(seed & _M31) ^ _mix((counter * 2 + 1) & _M31)) & _M31)
-    x = _mix(x ^ (index & _M31))
-    return (x >> 7).float() / float(1 << 24)
-
-
-def sample_static(probs: torch.Tensor, seed: torch.Tensor, counter: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
-    """probs [N, vocab] -> [N] long: row i draws with uniforms(seed, counter, index)[i] by the
-    inverse CDF (a token of probability zero is never drawn)."""
-    cdf = probs.cumsum(-1)
-    u = uniforms(seed, counter, index)[:, None] * cdf[:, -1:]
-    return torch.searchsorted(cdf, u, right=True).squeeze(-1).clamp_max(probs.shape[-1] - 1)

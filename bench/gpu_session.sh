@@ -21,6 +21,8 @@
 #            device steps and without (TREEFLASH_DEVICE_STEPS=0), auto / DDTree-32 / DDTree-48 (<= 170 s each)
 # cli_bench  with /tmp/smol.gguf: `treeflash bench` on the default model (chat prompts, 256 tokens, --baseline ar),
 #            greedy, sampled (temperature 1) and sampled without device steps (<= 120 s each)
+# cli_bisect with /tmp/smol.gguf: the sampled bench as is, then without device steps, folded norms or the Triton
+#            top-k (TREEFLASH_DEVICE_STEPS / TREEFLASH_FOLDED_ROWS / TREEFLASH_DRAFT_TOPK; <= 60 s each)
 # Wheels in .whl/ (flash-linear-attention, fla-core, einops) are installed offline into /tmp/site
 # and put on the path for the stages after check only: gpu_check compares against transformers,
 # which would route its own Gated DeltaNet to fla if it could import it.
@@ -127,7 +129,24 @@ for stage in $STAGES; do
       else
         log "no /tmp/smol.gguf: cli_bench skipped"
       fi ;;
-    *) log "unknown stage $stage (check, gdn, verify_ab, speed, kv, kv_split, kv_long, device_steps, cli_bench)" ;;
+    cli_bisect)
+      # the sampled bench that aborted in stop 23 ("probability tensor contains inf/nan"), with one suspect
+      # turned off at a time: device steps, folded norms, the drafter's Triton top-k (<= 60 s each)
+      if [ -f /tmp/smol.gguf ]; then
+        mkdir -p /tmp/tfc && cp /tmp/smol.gguf /tmp/tfc/SmolLM2-135M-Instruct.Q4_1.gguf
+        for ab in "bisect_default 1 64 triton" "bisect_sync 0 64 triton" "bisect_unfolded 1 0 triton" "bisect_torch_topk 1 64 torch"; do
+          set -- $ab
+          log "sampled treeflash bench $1 (TREEFLASH_DEVICE_STEPS=$2 TREEFLASH_FOLDED_ROWS=$3 TREEFLASH_DRAFT_TOPK=$4)"
+          TREEFLASH_CACHE=/tmp/tfc TREEFLASH_DEVICE_STEPS=$2 TREEFLASH_FOLDED_ROWS=$3 TREEFLASH_DRAFT_TOPK=$4 \
+            PYTHONPATH=/tmp/site:$PWD timeout 60 python3 -m treeflash.cli.main bench --prompts chat --num-prompts 6 --runs 1 \
+            --max-tokens 256 --temperature 1 --draft dflash --baseline ar --json "$OUT/$1.json" > "$OUT/$1.log" 2>&1
+          log "rc=$?"
+          grep -v "^frame" "$OUT/$1.log" | tail -4 | tee -a "$OUT/progress.log"
+        done
+      else
+        log "no /tmp/smol.gguf: cli_bisect skipped"
+      fi ;;
+    *) log "unknown stage $stage (check, gdn, verify_ab, speed, kv, kv_split, kv_long, device_steps, cli_bench, cli_bisect)" ;;
   esac
 done
 log "done"

@@ -6,6 +6,7 @@ safetensors checkpoint loads by name and the transformers oracle can be copied i
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 
 import torch
@@ -34,6 +35,7 @@ FUSED_WEIGHT_BYTES = 8 << 20
 # the real default model (DDTree-48, bench/results/s23/); the 128-row bucket (trees of 64+ nodes) keeps
 # the norm launches until a sampled CLI run's NaN probability (stop 23, unexplained) is understood.
 FOLDED_ROWS = 64
+FOLDED_ENV = "TREEFLASH_FOLDED_ROWS"  # overrides FOLDED_ROWS where fuse_projections chooses ("0": off; for A/B runs)
 
 
 @dataclass
@@ -157,7 +159,7 @@ class CausalLM(nn.Module):
         if fused_rows is None:
             fused_rows = FUSED_ROWS if small else 0
         if folded_rows is None:
-            folded_rows = FOLDED_ROWS if small and self.foldable() else 0
+            folded_rows = int(os.environ.get(FOLDED_ENV, FOLDED_ROWS)) if small and self.foldable() else 0
         if folded_rows and not self.foldable():
             raise ValueError(f"fuse_projections: folded norms need a dense attention-only model without q/k/v bias, "
                              f"output gate or int4 projections ({self.config.arch})")

@@ -20,6 +20,7 @@ reserved once at `capacity` rows and never move, as the graphs require.
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 from typing import Callable
 
@@ -28,6 +29,9 @@ import torch
 from treeflash.kernels.topk import MAX_K, topk_logprobs, topk_logprobs_reference
 from treeflash.models.runner import capture_graph
 from treeflash.spec.dflash_model import DFlashModel, DraftCache
+
+
+TOPK_ENV = "TREEFLASH_DRAFT_TOPK"
 
 
 @dataclass
@@ -89,7 +93,8 @@ class DraftGraphs:
             block = block * c.input_embedding_scale
         hidden = self.model.forward_static(self.prepare(self.ctx_in[:n]), block, self.cache, start, self.key_pos, count)
         logits = self.model.logits(hidden[1:], self.target.head).contiguous()  # [B-1, vocab] bf16 (the head's)
-        topk = topk_logprobs if self.top_k <= MAX_K else topk_logprobs_reference  # fixed tree budgets may pass 64
+        # fixed tree budgets may pass 64; TREEFLASH_DRAFT_TOPK=torch: the torch path (for A/B runs)
+        topk = topk_logprobs if self.top_k <= MAX_K and os.environ.get(TOPK_ENV) != "torch" else topk_logprobs_reference
         top_lp, top_ids = topk(logits, self.top_k)  # log-softmax in fp32 inside: no fp32 copy of the logits
         return logits, top_lp, top_ids
 

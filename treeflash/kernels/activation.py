@@ -8,7 +8,7 @@ import triton.language as tl
 
 from treeflash.kernels import pdl
 
-from treeflash.kernels.norm import _interpreting
+from treeflash.kernels.norm import _interpreting, row_rsqrt, row_scale_ref, rows_args
 
 
 def silu_mul_ref(gate_up, rows=None):
@@ -16,8 +16,7 @@ def silu_mul_ref(gate_up, rows=None):
     first times 1 / rms(stream[t]) (the MLP's input norm, folded into the gate/up weights)."""
     g, u = gate_up.float().chunk(2, dim=-1)
     if rows is not None:
-        sf = rows[0].float()
-        r = torch.rsqrt(sf.pow(2).mean(-1, keepdim=True) + rows[1])
+        r = row_scale_ref(*rows)[:, None]
         g, u = g * r, u * r
     return (torch.nn.functional.silu(g) * u).to(gate_up.dtype)
 
@@ -33,9 +32,7 @@ def _silu_mul_kernel(X, Y, I, ROWS, rows_eps, BLOCK: tl.constexpr, N_ROWS: tl.co
     g = tl.load(X + row * 2 * I + cols, mask=m, other=0.0).to(tl.float32)
     u = tl.load(X + row * 2 * I + I + cols, mask=m, other=0.0).to(tl.float32)
     if N_ROWS > 0:  # the folded norm: 1 / rms of the stream's row
-        n = tl.arange(0, N_BLOCK)
-        x = tl.load(ROWS + row * N_ROWS + n, mask=n < N_ROWS, other=0.0).to(tl.float32)
-        r = tl.rsqrt(tl.sum(x * x, axis=0) / N_ROWS + rows_eps)
+        r = row_rsqrt(ROWS, row, rows_eps, N_ROWS, N_BLOCK)
         g, u = g * r, u * r
     tl.store(Y + row * I + cols, (g / (1.0 + tl.exp(-g)) * u).to(Y.dtype.element_ty), mask=m)
 
@@ -47,15 +44,12 @@ def silu_mul(gate_up, rows=None):
     if gate_up.dim() != 2 or not gate_up.is_contiguous() or gate_up.shape[1] % 2:
         raise ValueError(f"silu_mul: expected a contiguous [T, 2I], got {tuple(gate_up.shape)}")
     t, two_i = gate_up.shape
-    stream, rows_eps = rows if rows is not None else (gate_up, 0.0)
-    if rows is not None and (not stream.is_contiguous() or stream.shape[0] != t):
-        raise ValueError(f"silu_mul: rows must be a contiguous [{t}, N] stream, got {tuple(stream.shape)}")
-    n_rows = stream.shape[1] if rows is not None else 0
+    stream, rows_eps, n_rows, n_block = rows_args(rows, t, gate_up, "silu_mul")
     i = two_i // 2
     y = torch.empty((t, i), dtype=gate_up.dtype, device=gate_up.device)
     block = 1024
     _silu_mul_kernel[(t, triton.cdiv(i, block))](gate_up, y, i, stream, rows_eps, BLOCK=block, N_ROWS=n_rows,
-                                                  N_BLOCK=max(triton.next_power_of_2(max(n_rows, 1)), 16), **pdl.kwargs(y))
+                                                  N_BLOCK=n_block, **pdl.kwargs(y))
     return y
 
 

@@ -23,6 +23,39 @@ def rmsnorm_ref(x, weight, eps: float, unit_offset: bool = False, residual=None)
     return y.to(x.dtype), s
 
 
+def row_scale_ref(stream: torch.Tensor, eps: float) -> torch.Tensor:
+    """stream [T, N] -> [T] fp32: 1 / rms of each row, as rmsnorm computes it (a folded norm's scale,
+    applied after the projection: models.transformer's forward_folded)."""
+    sf = stream.float()
+    return torch.rsqrt(sf.pow(2).mean(-1) + eps)
+
+
+def scale_rows(rows: tuple[torch.Tensor, float], *xs: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    """Each x [T, ...] times row_scale_ref(*rows) of its token, in fp32, back in x's dtype: the torch
+    path of the folded norm where no kernel applies it."""
+    pre = row_scale_ref(*rows)
+    return tuple((x.float() * pre.view(-1, *([1] * (x.dim() - 1)))).to(x.dtype) for x in xs)
+
+
+@triton.jit
+def row_rsqrt(ROWS, t, eps, N: tl.constexpr, N_BLOCK: tl.constexpr):
+    """row_scale_ref of row t of a contiguous [T, N] stream, as an fp32 scalar (inside a kernel)."""
+    n = tl.arange(0, N_BLOCK)
+    x = tl.load(ROWS + t * N + n, mask=n < N, other=0.0).to(tl.float32)
+    return tl.rsqrt(tl.sum(x * x, axis=0) / N + eps)
+
+
+def rows_args(rows: tuple[torch.Tensor, float] | None, t: int, fallback: torch.Tensor, who: str) -> tuple:
+    """A kernel's (stream, eps, N, N_BLOCK) for an optional folded norm `rows` over t tokens (N = 0:
+    none; fallback is any tensor to pass as the unused pointer)."""
+    if rows is None:
+        return fallback, 0.0, 0, 16
+    stream, eps = rows
+    if not stream.is_contiguous() or stream.dim() != 2 or stream.shape[0] != t:
+        raise ValueError(f"{who}: rows must be a contiguous [{t}, N] stream, got {tuple(stream.shape)}")
+    return stream, eps, stream.shape[1], max(triton.next_power_of_2(stream.shape[1]), 16)
+
+
 def rmsnorm_gated_ref(x, gate, weight, eps: float, out_dtype=None):
     """x, gate: [R, N] -> [R, N] in out_dtype (default x.dtype; x is first rounded to it)."""
     dtype = out_dtype or x.dtype

@@ -14,13 +14,7 @@ import triton.language as tl
 
 from treeflash.kernels import pdl
 
-from treeflash.kernels.norm import _interpreting
-
-
-def row_scale_ref(stream: torch.Tensor, eps: float) -> torch.Tensor:
-    """stream [T, N] -> [T] fp32: 1 / rms of each row, as RMSNorm computes it."""
-    sf = stream.float()
-    return torch.rsqrt(sf.pow(2).mean(-1) + eps)
+from treeflash.kernels.norm import _interpreting, row_rsqrt, row_scale_ref, rows_args
 
 
 def norm_rotary_ref(x, cos, sin, weight, eps: float, unit_offset: bool, pre: torch.Tensor | None = None):
@@ -93,9 +87,7 @@ def _rotary_cache_kernel(Q, K, V, C, S, QW, KW, QO, KC, VC, SLOT, ROWS, sqt, sqh
     h = pid % (HQ + HKV)
     pre = 1.0
     if N_ROWS > 0:
-        n = tl.arange(0, N_BLOCK)
-        x = tl.load(ROWS + t * N_ROWS + n, mask=n < N_ROWS, other=0.0).to(tl.float32)
-        pre = tl.rsqrt(tl.sum(x * x, axis=0) / N_ROWS + rows_eps)
+        pre = row_rsqrt(ROWS, t, rows_eps, N_ROWS, N_BLOCK)
     if h < HQ:
         _norm_rotary_head(Q + t * sqt + h * sqh, C, S, QW, QO + (t * HQ + h) * D, t, eps, HAS_NORM, UNIT, D, HALF, REST,
                           REST_BLOCK, pre)
@@ -153,10 +145,7 @@ def norm_rotary_into_cache(q, k, v, cos, sin, q_weight, k_weight, eps: float, un
     if (q.stride(2) != 1 or k.stride(2) != 1 or v.stride(2) != 1 or rd % 2 or rd > d or half & (half - 1)
             or not (k_cache.is_contiguous() and v_cache.is_contiguous()) or k_cache.shape[1:] != (hkv, d)):
         raise ValueError(f"norm_rotary_into_cache: bad layout q{tuple(q.shape)} k{tuple(k.shape)} cache{tuple(k_cache.shape)} rotary_dim {rd}")
-    stream, rows_eps = rows if rows is not None else (cos, 0.0)
-    if rows is not None and (not stream.is_contiguous() or stream.shape[0] != t):
-        raise ValueError(f"norm_rotary_into_cache: rows must be a contiguous [{t}, N] stream, got {tuple(stream.shape)}")
-    n_rows = stream.shape[1] if rows is not None else 0
+    stream, rows_eps, n_rows, n_block = rows_args(rows, t, cos, "norm_rotary_into_cache")
     y = torch.empty((t, hq, d), dtype=q.dtype, device=q.device)
     rest = d - rd
     _rotary_cache_kernel[(t * (hq + hkv),)](
@@ -165,6 +154,6 @@ def norm_rotary_into_cache(q, k, v, cos, sin, q_weight, k_weight, eps: float, un
         q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1), hq, hkv, eps, rows_eps,
         HAS_NORM=q_weight is not None, UNIT=unit_offset, D=d, HALF=half, REST=rest,
         REST_BLOCK=max(triton.next_power_of_2(max(rest, 1)), 16), D_BLOCK=triton.next_power_of_2(d),
-        N_ROWS=n_rows, N_BLOCK=max(triton.next_power_of_2(max(n_rows, 1)), 16), **pdl.kwargs(y),
+        N_ROWS=n_rows, N_BLOCK=n_block, **pdl.kwargs(y),
     )
     return y

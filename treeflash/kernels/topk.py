@@ -3,8 +3,8 @@ spec/dflash_graph.py), beside the plain-torch reference.
 
 The drafter reads, per depth, the k most likely tokens and their log-probs (k up to the DDTree
 budget, 1 for a chain) from [B-1, vocab] logits (15 x 49152 for the default model). In torch that
-was the .float() of the bf16 logits, a log-softmax (~11 us on the H200 inside a CUDA graph) and a
-radix top-k of ~12-15 kernels: ~70-75 us in all, of a ~1.3 ms speculative step. Here (H200, CUDA
+was a log-softmax (~11 us on the H200 inside a CUDA graph) and a radix top-k of ~12-15 kernels:
+~70-75 us in all, of a ~1.3 ms speculative step. Here (H200, CUDA
 graph, 15 x 49152 bf16) ~5 us for k = 1, ~16 us for k = 16, ~26 us for k = 48:
 
     stage 1, grid (R, cdiv(V, CHUNK)): per chunk of a row, its max and sum of exp(x - max), and its

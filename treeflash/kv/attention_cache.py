@@ -15,8 +15,8 @@ import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 from torch.nn.attention.bias import CausalBias, causal_lower_right
 
-from treeflash.kernels.norm import _interpreting
-from treeflash.kernels.rotary import norm_rotary, norm_rotary_into_cache, row_scale_ref
+from treeflash.kernels.norm import _interpreting, scale_rows
+from treeflash.kernels.rotary import norm_rotary, norm_rotary_into_cache
 from treeflash.kernels.commit import RowTable, commit_rows_table
 
 if TYPE_CHECKING:
@@ -228,8 +228,7 @@ class DenseAttentionCache:
             q = norm_rotary_into_cache(q, k, v, cos, sin, q_w, k_w, eps, unit, self.k, self.v, slots, rows)
             return self._attend_written(q, key_mask, scale, slots)
         if rows is not None:
-            pre = row_scale_ref(*rows)[:, None, None]
-            q, k, v = ((x.float() * pre).to(x.dtype) for x in (q, k, v))
+            q, k, v = scale_rows(rows, q, k, v)
         q = norm_rotary(q, cos, sin, q_w, eps, unit)
         k = norm_rotary(k, cos, sin, k_w, eps, unit)
         return self.attend_static(q, k, v, slots, key_mask, scale)

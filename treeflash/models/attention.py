@@ -7,7 +7,8 @@ from torch import nn
 
 from treeflash.kernels.activation import sigmoid_gate
 from treeflash.kernels.linear import linear_fused
-from treeflash.kernels.rotary import norm_rotary, row_scale_ref
+from treeflash.kernels.norm import scale_rows
+from treeflash.kernels.rotary import norm_rotary
 from treeflash.kernels import projection
 from treeflash.kv.attention_cache import AttentionCache
 from treeflash.models.config import ModelConfig
@@ -55,8 +56,7 @@ class Attention(nn.Module):
         """qkv_folded = the fused q/k/v weight with the input norm's scale folded into its columns, for
         forward_folded (the raw residual stream in, 1 / rms applied after the projection). Needs
         fuse(), no q/k/v bias and no output gate."""
-        w = norm.weight.detach().float() + 1.0 if norm.unit_offset else norm.weight.detach().float()
-        self.qkv_folded = (self.qkv_weight.detach().float() * w[None, :]).to(self.qkv_weight.dtype)
+        self.qkv_folded = norm.fold_into(self.qkv_weight)
 
     def forward_folded(self, s: torch.Tensor, rope, step: StepInput, cache: AttentionCache, norm_eps: float) -> torch.Tensor:
         """s [T, hidden], the residual stream -> s + o_proj(attention(norm(s))), s updated in place: the
@@ -83,8 +83,7 @@ class Attention(nn.Module):
             rotary = (cos, sin, q_w, k_w, self.eps, self.unit_offset)
             return cache.attend_static_rotary(q, k, v, rotary, step.slots, step.key_mask, self.scale, rows).reshape(n, -1)
         if rows is not None:  # the folded norm's scale in torch
-            pre = row_scale_ref(*rows)[:, None, None]
-            q, k, v = ((x.float() * pre).to(x.dtype) for x in (q, k, v))
+            q, k, v = scale_rows(rows, q, k, v)
         q = norm_rotary(q, cos, sin, q_w, self.eps, self.unit_offset)  # [T, H, D], qk-norm then rotary, fused
         k = norm_rotary(k, cos, sin, k_w, self.eps, self.unit_offset)
         if step.key_mask is not None:

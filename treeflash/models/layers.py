@@ -27,6 +27,16 @@ class RMSNorm(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return rmsnorm(x, self.weight, self.eps, self.unit_offset)[0]
 
+    def gain(self) -> torch.Tensor:
+        """[dim] fp32: what each normalized channel is multiplied by (w, or 1 + w with unit_offset)."""
+        w = self.weight.detach().float()
+        return w + 1.0 if self.unit_offset else w
+
+    def fold_into(self, weight: torch.Tensor) -> torch.Tensor:
+        """weight [out, dim] with this norm's gain folded into its columns (in fp32, back in weight's
+        dtype): linear(norm(x), weight) = linear(x / rms(x), fold_into(weight))."""
+        return (weight.detach().float() * self.gain()[None, :]).to(weight.dtype)
+
     def linear(self, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
         """linear(norm(x), weight, bias) as one kernel (kernels/linear.py): x [T, dim] -> [T, out]."""
         return linear_fused(x, weight, bias, self.weight, self.eps, self.unit_offset)
@@ -131,8 +141,7 @@ class MLP(nn.Module):
 
     def fold_norm(self, norm: RMSNorm) -> None:
         """gate_up_folded = gate_up with the norm's scale folded into its columns (forward_folded); needs fuse()."""
-        w = norm.weight.detach().float() + 1.0 if norm.unit_offset else norm.weight.detach().float()
-        self.gate_up_folded = (self.gate_up.detach().float() * w[None, :]).to(self.gate_up.dtype)
+        self.gate_up_folded = norm.fold_into(self.gate_up)
 
     def forward_folded(self, s: torch.Tensor, norm_eps: float) -> torch.Tensor:
         """s + down(swiglu(gate_up(norm(s)))) with s updated in place: gate_up_folded reads s itself, the

@@ -82,7 +82,13 @@ class DecoderLayer(nn.Module):
         s = self.self_attn.forward_folded(s, rope, step, cache, self.input_layernorm.eps)
         return self.mlp.forward_folded(s, self.post_attention_layernorm.eps)
 
-    def fold_norms(self) -> None:
+    def fold_norms(self, fold: bool = True) -> None:
+        """Build the folded weight copies forward_folded reads, or (fold False) free them."""
+        if not fold:
+            if self.layer_type == FULL_ATTENTION:
+                self.self_attn.qkv_folded = None
+            self.mlp.gate_up_folded = None
+            return
         self.self_attn.fold_norm(self.input_layernorm)
         self.mlp.fold_norm(self.post_attention_layernorm)
 
@@ -158,13 +164,14 @@ class CausalLM(nn.Module):
         small = on_gpu and largest <= FUSED_WEIGHT_BYTES
         if fused_rows is None:
             fused_rows = FUSED_ROWS if small else 0
+        foldable = self.foldable()
         if folded_rows is None:
-            folded_rows = int(os.environ.get(FOLDED_ENV, FOLDED_ROWS)) if small and self.foldable() else 0
-        if folded_rows and not self.foldable():
+            folded_rows = int(os.environ.get(FOLDED_ENV, FOLDED_ROWS)) if small and foldable else 0
+        if folded_rows and not foldable:
             raise ValueError(f"fuse_projections: folded norms need a dense attention-only model without q/k/v bias, "
                              f"output gate or int4 projections ({self.config.arch})")
-        for layer in self.model.layers if folded_rows else ():
-            layer.fold_norms()
+        for layer in self.model.layers:  # the folded copies exist only while a path reads them
+            layer.fold_norms(bool(folded_rows))
         self.fused_rows, self.folded_rows = fused_rows, folded_rows
         return self
 

@@ -83,8 +83,8 @@ class DraftGraphs:
         return logits.float(), torch.cat((top_lp.double(), top_ids.double()))  # ids < 2^53: exact in fp64
 
     def _scores(self, n: int, count: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """-> logits [B-1, vocab] in the head's dtype (the caller converts them if it reads them), top-K
-        log-probs [B-1, K] fp32 and their ids [B-1, K] long."""
+        """-> logits [B-1, vocab] (fp32: CausalLM.head's output), top-K log-probs [B-1, K] fp32 and their
+        ids [B-1, K] long."""
         c = self.model.config
         start, root = self.ints[0:1], self.ints[1:2]
         block_ids = torch.where(self.depth_ids == 0, root, c.mask_token_id)  # [B]: root, MASK ...
@@ -92,10 +92,10 @@ class DraftGraphs:
         if c.input_embedding_scale != 1.0:
             block = block * c.input_embedding_scale
         hidden = self.model.forward_static(self.prepare(self.ctx_in[:n]), block, self.cache, start, self.key_pos, count)
-        logits = self.model.logits(hidden[1:], self.target.head).contiguous()  # [B-1, vocab] bf16 (the head's)
+        logits = self.model.logits(hidden[1:], self.target.head).contiguous()  # [B-1, vocab] fp32
         # fixed tree budgets may pass 64; TREEFLASH_DRAFT_TOPK=torch: the torch path (for A/B runs)
         topk = topk_logprobs if self.top_k <= MAX_K and os.environ.get(TOPK_ENV) != "torch" else topk_logprobs_reference
-        top_lp, top_ids = topk(logits, self.top_k)  # log-softmax in fp32 inside: no fp32 copy of the logits
+        top_lp, top_ids = topk(logits, self.top_k)  # the log-softmax inside its two launches
         return logits, top_lp, top_ids
 
     def _capture(self, n: int) -> _Pass:

@@ -105,3 +105,24 @@ def test_capture_graph_collects_no_garbage_while_capturing(monkeypatch):
     with pytest.raises(RuntimeError, match="capture failed"):
         runner_mod.capture_graph(boom, pool=None, warmups=0)
     assert gc.isenabled()
+
+
+def test_rotary_table_serves_the_computed_rows():
+    """new_cache reserves a cos/sin table: forward gathers its rows (one launch in a graph) and they
+    are the rows the formula computes; a limit past the table computes them."""
+    from treeflash.models.transformer import ROPE_MARGIN
+
+    _, target = make_pair("llama")
+    target.new_cache(100)
+    rot = target.rotary
+    assert rot.table is not None and rot.table.shape[1] == 100 + ROPE_MARGIN and rot.table.dtype == target.dtype
+    pos = torch.tensor([0, 7, 99, 3, 3, 64])
+    cos, sin = rot.cos_sin(pos, target.dtype, limit=100)
+    want_cos, want_sin = rot._compute(pos, target.dtype)
+    torch.testing.assert_close(cos, want_cos, atol=1e-6, rtol=0)
+    torch.testing.assert_close(sin, want_sin, atol=1e-6, rtol=0)
+    assert cos.is_contiguous() and sin.is_contiguous() and cos.shape == (6, rot.rotary_dim)
+    far = torch.tensor([5000])
+    torch.testing.assert_close(rot.cos_sin(far, target.dtype, limit=5001)[0], rot._compute(far, target.dtype)[0])
+    target.new_cache(50)  # never shrinks
+    assert rot.table.shape[1] == 100 + ROPE_MARGIN

@@ -89,7 +89,9 @@ def test_device_steps_equal_the_synchronous_steps(arch, budget, monkeypatch):
     sync_out, sync_stats, _, dec = decode(target, *setup(target, model, len(PROMPT) + N + 80, budget), PROMPT, N)
     assert dec._dev is None
     assert out == sync_out == ref
-    assert kinds[0] == "sync" and kinds[1:] and all(k == "device" for k in kinds[1:])  # the prompt's 12 rows > B = 8
+    # the prompt's 12 rows > B = 8: all but the last went into the draft cache at prefill (DFlashDrafter._absorb_excess),
+    # so the device loop starts at the first step
+    assert kinds and all(k == "device" for k in kinds)
     assert (stats.passes, stats.committed, stats.nodes, stats.proposed_per_depth, stats.accepted_per_depth) == (
         sync_stats.passes, sync_stats.committed, sync_stats.nodes, sync_stats.proposed_per_depth, sync_stats.accepted_per_depth)
 
@@ -134,7 +136,8 @@ def test_the_loop_ends_when_the_context_runs_short(monkeypatch):
     runner.forward = lambda step, *a, **k: (verifies.append(len(calls)) if step.is_verify else None) or forward(step, *a, **k)
     out, _, kinds, dec = decode(target, cache, drafter, runner, PROMPT, 60, calls)
     assert out == ref
-    assert verifies[0] == 0 and len(calls) > 3 and verifies[-1] == len(calls)  # sync, the loop, sync again
+    # the loop from the first step (the prompt's rows absorbed at prefill), then synchronous steps only
+    assert len(calls) > 3 and verifies and all(v == len(calls) for v in verifies)
     assert drafter._observed == len(dec.tokens) and cache.seq_len == len(dec.tokens)
 
 

@@ -190,6 +190,24 @@ def test_incremental_cache_equals_recompute():
     assert drafter.cache.length == len(dec.tokens)
 
 
+def test_absorbed_context_drafts_what_one_pass_over_it_drafts():
+    """absorb (a prompt's rows beyond one static pass) writes the keys and values the pass itself
+    would: absorbing all rows but the last, then drafting from that one, gives the logits of one
+    eager pass over every row."""
+    _, target = make_pair("qwen3")
+    model = random_drafter(target, target_layer_ids=(0, 2))
+    drafter = DFlashDrafter(target, model, budget=4)
+    hidden = torch.randn(11, 2 * H, generator=torch.Generator().manual_seed(3))
+    drafter.observe(list(range(11)), hidden)
+    want = drafter.draft_logits(5)
+    drafter.reset()
+    model.absorb(drafter._prepare(hidden[:-1]), drafter.cache)
+    assert drafter.cache.length == 10
+    drafter._pending, drafter._observed = [hidden[-1:]], 11
+    torch.testing.assert_close(drafter.draft_logits(5), want, atol=1e-5, rtol=0)
+    assert drafter.cache.length == 11
+
+
 def test_last_target_layer_is_read_after_the_final_norm():
     _, target = make_pair("qwen3")
     plain = DFlashDrafter(target, random_drafter(target, target_layer_ids=(0, 2)), budget=4)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import os
 
 import torch
 import torch.nn.functional as F
@@ -57,6 +58,10 @@ class RMSNorm(nn.Module):
         return rmsnorm(x, self.weight, self.eps, self.unit_offset, residual)
 
 
+TABLE_MAX_POSITIONS = 1 << 20  # a longer context computes cos/sin per step (the table would take 2 * n * rotary_dim values)
+TABLE_ENV = "TREEFLASH_ROPE_TABLE"  # "0": no table, cos/sin computed in every forward (for A/B runs)
+
+
 class Rotary(nn.Module):
     """Rotary position embedding over the first `rotary_dim` dims of each head (rotate-half layout)."""
 
@@ -66,10 +71,30 @@ class Rotary(nn.Module):
         inv_freq = 1.0 / (config.rope_theta ** (torch.arange(0, dim, 2, dtype=torch.float64) / dim))
         inv_freq = _scale_inv_freq(inv_freq, dict(config.rope_scaling))
         self.register_buffer("inv_freq", inv_freq.float(), persistent=False)
+        self.register_buffer("table", None, persistent=False)  # [2, n, rotary_dim]: cos, sin at 0 .. n-1 (reserve)
         self.rotary_dim = dim
 
-    def cos_sin(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
-        # positions: [T] long -> cos, sin: [T, rotary_dim]
+    def reserve(self, n: int, dtype: torch.dtype) -> None:
+        """Precompute cos and sin at positions 0 .. n-1 in `dtype` (grown, never shrunk; up to
+        TABLE_MAX_POSITIONS). `cos_sin` with a `limit` the table covers then gathers their rows in one
+        launch instead of computing them in seven: each forward of a CUDA graph pays per launch. Same
+        formula, so the same values (up to the CPU's vectorized-vs-scalar last bit)."""
+        t = self.table
+        if n > TABLE_MAX_POSITIONS or (t is not None and t.dtype == dtype and t.shape[1] >= n) or os.environ.get(TABLE_ENV) == "0":
+            return
+        cos, sin = self._compute(torch.arange(n, device=self.inv_freq.device), dtype)
+        self.table = torch.stack((cos, sin))
+
+    def cos_sin(self, positions: torch.Tensor, dtype: torch.dtype, limit: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """positions [T] long -> cos, sin [T, rotary_dim]. `limit`: the caller knows every position is
+        below it; a reserved table that covers it serves the rows (else they are computed)."""
+        t = self.table
+        if limit is not None and t is not None and t.dtype == dtype and limit <= t.shape[1] and t.device == positions.device:
+            both = t.index_select(1, positions)  # [2, T, rotary_dim], one launch
+            return both[0], both[1]
+        return self._compute(positions, dtype)
+
+    def _compute(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
         freqs = positions.float()[:, None] * self.inv_freq[None, :]
         emb = torch.cat((freqs, freqs), dim=-1)
         return emb.cos().to(dtype), emb.sin().to(dtype)

@@ -36,6 +36,9 @@ FUSED_WEIGHT_BYTES = 8 << 20
 # the norm launches until a sampled CLI run's NaN probability (stop 23, unexplained) is understood.
 FOLDED_ROWS = 64
 FOLDED_ENV = "TREEFLASH_FOLDED_ROWS"  # overrides FOLDED_ROWS where fuse_projections chooses ("0": off; for A/B runs)
+# new_cache reserves the rotary table this far past max_len: positions stay below max_len by construction,
+# and an index past the table would be a device-side assert inside a CUDA graph
+ROPE_MARGIN = 256
 
 
 @dataclass
@@ -221,6 +224,7 @@ class CausalLM(nn.Module):
     def new_cache(self, max_len: int, cache_type_k: str = "auto", cache_type_v: str = "auto", center_keys: bool = True,
                   k_exact_layers: int = 0) -> ModelCache:
         spec = CacheSpec(max_len, self.dtype, self.device, cache_type_k, cache_type_v, center_keys, k_exact_layers)
+        self.rotary.reserve(max_len + ROPE_MARGIN, self.dtype)  # forward_layers gathers cos/sin rows from it
         return ModelCache(self.cache_layout(), spec)
 
     def forward(
@@ -250,7 +254,7 @@ class CausalLM(nn.Module):
     ) -> ForwardOutput:
         """The computation alone, without the cache's host bookkeeping (what a CUDA graph captures)."""
         x = self.embed(step.input_ids)
-        rope = self.rotary.cos_sin(step.positions, x.dtype)
+        rope = self.rotary.cos_sin(step.positions, x.dtype, limit=cache.max_len)  # positions < max_len
         captured = []
         if 1 < step.num_tokens <= self.fused_rows:  # one token: the GEMV path (kernels/gemv.py)
             for i, layer in enumerate(self.model.layers):

@@ -124,10 +124,23 @@ class DFlashDrafter(Drafter):
             raise RuntimeError("dflash needs the target's hidden states at every committed token (capture_layers)")
         self._pending.append(hidden)  # raw: `_prepare` normalizes the final-norm slot at draft time
         self._observed += len(committed_ids)
+        self._absorb_excess()
         if self._last is not None and self.tuner is not None:
             tree, draft_s = self._last
             self.tuner.record(tree.budget, _accepted_nodes(tree, committed_ids), draft_s)
         self._last = None
+
+    def _absorb_excess(self) -> None:
+        """Beside static passes, rows past what one pass takes (a prompt, rows piled up over plain
+        steps) go into the draft cache now, all but the last: the next pass, a graph, drafts from
+        one new row, and the device loop (device_step.py) can start at the first step after a prompt.
+        Eagerly, a few launches a layer, in the prefill's time rather than a step's."""
+        n = sum(r.shape[0] for r in self._pending)
+        if self.graphs is None or n <= self.graphs.block_size:
+            return
+        rows = torch.cat(self._pending)
+        self._pending = [rows[-1:].clone()]  # a copy: the rows may view a target output buffer
+        self.model.absorb(self._prepare(rows[:-1].to(self.model.fc.weight.dtype)), self.cache)
 
     def _own_pending(self) -> None:
         """Copy the observed rows that are views of a target output buffer (Drafter.observe)."""

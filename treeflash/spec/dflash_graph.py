@@ -60,6 +60,7 @@ class DraftGraphs:
         self.top_k = max(1, min(top_k, target.config.vocab_size))
         cache.reserve(capacity)
         self.capacity = cache.k[0].shape[0]
+        model.rotary.reserve(self.capacity, model.fc.weight.dtype)  # the pass gathers cos/sin rows at its slots
         self.key_pos = torch.arange(self.capacity, device=dev)
         self.depth_ids = torch.arange(c.block_size, device=dev)
         pin = dev.type == "cuda"

@@ -348,12 +348,28 @@ class DFlashModel(nn.Module):
         cache.reserve(start + n + b)
         ctx = self.hidden_norm(self.fc(context)) if n else block[:0]
         positions = torch.arange(start, start + n + b, device=block.device)
-        rope = self.rotary.cos_sin(positions, block.dtype)
+        rope = self.rotary.cos_sin(positions, block.dtype, limit=start + n + b)
         x, residual = block, None
         for i, layer in enumerate(self.layers):
             x, residual = layer(x, ctx, rope, cache.k[i], cache.v[i], start, residual=residual)
         cache.length = start + n  # the block's rows stay scratch
         return self.norm.add_forward(x, residual)[0]
+
+    @torch.inference_mode()
+    def absorb(self, context: torch.Tensor, cache: DraftCache) -> None:
+        """Append context rows to the cache without a block: their keys and values do not depend on
+        the block (the context features enter every layer as they are), so this writes what the
+        next pass would have. How a prompt's rows, more than a static pass takes, reach the cache."""
+        start, n = cache.length, context.shape[0]
+        cache.reserve(start + n)
+        ctx = self.hidden_norm(self.fc(context))
+        cos, sin = self.rotary.cos_sin(torch.arange(start, start + n, device=ctx.device), ctx.dtype, limit=start + n)
+        for i, layer in enumerate(self.layers):
+            attn = layer.self_attn
+            k = attn.k_norm(attn.k_proj(ctx).view(n, attn.num_kv_heads, attn.head_dim))
+            cache.k[i][start : start + n] = apply_rotary(k, cos, sin).to(cache.dtype)
+            cache.v[i][start : start + n] = attn.v_proj(ctx).view(n, attn.num_kv_heads, attn.head_dim).to(cache.dtype)
+        cache.length = start + n
 
     def forward_static(
         self,
@@ -379,7 +395,7 @@ class DFlashModel(nn.Module):
             dump = key_pos.shape[0] - 1
             ctx_slots = torch.where(ar[:n] < count, start + ar[:n], dump)
             slots = torch.cat((ctx_slots, start + count + ar[:b]))
-        rope = self.rotary.cos_sin(slots, block.dtype)
+        rope = self.rotary.cos_sin(slots, block.dtype, limit=key_pos.shape[0])  # slots index the buffer
         x, residual = block, None
         masks: dict[tuple, torch.Tensor] = {}  # one per kind of layer (full / causal / windowed), not per layer
         for i, layer in enumerate(self.layers):

@@ -73,7 +73,7 @@ def timed(run, replays: int) -> float:
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--rows", type=int, nargs="+", default=[49, 33, 17])
-    p.add_argument("--blocks", nargs="+", default=["default", "16,64,4", "32,64,4", "16,128,4", "32,128,4", "64,64,4", "16,64,2", "32,64,8"])
+    p.add_argument("--blocks", nargs="+", default=["default", "16,64,4,1", "16,64,4,9", "32,64,4,3", "16,128,4,3", "16,64,8,3", "16,32,4,3", "32,128,4,1"])
     p.add_argument("--replays", type=int, default=200)
     p.add_argument("--out", default="gemm_pdl_time.json")
     args = p.parse_args()
@@ -81,7 +81,7 @@ def main() -> int:
     dev = "cuda"
     weights = [tuple(torch.randn(n, k, device=dev, dtype=torch.bfloat16) / k**0.5 for n, k in ((QKV, H), (H, H), (2 * I, H), (H, I)))
                for _ in range(LAYERS)]
-    report = {"device": torch.cuda.get_device_name(), "layers": LAYERS, "pdl": gemm_pdl.enabled(weights[0][0]), "results": []}
+    report = {"device": torch.cuda.get_device_name(), "layers": LAYERS, "pdl": gemm_pdl.pdl.flag(weights[0][0]), "results": []}
     for rows in args.rows:
         s = torch.randn(rows, H, device=dev, dtype=torch.bfloat16)
         # correctness at this size first: the kernel against cuBLAS on one layer

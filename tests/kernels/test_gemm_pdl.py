@@ -8,7 +8,7 @@ from tests.kernels.interpret import assert_all_passed, run_module
 
 
 def test_gemm_pdl_matches_reference():
-    assert_all_passed(run_module("tests.kernels.gemm_pdl_checks"), 9)
+    assert_all_passed(run_module("tests.kernels.gemm_pdl_checks"), 10)
 
 
 def test_gemm_pdl_rejects_bad_shapes(monkeypatch):
@@ -21,10 +21,13 @@ def test_gemm_pdl_rejects_bad_shapes(monkeypatch):
         gemm_pdl.gemm(torch.zeros(3, 8), torch.zeros(4, 8), add_into=torch.zeros(3, 5))
 
 
-def test_gemm_pdl_off_on_the_cpu_and_by_env(monkeypatch):
+def test_gemm_pdl_is_opt_in_on_the_gpu_and_on_in_the_interpreter(monkeypatch):
     from treeflash.kernels import gemm_pdl
 
-    assert not gemm_pdl.enabled(torch.zeros(2, 2))  # CPU, no interpreter: cuBLAS / torch
+    assert not gemm_pdl.enabled(torch.zeros(2, 2))  # CPU, no interpreter: torch
+    monkeypatch.setenv(gemm_pdl.ENV, "1")
+    assert not gemm_pdl.enabled(torch.zeros(2, 2))  # opt-in, and still only where PDL is (CUDA, sm_90+)
+    monkeypatch.delenv(gemm_pdl.ENV)
     monkeypatch.setattr(gemm_pdl, "_interpreting", lambda: True)
     assert gemm_pdl.enabled(torch.zeros(2, 2))
     monkeypatch.setenv(gemm_pdl.ENV, "0")

@@ -126,3 +126,24 @@ def test_rotary_table_serves_the_computed_rows():
     torch.testing.assert_close(rot.cos_sin(far, target.dtype, limit=5001)[0], rot._compute(far, target.dtype)[0])
     target.new_cache(50)  # never shrinks
     assert rot.table.shape[1] == 100 + ROPE_MARGIN
+    old = rot.table
+    target.new_cache(300)  # grows; the old table stays alive for graphs captured over it
+    assert rot.table.shape[1] == 300 + ROPE_MARGIN and rot._old_tables[-1] is old
+
+
+def test_a_second_fuse_projections_keeps_the_folded_copies_in_place():
+    """Each Engine calls fuse_projections on the (shared) model: `treeflash bench` builds the drafting
+    engine, captures its graphs, then builds the plain one. The folded copies must stay where the first
+    engine's graphs read them (a new tensor freed the old one under those graphs: drafts never accepted,
+    outputs unlike plain decoding, NaN probabilities on the H200 in stops 23-24), and be refreshed."""
+    _, target = make_pair("llama")
+    target.fuse_projections(folded_rows=64)
+    layers = target.model.layers
+    ptrs = [(l.self_attn.qkv_folded.data_ptr(), l.mlp.gate_up_folded.data_ptr()) for l in layers]
+    with torch.no_grad():
+        layers[0].input_layernorm.weight.mul_(2.0)
+    target.fuse_projections(folded_rows=64)
+    assert [(l.self_attn.qkv_folded.data_ptr(), l.mlp.gate_up_folded.data_ptr()) for l in layers] == ptrs
+    torch.testing.assert_close(layers[0].self_attn.qkv_folded, layers[0].input_layernorm.fold_into(layers[0].self_attn.qkv_weight))
+    target.fuse_projections(folded_rows=0)  # the path off: the copies stay for graphs captured over them
+    assert target.folded_rows == 0 and all(l.self_attn.qkv_folded is not None for l in layers)

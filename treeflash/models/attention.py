@@ -56,7 +56,7 @@ class Attention(nn.Module):
         """qkv_folded = the fused q/k/v weight with the input norm's scale folded into its columns, for
         forward_folded (the raw residual stream in, 1 / rms applied after the projection). Needs
         fuse(), no q/k/v bias and no output gate."""
-        self.qkv_folded = norm.fold_into(self.qkv_weight)
+        self.qkv_folded = norm.fold_into(self.qkv_weight, self.qkv_folded)
 
     def forward_folded(self, s: torch.Tensor, rope, step: StepInput, cache: AttentionCache, norm_eps: float) -> torch.Tensor:
         """s [T, hidden], the residual stream -> s + o_proj(attention(norm(s))), s updated in place: the

@@ -33,10 +33,16 @@ class RMSNorm(nn.Module):
         w = self.weight.detach().float()
         return w + 1.0 if self.unit_offset else w
 
-    def fold_into(self, weight: torch.Tensor) -> torch.Tensor:
+    def fold_into(self, weight: torch.Tensor, into: torch.Tensor | None = None) -> torch.Tensor:
         """weight [out, dim] with this norm's gain folded into its columns (in fp32, back in weight's
-        dtype): linear(norm(x), weight) = linear(x / rms(x), fold_into(weight))."""
-        return (weight.detach().float() * self.gain()[None, :]).to(weight.dtype)
+        dtype): linear(norm(x), weight) = linear(x / rms(x), fold_into(weight)). `into`: an earlier
+        folded copy of the same shape, rewritten in place and returned. A CUDA graph captured over it
+        keeps reading valid memory: a new tensor would free the old one under the graph (each Engine
+        on a shared model calls fuse_projections; treeflash bench builds several)."""
+        folded = (weight.detach().float() * self.gain()[None, :]).to(weight.dtype)
+        if into is not None and into.shape == folded.shape and into.dtype == folded.dtype and into.device == folded.device:
+            return into.copy_(folded)
+        return folded
 
     def linear(self, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
         """linear(norm(x), weight, bias) as one kernel (kernels/linear.py): x [T, dim] -> [T, out]."""
@@ -72,6 +78,7 @@ class Rotary(nn.Module):
         inv_freq = _scale_inv_freq(inv_freq, dict(config.rope_scaling))
         self.register_buffer("inv_freq", inv_freq.float(), persistent=False)
         self.register_buffer("table", None, persistent=False)  # [2, n, rotary_dim]: cos, sin at 0 .. n-1 (reserve)
+        self._old_tables: list[torch.Tensor] = []  # tables a larger reserve replaced
         self.rotary_dim = dim
 
     def reserve(self, n: int, dtype: torch.dtype) -> None:
@@ -83,6 +90,8 @@ class Rotary(nn.Module):
         if n > TABLE_MAX_POSITIONS or (t is not None and t.dtype == dtype and t.shape[1] >= n) or os.environ.get(TABLE_ENV) == "0":
             return
         cos, sin = self._compute(torch.arange(n, device=self.inv_freq.device), dtype)
+        if t is not None:  # kept alive: CUDA graphs captured over it still read it (a runner of a shorter cache)
+            self._old_tables.append(t)
         self.table = torch.stack((cos, sin))
 
     def cos_sin(self, positions: torch.Tensor, dtype: torch.dtype, limit: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
@@ -166,7 +175,7 @@ class MLP(nn.Module):
 
     def fold_norm(self, norm: RMSNorm) -> None:
         """gate_up_folded = gate_up with the norm's scale folded into its columns (forward_folded); needs fuse()."""
-        self.gate_up_folded = norm.fold_into(self.gate_up)
+        self.gate_up_folded = norm.fold_into(self.gate_up, self.gate_up_folded)
 
     def forward_folded(self, s: torch.Tensor, norm_eps: float) -> torch.Tensor:
         """s + down(swiglu(gate_up(norm(s)))) with s updated in place: gate_up_folded reads s itself, the

@@ -86,11 +86,10 @@ class DecoderLayer(nn.Module):
         return self.mlp.forward_folded(s, self.post_attention_layernorm.eps)
 
     def fold_norms(self, fold: bool = True) -> None:
-        """Build the folded weight copies forward_folded reads, or (fold False) free them."""
+        """Build (or refresh in place) the folded weight copies forward_folded reads. fold False builds
+        none; copies built earlier stay: a CUDA graph captured over them (another Engine's, on this
+        shared model) must not read freed memory."""
         if not fold:
-            if self.layer_type == FULL_ATTENTION:
-                self.self_attn.qkv_folded = None
-            self.mlp.gate_up_folded = None
             return
         self.self_attn.fold_norm(self.input_layernorm)
         self.mlp.fold_norm(self.post_attention_layernorm)
@@ -173,7 +172,7 @@ class CausalLM(nn.Module):
         if folded_rows and not foldable:
             raise ValueError(f"fuse_projections: folded norms need a dense attention-only model without q/k/v bias, "
                              f"output gate or int4 projections ({self.config.arch})")
-        for layer in self.model.layers:  # the folded copies exist only while a path reads them
+        for layer in self.model.layers:  # built only where the path is on; refreshed in place on a second call
             layer.fold_norms(bool(folded_rows))
         self.fused_rows, self.folded_rows = fused_rows, folded_rows
         return self

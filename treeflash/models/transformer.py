@@ -33,7 +33,8 @@ FUSED_WEIGHT_BYTES = 8 << 20
 # small dense attention-only models (every projection at most FUSED_WEIGHT_BYTES), where the step is
 # bound by launches, not bytes; fuse_projections chooses it. 64: the node counts checked on the H200 with
 # the real default model (DDTree-48, bench/results/s23/); the 128-row bucket (trees of 64+ nodes) keeps
-# the norm launches until a sampled CLI run's NaN probability (stop 23, unexplained) is understood.
+# the norm launches: not timed folded. (Stop 23's sampled NaN was not the folded math: a second Engine's
+# fuse_projections freed the folded copies under the first one's graphs; fixed in stop 24, fold_into.)
 FOLDED_ROWS = 64
 FOLDED_ENV = "TREEFLASH_FOLDED_ROWS"  # overrides FOLDED_ROWS where fuse_projections chooses ("0": off; for A/B runs)
 # new_cache reserves the rotary table this far past max_len: positions stay below max_len by construction,

@@ -13,6 +13,11 @@ prompts, temperature 1) through the same runner, and checks every tensor on the 
 and writes the first failure with its context (step, nodes, bucket, seq_len, max_len, bad rows, the
 tree) to JSON.
 
+Stop 24: on the H200 this ran 18 sampled sequences clean (bench/results/s24/sampled_nan_probe_alone.json):
+it builds one runner on the model, as the evaluation does. The abort needed a second Engine on the same
+model (treeflash bench's plain baseline), whose fuse_projections freed the folded weights under the
+first engine's graphs; bench/cli_auto_probe.py, which runs treeflash bench itself, caught it.
+
     TREEFLASH_DEVICE_STEPS=0 python bench/sampled_nan_probe.py --model SmolLM2-135M-Instruct.Q4_1.gguf --out probe.json
     python bench/sampled_nan_probe.py --model ... --device cpu --static   # the graph runner's static code on the CPU
 """

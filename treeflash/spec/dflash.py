@@ -84,6 +84,7 @@ class DFlashDrafter(Drafter):
         if self.graphs is not None:
             self._build_device_step(runner)
 
+    @torch.inference_mode()  # as the runner's own captures: weights that require grad must not reach autograd
     def _build_device_step(self, runner) -> None:
         """Greedy requests' steps as one graph each (device_step.py), captured here, before any request
         (its warm-ups write scratch rows; a first request would otherwise pay the capture in its

@@ -234,6 +234,8 @@ def test_decode_evaluation_reports_tau_speedup_and_identity(trained, tmp_path):
     for name in ("chain", "ddtree-4", "ddtree-auto"):
         assert results[name]["identical_to_plain"] == "2/2" and results[name]["tau"] >= 1.0
         assert results[name]["tokens"] == results["plain"]["tokens"] and results[name]["speedup_vs_plain"] > 0
+        # equal lengths (fp32, lossless): the rate ratio is the time ratio
+        assert results[name]["tokens_per_s_vs_plain"] == pytest.approx(results[name]["speedup_vs_plain"], rel=2e-3, abs=2e-3)
 
 
 def test_feature_store_equals_capture_and_trains_the_same(trained, tmp_path):

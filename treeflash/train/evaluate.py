@@ -6,7 +6,8 @@ On the held-out prompts (prompts.heldout_prompts: 10 HumanEval + 10 chat, never 
 greedy, with treeflash's own Decoder: plain decoding, the DFlash chain, and DDTree at several
 budgets. Runs are interleaved prompt by prompt in alternating order (ABBA), so drift of the
 machine lands on every configuration alike; the speedup is plain decode time / this decode
-time over the same prompts. Every speculative output is compared token by token with the plain
+time over the same prompts (and tokens_per_s_vs_plain the ratio of rates, which differs when bf16
+outputs, and so their lengths, differ). Every speculative output is compared token by token with the plain
 one (lossless at temperature 0; in bf16 a different batch shape can flip a near-tie, which the
 report counts rather than hides). The JSON is rewritten after every prompt, so an interrupted
 run still leaves its partial results.
@@ -96,6 +97,8 @@ def summarize(configs: list[Config], runs: int) -> dict:
             "decode_s": round(c.decode_s, 4),
             "decode_tokens_per_s": round(c.tokens / max(c.decode_s, 1e-9), 2),
             "speedup_vs_plain": round(plain.decode_s / max(c.decode_s, 1e-9), 3),
+            # bf16 outputs can differ from plain's, and so can their lengths: the rate ratio as well
+            "tokens_per_s_vs_plain": round((c.tokens / max(c.decode_s, 1e-9)) / max(plain.tokens / max(plain.decode_s, 1e-9), 1e-9), 3),
         }
         if c.drafter is not None:
             s = c.stats.as_dict()
@@ -207,7 +210,8 @@ def main(argv: list[str] | None = None) -> int:
                           graphs=False if args.eager else None, time_limit_s=args.time_limit)
     for name, row in report.get("results", {}).items():
         print(f"[eval] {name:>10}: tau {row.get('tau', 1.0):>5} speedup {row['speedup_vs_plain']:>6}x "
-              f"{row['decode_tokens_per_s']:>8} tok/s identical {row.get('identical_to_plain', '-')}", flush=True)
+              f"{row['decode_tokens_per_s']:>8} tok/s ({row['tokens_per_s_vs_plain']}x) identical {row.get('identical_to_plain', '-')}",
+              flush=True)
     return 0
 
 

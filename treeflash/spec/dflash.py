@@ -5,8 +5,8 @@ target's embedding, run the DFlash layers over it and the context rows committed
 step (their target hidden states arrive through `observe`), and read B - 1 distributions (depths
 1 .. B-1) through the target's head. Then:
 
-- tree (default): DDTree best-first over the per-depth log-probabilities, seeded with the top-1
-  chain, `budget` nodes. Sampled requests are verified by sample-and-match, lossless for any tree.
+- tree (default): DDTree best-first over the per-depth log-probabilities, `budget` nodes (with
+  seed_chain, Lucebox's variant, the top-1 chain first: it accepted less, bench/ddtree_policy_sim.py). Sampled requests are verified by sample-and-match, lossless for any tree.
 - chain (`tree=False`): the top-1 token per depth (greedy), or one sample per depth from the
   request's processed distribution q, attached as `child_probs` so that verification uses
   rejection sampling. DFlash samples each depth independently of the tokens above it, so q is
@@ -40,7 +40,10 @@ AUTO_MAX_BUDGET = 64
 class DFlashDrafter(Drafter):
     name = "dflash"
 
-    def __init__(self, target: CausalLM, model: DFlashModel, budget: int | str = "auto", tree: bool = True, seed_chain: bool = True):
+    # seed_chain off by default: plain best-first accepted more than the top-1-chain seed at every budget, offline on the
+    # default model's 20 held-out prompts (bench/ddtree_policy_sim.py, bench/results/s24/ddtree_policy_sim_cpu.json: tau along
+    # the decode walk +1.4% at budget 48, +3.9% at 32, +20% at 16; fp32 on the CPU)
+    def __init__(self, target: CausalLM, model: DFlashModel, budget: int | str = "auto", tree: bool = True, seed_chain: bool = False):
         c = model.config
         _check_pair(target, model)
         self.target, self.model, self.tree, self.seed_chain = target, model.fuse(), tree, seed_chain  # fewer GEMMs a layer

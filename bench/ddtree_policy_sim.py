@@ -1,0 +1,135 @@
+"""Which draft tree accepts the most, offline: the drafter's candidates at every position of real
+greedy outputs, and every tree policy scored against the target's own continuation.
+
+At temperature 0 the target's continuation after a position does not depend on the tree, so a
+tree's acceptance there is fixed by the drafter's per-depth candidates and that continuation: the
+longest prefix of it that is a path of the tree. This script
+1. decodes the held-out prompts plainly (the default model, fp32 on the CPU by default),
+2. runs the target once over each sequence for the drafter's hidden states, then the drafter at
+   every output position (context = the tokens before it, root = its token): top-K log-probs and
+   ids per depth,
+3. scores tree policies at each budget: DDTree's best-first over the drafter's log-probs (what
+   treeflash runs), and over log_softmax(logits / T) for other temperatures T (calibration: the
+   same candidates, their probabilities sharper or flatter; a constant scale of the log-probs would
+   change nothing, since best-first ranks sums), seeded with the top-1 chain or not.
+
+tau is reported two ways: averaged over every position, and along the walk a decoder takes (from
+the first output position, jump by accepted + 1). The step's cost does not depend on the policy
+(the same budget), so tau ratios are speedup ratios.
+
+    python bench/ddtree_policy_sim.py --num-prompts 20 --max-tokens 128 --out ddtree_policy_sim.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from treeflash.bench.runner import encode_prompt  # noqa: E402
+from treeflash.kernels.ddtree import best_first  # noqa: E402
+from treeflash.models.default_model import default_drafter_path, default_model_path  # noqa: E402
+from treeflash.models.loader import load_model  # noqa: E402
+from treeflash.models.step import StepInput  # noqa: E402
+from treeflash.spec.decoder import Decoder  # noqa: E402
+from treeflash.spec.dflash import DFlashDrafter  # noqa: E402
+from treeflash.spec.dflash_model import load_dflash  # noqa: E402
+from treeflash.spec.sampling import SamplingParams  # noqa: E402
+from treeflash.train.prompts import heldout_prompts  # noqa: E402
+
+
+def candidates(loaded, draft, prompt_ids: list[int], max_tokens: int, k: int, temps=(1.0,)):
+    """-> (output tokens, per output position p: (top_lp [T, D, k], top_ids [D, k], truth [D])): top_lp[i] =
+    log_softmax(logits / temps[i]) at the top-k ids (the same ids at every temperature)."""
+    model = loaded.model
+    dec = Decoder(model, model.new_cache(len(prompt_ids) + max_tokens + 8), SamplingParams())
+    out = [dec.prefill(prompt_ids)]
+    while len(out) < max_tokens:
+        out.extend(dec.step())
+    seq = prompt_ids + out[:max_tokens]
+    drafter = DFlashDrafter(model, draft, budget=k, tree=True)
+    hidden = model(StepInput.plain(torch.tensor(seq), 0), model.new_cache(len(seq) + 1),
+                   capture_layers=drafter.capture_layers).captured  # [S, C]
+    d = drafter.max_depth
+    p0 = len(prompt_ids)
+    drafter.observe(seq[:p0], hidden[:p0])
+    rows = []
+    for p in range(p0, len(seq) - d):
+        logits = drafter.draft_logits(seq[p])  # context seq[:p], root seq[p]
+        _, top_ids = logits.topk(k, dim=-1)
+        top_lp = torch.stack([torch.log_softmax(logits / t, dim=-1).gather(1, top_ids) for t in temps])
+        rows.append((top_lp, top_ids, torch.tensor(seq[p + 1 : p + 1 + d])))
+        drafter.observe([seq[p]], hidden[p : p + 1])
+    return out, rows
+
+
+def accepted(top_lp, top_ids, truth, budget: int, seed: bool) -> int:
+    parents, ranks = best_first(top_lp.tolist(), budget, seed)
+    ids = top_ids.tolist()
+    kids: dict[int, list[int]] = {}
+    depth = [0] * len(parents)
+    for i in range(1, len(parents)):
+        depth[i] = depth[parents[i]] + 1
+        kids.setdefault(parents[i], []).append(i)
+    node, n = 0, 0
+    for t in truth.tolist():
+        nxt = next((c for c in kids.get(node, []) if ids[depth[c] - 1][ranks[c]] == t), None)
+        if nxt is None:
+            break
+        node, n = nxt, n + 1
+    return n
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--model", default=None, help="default: the embedded default model")
+    p.add_argument("--drafter", default=None, help="default: the shipped drafter")
+    p.add_argument("--dtype", default="float32")
+    p.add_argument("--num-prompts", type=int, default=20)
+    p.add_argument("--max-tokens", type=int, default=128)
+    p.add_argument("--budgets", type=int, nargs="+", default=[16, 32, 48])
+    p.add_argument("--temps", type=float, nargs="+", default=[1.0, 0.8, 1.25, 1.5, 2.0])
+    p.add_argument("--out", default="ddtree_policy_sim.json")
+    args = p.parse_args()
+    torch.set_grad_enabled(False)
+    loaded = load_model(args.model or default_model_path(), device="cpu", dtype=getattr(torch, args.dtype), progress=False)
+    draft = load_dflash(args.drafter or default_drafter_path(), "cpu", loaded.model.dtype)
+    k = max(args.budgets)
+    t0 = time.perf_counter()
+    seqs = []
+    for i, prompt in enumerate(heldout_prompts()[: args.num_prompts]):
+        _, rows = candidates(loaded, draft, encode_prompt(loaded, prompt), args.max_tokens, k, tuple(args.temps))
+        seqs.append((prompt.name, rows))
+        print(f"[sim] {i + 1}/{args.num_prompts} {prompt.name}: {len(rows)} positions ({time.perf_counter() - t0:.0f} s)", flush=True)
+    results = []
+    for budget in args.budgets:
+        for seed in (True, False):
+            for ti, temp in enumerate(args.temps):
+                acc_all, walk_tau = [], []
+                for _, rows in seqs:
+                    acc = [accepted(lp[ti], ids, tr, budget, seed) for lp, ids, tr in rows]
+                    acc_all += acc
+                    pos, steps, made = 0, 0, 0
+                    while pos < len(acc):
+                        steps, made = steps + 1, made + acc[pos] + 1
+                        pos += acc[pos] + 1
+                    walk_tau.append((steps, made))
+                row = {"budget": budget, "seed_chain": seed, "temperature": temp,
+                       "tau_all_positions": round(1 + sum(acc_all) / len(acc_all), 4),
+                       "tau_walk": round(sum(m for _, m in walk_tau) / sum(s for s, _ in walk_tau), 4)}
+                results.append(row)
+                print(f"[sim] budget {budget:2d} seed {int(seed)} T {temp:.2f}: tau {row['tau_all_positions']:.3f} "
+                      f"(walk {row['tau_walk']:.3f})", flush=True)
+    Path(args.out).write_text(json.dumps({"model": args.model or "default", "dtype": args.dtype, "prompts": [n for n, _ in seqs],
+                                          "max_tokens": args.max_tokens, "top_k": k, "results": results}, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -11,7 +11,8 @@ longest prefix of it that is a path of the tree. This script
 3. scores tree policies at each budget: DDTree's best-first over the drafter's log-probs (what
    treeflash runs), and over log_softmax(logits / T) for other temperatures T (calibration: the
    same candidates, their probabilities sharper or flatter; a constant scale of the log-probs would
-   change nothing, since best-first ranks sums), seeded with the top-1 chain or not.
+   change nothing, since best-first ranks sums), with a bonus per depth (a constant added to every
+   log-prob: deeper prefixes gain), seeded with the top-1 chain or not.
 
 tau is reported two ways: averaged over every position, and along the walk a decoder takes (from
 the first output position, jump by accepted + 1). The step's cost does not depend on the policy
@@ -95,6 +96,8 @@ def main() -> int:
     p.add_argument("--max-tokens", type=int, default=128)
     p.add_argument("--budgets", type=int, nargs="+", default=[16, 32, 48])
     p.add_argument("--temps", type=float, nargs="+", default=[1.0, 0.8, 1.25, 1.5, 2.0])
+    p.add_argument("--bonuses", type=float, nargs="+", default=[0.0],
+                   help="added to every candidate's log-prob: a node at depth d scores d * bonus more (> 0 favors depth)")
     p.add_argument("--out", default="ddtree_policy_sim.json")
     args = p.parse_args()
     torch.set_grad_enabled(False)
@@ -110,21 +113,21 @@ def main() -> int:
     results = []
     for budget in args.budgets:
         for seed in (True, False):
-            for ti, temp in enumerate(args.temps):
+            for (ti, temp), bonus in ((t, b) for t in enumerate(args.temps) for b in args.bonuses):
                 acc_all, walk_tau = [], []
                 for _, rows in seqs:
-                    acc = [accepted(lp[ti], ids, tr, budget, seed) for lp, ids, tr in rows]
+                    acc = [accepted(lp[ti] + bonus, ids, tr, budget, seed) for lp, ids, tr in rows]
                     acc_all += acc
                     pos, steps, made = 0, 0, 0
                     while pos < len(acc):
                         steps, made = steps + 1, made + acc[pos] + 1
                         pos += acc[pos] + 1
                     walk_tau.append((steps, made))
-                row = {"budget": budget, "seed_chain": seed, "temperature": temp,
+                row = {"budget": budget, "seed_chain": seed, "temperature": temp, "depth_bonus": bonus,
                        "tau_all_positions": round(1 + sum(acc_all) / len(acc_all), 4),
                        "tau_walk": round(sum(m for _, m in walk_tau) / sum(s for s, _ in walk_tau), 4)}
                 results.append(row)
-                print(f"[sim] budget {budget:2d} seed {int(seed)} T {temp:.2f}: tau {row['tau_all_positions']:.3f} "
+                print(f"[sim] budget {budget:2d} seed {int(seed)} T {temp:.2f} bonus {bonus:+.2f}: tau {row['tau_all_positions']:.3f} "
                       f"(walk {row['tau_walk']:.3f})", flush=True)
     Path(args.out).write_text(json.dumps({"model": args.model or "default", "dtype": args.dtype, "prompts": [n for n, _ in seqs],
                                           "max_tokens": args.max_tokens, "top_k": k, "results": results}, indent=1))

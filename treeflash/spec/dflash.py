@@ -6,7 +6,8 @@ step (their target hidden states arrive through `observe`), and read B - 1 distr
 1 .. B-1) through the target's head. Then:
 
 - tree (default): DDTree best-first over the per-depth log-probabilities, `budget` nodes (with
-  seed_chain, Lucebox's variant, the top-1 chain first: it accepted less, bench/ddtree_policy_sim.py). Sampled requests are verified by sample-and-match, lossless for any tree.
+  seed_chain, Lucebox's variant, the top-1 chain first: it accepted less, bench/ddtree_policy_sim.py).
+  Sampled requests are verified by sample-and-match, lossless for any tree.
 - chain (`tree=False`): the top-1 token per depth (greedy), or one sample per depth from the
   request's processed distribution q, attached as `child_probs` so that verification uses
   rejection sampling. DFlash samples each depth independently of the tokens above it, so q is

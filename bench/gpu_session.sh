@@ -22,7 +22,9 @@
 # cli_bench  with /tmp/smol.gguf: `treeflash bench` on the default model (chat prompts, 256 tokens, --baseline ar),
 #            greedy, sampled (temperature 1) and sampled without device steps (<= 120 s each)
 # cli_bisect with /tmp/smol.gguf: the sampled bench as is, then without device steps, folded norms or the Triton
-#            top-k (TREEFLASH_DEVICE_STEPS / TREEFLASH_FOLDED_ROWS / TREEFLASH_DRAFT_TOPK; <= 60 s each)
+#            top-k (TREEFLASH_DEVICE_STEPS / TREEFLASH_FOLDED_ROWS / TREEFLASH_DRAFT_TOPK; <= 60 s each). Written to
+#            bisect stop 23's abort; its cause (a second Engine freed the folded weights) is fixed since stop 24, and
+#            this stays as a regression run. bench/cli_auto_probe.py logs every decoder step of a bench run.
 # Wheels in .whl/ (flash-linear-attention, fla-core, einops) are installed offline into /tmp/site
 # and put on the path for the stages after check only: gpu_check compares against transformers,
 # which would route its own Gated DeltaNet to fla if it could import it.

@@ -280,3 +280,32 @@ def test_auto_skips_device_steps_after_requests_that_lost(monkeypatch):
     calls.clear()
     out, _, _, dec = decode(target, cache, drafter, runner, PROMPT, 40, calls)  # the probe wins
     assert out == ref and len(calls) > 4 and dec._dev.losses == 0 and not dec._dev_off
+
+
+def test_a_device_step_that_fails_to_build_leaves_synchronous_steps(monkeypatch):
+    """Any failure building the device step (a capture, or a kernel that does not compile: triton raises
+    its own exception types) warns and keeps the synchronous steps, which stay exact."""
+    import treeflash.spec.device_step as device_step_mod
+
+    def broken(*args, **kwargs):
+        raise ValueError("kernel did not compile")
+
+    monkeypatch.setattr(device_step_mod, "DeviceStep", broken)
+    _, target = make_pair("qwen3")
+    model = random_drafter(target)
+    with pytest.warns(UserWarning, match="ValueError: kernel did not compile"):
+        cache, drafter, runner = setup(target, model, len(PROMPT) + N + 80, 6)
+    assert drafter.device_step is None
+    out, _, _, dec = decode(target, cache, drafter, runner, PROMPT, 40)
+    assert out == run(target, PROMPT, 40)[0]
+    # a sampled request builds its own device step lazily: the same fallback, warned once, not retried
+    params = SamplingParams(temperature=1.0, seed=3)
+    with pytest.warns(UserWarning, match="device_step_sampled: building the device step failed"):
+        dec = Decoder(target, cache, params, drafter, runner=runner)
+        dec.prefill(PROMPT)
+    assert dec._dev is None and "device_step_sampled" in drafter.device_step_failed
+    while len(dec.tokens) < len(PROMPT) + 20:
+        dec.step()
+    dec2 = Decoder(target, cache, params, drafter, runner=runner)
+    dec2.prefill(PROMPT)
+    assert dec2._dev is None

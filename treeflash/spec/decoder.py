@@ -8,6 +8,7 @@ and recurrent state, emit the committed tokens (accepted drafts + bonus).
 from __future__ import annotations
 
 import time
+import warnings
 
 import torch
 
@@ -131,9 +132,17 @@ class Decoder:
         sampled = not self.params.greedy
         filtered = sampled and needs_order(self.params)  # top-k / top-p: a sort per node, in a graph of its own
         name = "device_step_filtered" if filtered else "device_step_sampled" if sampled else "device_step"  # greedy: captured at bind_runner
+        failed = self.drafter.__dict__.setdefault("device_step_failed", set())  # kinds whose build failed: not retried
+        if name in failed:
+            return None
         dev = getattr(self.drafter, name, None)
         if dev is None or dev.runner is not self.runner or dev.t != t or dev.tree != self.drafter.tree:
-            dev = DeviceStep(self.runner, self.drafter, t, sampled=sampled, filtered=filtered)
+            try:
+                dev = DeviceStep(self.runner, self.drafter, t, sampled=sampled, filtered=filtered)
+            except Exception as e:  # a capture or a kernel compile: the synchronous steps are exact
+                warnings.warn(f"{name}: building the device step failed ({type(e).__name__}: {e}); synchronous steps")
+                failed.add(name)
+                return None  # (prefill resets the caches the failed capture's warm-ups wrote)
             setattr(self.drafter, name, dev)
         return dev
 

@@ -85,6 +85,7 @@ class DFlashDrafter(Drafter):
                 self.graphs = None
                 self.reset()
         self.device_step = self.device_step_sampled = self.device_step_filtered = None
+        self.device_step_failed: set[str] = set()  # device-step kinds whose build failed (decoder.py)
         if self.graphs is not None:
             self._build_device_step(runner)
 
@@ -101,9 +102,10 @@ class DFlashDrafter(Drafter):
             return
         try:
             self.device_step = DeviceStep(runner, self, t)
-        except (RuntimeError, torch.OutOfMemoryError) as e:
-            warnings.warn(f"dflash: capturing the device step failed ({e}); greedy steps stay synchronous")
+        except Exception as e:  # a capture or a kernel compile (triton raises its own types): exact either way
+            warnings.warn(f"dflash: capturing the device step failed ({type(e).__name__}: {e}); greedy steps stay synchronous")
             self.device_step = None
+            self.device_step_failed = {"device_step"}  # the decoder does not retry it per request
         runner.cache.reset()
         self.reset()
 

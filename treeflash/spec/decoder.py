@@ -132,7 +132,7 @@ class Decoder:
         sampled = not self.params.greedy
         filtered = sampled and needs_order(self.params)  # top-k / top-p: a sort per node, in a graph of its own
         name = "device_step_filtered" if filtered else "device_step_sampled" if sampled else "device_step"  # greedy: captured at bind_runner
-        failed = self.drafter.__dict__.setdefault("device_step_failed", set())  # kinds whose build failed: not retried
+        failed = self.drafter.device_step_failed  # kinds whose build failed: not retried
         if name in failed:
             return None
         dev = getattr(self.drafter, name, None)

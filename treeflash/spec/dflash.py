@@ -64,6 +64,7 @@ class DFlashDrafter(Drafter):
         self.device_step = None  # DeviceStep (device_step.py) once bound, for greedy requests
         self.device_step_sampled = None  # the sampled one, captured at the first sampled request
         self.device_step_filtered = None  # the same with top-k / top-p, at the first request that sets them
+        self.device_step_failed: set[str] = set()  # device-step kinds whose build failed: not retried (decoder.py)
         self.reset()
 
     def bind_runner(self, runner) -> None:
@@ -85,7 +86,7 @@ class DFlashDrafter(Drafter):
                 self.graphs = None
                 self.reset()
         self.device_step = self.device_step_sampled = self.device_step_filtered = None
-        self.device_step_failed: set[str] = set()  # device-step kinds whose build failed (decoder.py)
+        self.device_step_failed = set()
         if self.graphs is not None:
             self._build_device_step(runner)
 

@@ -260,6 +260,14 @@ class DFlashAttention(nn.Module):
         out = static_buffer_attention(q, keys, values, mask, self.scale, slots[n:], fallback=attention_reference)
         return self.o_proj(out.reshape(b, -1))
 
+    def write_context(self, ctx: torch.Tensor, rope, keys: torch.Tensor, values: torch.Tensor, start: int) -> None:
+        """ctx [n, H] context features -> their keys (k-norm, rotary at rope [n, rotary_dim]) and values
+        into keys / values [start, start + n): what `forward` writes for them, without a block."""
+        n = ctx.shape[0]
+        _, k, v = self._qkv(ctx, q_from=n)  # no queries: nothing reads a context row's
+        keys[start : start + n] = apply_rotary(self.k_norm(k), *rope).to(keys.dtype)
+        values[start : start + n] = v.to(values.dtype)
+
     def _static(self, both, b, rope, keys, values, slots, key_pos, mask) -> torch.Tensor:
         """The static pass in few kernels (each costs ~3 us inside the drafter's graph on the H200,
         bytes next to nothing): q for every row (the context rows' are dropped: one GEMM's worth of
@@ -365,10 +373,7 @@ class DFlashModel(nn.Module):
         ctx = self.hidden_norm(self.fc(context))
         cos, sin = self.rotary.cos_sin(torch.arange(start, start + n, device=ctx.device), ctx.dtype, limit=start + n)
         for i, layer in enumerate(self.layers):
-            attn = layer.self_attn
-            k = attn.k_norm(attn.k_proj(ctx).view(n, attn.num_kv_heads, attn.head_dim))
-            cache.k[i][start : start + n] = apply_rotary(k, cos, sin).to(cache.dtype)
-            cache.v[i][start : start + n] = attn.v_proj(ctx).view(n, attn.num_kv_heads, attn.head_dim).to(cache.dtype)
+            layer.self_attn.write_context(ctx, (cos, sin), cache.k[i], cache.v[i], start)
         cache.length = start + n
 
     def forward_static(

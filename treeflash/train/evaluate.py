@@ -89,16 +89,20 @@ def build_configs(loaded, drafter_dir: str, budgets, graphs: bool, max_len: int)
 
 def summarize(configs: list[Config], runs: int) -> dict:
     plain = configs[0]
+
+    def rate(c: Config) -> float:
+        return c.tokens / max(c.decode_s, 1e-9)
+
     out = {}
     for c in configs:
         row = {
             "prompts": runs,
             "tokens": c.tokens,
             "decode_s": round(c.decode_s, 4),
-            "decode_tokens_per_s": round(c.tokens / max(c.decode_s, 1e-9), 2),
+            "decode_tokens_per_s": round(rate(c), 2),
             "speedup_vs_plain": round(plain.decode_s / max(c.decode_s, 1e-9), 3),
             # bf16 outputs can differ from plain's, and so can their lengths: the rate ratio as well
-            "tokens_per_s_vs_plain": round((c.tokens / max(c.decode_s, 1e-9)) / max(plain.tokens / max(plain.decode_s, 1e-9), 1e-9), 3),
+            "tokens_per_s_vs_plain": round(rate(c) / max(rate(plain), 1e-9), 3),
         }
         if c.drafter is not None:
             s = c.stats.as_dict()

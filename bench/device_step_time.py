@@ -79,7 +79,8 @@ def kernels(fn) -> dict:
 
 
 @torch.inference_mode()
-def measure(fused_rows: int | None, max_len: int, ctx: int, n: int, trees: list[int], folded_rows: int | None = None) -> dict:
+def measure(fused_rows: int | None, max_len: int, ctx: int, n: int, trees: list[int], folded_rows: int | None = None,
+            greedy_only: bool = False) -> dict:
     from treeflash.models.runner import CudaGraphRunner
     from treeflash.spec.device_step import DeviceStep
     from treeflash.train.evaluate import BUCKETS
@@ -115,7 +116,7 @@ def measure(fused_rows: int | None, max_len: int, ctx: int, n: int, trees: list[
         trunner = CudaGraphRunner(model, tcache, capture_layers=tree_drafter.capture_layers, buckets=BUCKETS)
         tree_drafter.bind_runner(trunner)
         tg = tree_drafter.graphs
-        for sampled, filtered in ((False, False), (True, True), (True, False)):  # greedy, sampled (sorting / not)
+        for sampled, filtered in ((False, False),) + (() if greedy_only else ((True, True), (True, False))):  # greedy, sampled (sorting / not)
             tstep = DeviceStep(trunner, tree_drafter, b + 1, sampled=sampled, filtered=filtered)
             tcache.reset()
             tree_drafter.reset()
@@ -154,8 +155,17 @@ def main() -> None:
                    help="quant_attention.BALANCED_SPLITS for the graphed attention (0: splits over the buffer; default: as shipped)")
     p.add_argument("--fused-combine", action="store_true", help="quant_attention.FUSED_COMBINE: the last split merges (no combine launch)")
     p.add_argument("--attn-block-m", type=int, default=None, help="attention_launch.BLOCK_M_MAX (query rows per program over 16 rows)")
+    p.add_argument("--attn-block-n", type=int, default=None, help="keys per inner step of the dense-cache attention (attention_launch.DENSE_OVERRIDE)")
+    p.add_argument("--attn-warps", type=int, default=None, help="warps of the dense-cache attention (DENSE_OVERRIDE)")
+    p.add_argument("--attn-stages", type=int, default=None, help="pipeline stages of the dense-cache attention (DENSE_OVERRIDE)")
+    p.add_argument("--greedy-only", action="store_true", help="time only the greedy DDTree steps (not the sampled ones)")
     p.add_argument("--out", default="device_step_time.json")
     args = p.parse_args()
+    from treeflash.kernels import attention_launch
+
+    for field, value in (("block_n", args.attn_block_n), ("num_warps", args.attn_warps), ("num_stages", args.attn_stages)):
+        if value is not None:
+            attention_launch.DENSE_OVERRIDE[field] = value
     if args.fused_combine:
         from treeflash.kernels import quant_attention
 
@@ -169,12 +179,14 @@ def main() -> None:
 
         quant_attention.BALANCED_SPLITS = args.balanced_splits
     res = {"shape": "smollm2-135m", "drafter": "3 layers, block 16", "balanced_splits": args.balanced_splits,
-           "fused_combine": args.fused_combine, "attn_block_m": args.attn_block_m, "device": torch.cuda.get_device_name() if DEV == "cuda" else "cpu",
+           "fused_combine": args.fused_combine, "attn_block_m": args.attn_block_m,
+           "dense_override": dict(attention_launch.DENSE_OVERRIDE), "device": torch.cuda.get_device_name() if DEV == "cuda" else "cpu",
            "replays": args.replays, "max_len": args.max_len, "context": args.context,
            "env": {k: v for k, v in os.environ.items() if k.startswith(("PYTORCH_TUNABLEOP", "TORCH_BLAS"))}, "runs": []}
     for fr in (None if x == "default" else int(x) for x in args.fused_rows.split(",")):
         for fo in (None if x == "default" else int(x) for x in args.folded_rows.split(",")):
-            res["runs"].append(measure(fr, args.max_len, args.context, args.replays, [int(b) for b in args.trees.split(",") if b], fo))
+            res["runs"].append(measure(fr, args.max_len, args.context, args.replays, [int(b) for b in args.trees.split(",") if b], fo,
+                                       args.greedy_only))
         Path(args.out).write_text(json.dumps(res, indent=1) + "\n")
     print(f"wrote {args.out}")
 

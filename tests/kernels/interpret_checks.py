@@ -159,6 +159,30 @@ def check_attention_masked_end(fmt_k: str, fmt_v: str, num_new: int, splits: int
     assert err < 1e-5, f"max error {err:.3g}"
 
 
+def check_attention_all_visible(fmt_k: str, fmt_v: str, num_new: int, splits: int | None, length: int = 300) -> None:
+    """Static mode without a key mask (a bidirectional draft block): every slot up to slots[-1] is seen,
+    nothing past it is read (those rows are NaN), and the result equals the reference under the mask
+    that says so."""
+    from treeflash.kernels.quant_attention import quant_attention_masked, quant_attention_masked_reference, visible_up_to
+
+    heads, kv_heads, d, start = 4, 2, 64, 70
+    k = _planes(fmt_k, torch.randn(length, kv_heads, d))
+    v = _planes(fmt_v, torch.randn(length, kv_heads, d))
+    end = start + num_new
+    for p in (k, v):
+        (p.scales if p.scales is not None else p.codes)[end:] = float("nan")
+    q = torch.randn(num_new, heads, d)
+    slots = torch.arange(start, end)
+    out = quant_attention_masked(q, k, v, None, 0.125, num_splits=splits, slots=slots)
+    assert torch.isfinite(out).all(), "a row past the last slot was read"
+    cut = lambda p: p._replace(scales=None if p.scales is None else p.scales[:end].contiguous(), codes=p.codes[:end].contiguous())  # noqa: E731
+    ref = quant_attention_masked_reference(q, cut(k), cut(v), visible_up_to(slots, num_new, end), 0.125)
+    err = (out - ref).abs().max().item()
+    assert err < 1e-5, f"max error {err:.3g}"
+    ref_none = quant_attention_masked_reference(q, cut(k), cut(v), None, 0.125, slots=slots)  # the reference's own None
+    assert (ref_none - ref).abs().max().item() == 0.0
+
+
 def check_with_options(options: dict, fn, *args) -> None:
     """Run a check with quant_attention's module options (FUSED_COMBINE, STATIC_SPLIT_CAP, BALANCED_SPLITS) set."""
     from treeflash.kernels import quant_attention as qa
@@ -332,6 +356,9 @@ def groups() -> dict[str, dict]:
         # a long buffer's end
         "one_split_verify_tree_tq3_0_v": (check_attention, ("q8_0", "tq3_0", 64, 6, 2, len(tree), 100, tree, 1)),
         "one_split_masked_end_verify": (check_attention_masked_end, ("bf16", "q4_0", 4, 1)),
+        "all_visible_draft_block_bf16": (check_attention_all_visible, ("bf16", "bf16", 16, None)),
+        "all_visible_one_split": (check_attention_all_visible, ("bf16", "bf16", 16, 1)),
+        "all_visible_balanced_q8_0": (check_with_options, ({"BALANCED_SPLITS": 3}, check_attention_all_visible, "q8_0", "q8_0", 5, None, 2048)),
         "attention_rejects_bad_input": (check_attention_rejects_bad_input, ()),
     }
     # int8 q.k on a q8_0 K (LaunchConfig.k_int8): Qwen3.5-27B's GQA (24 query / 4 KV heads, group 6)

@@ -15,6 +15,7 @@ from treeflash.models.step import StepInput
 from treeflash.spec.decoder import Decoder
 from treeflash.spec.device_step import ENV
 from treeflash.spec.dflash import DFlashDrafter
+from treeflash.spec.dflash_model import MASK_ENV
 from treeflash.spec.sampling import SamplingParams
 
 NUM_TOKENS = 120
@@ -86,7 +87,9 @@ def test_static_masks_for_causal_sliding_layers_and_short_prompts():
     assert all(t[2] for t in static_trees)
 
 
-def test_static_pass_logits_equal_eager_logits():
+@pytest.mark.parametrize("build_mask", ["0", "1"])  # full layers read no mask; TREEFLASH_DRAFT_MASK=1 builds it anyway
+def test_static_pass_logits_equal_eager_logits(build_mask, monkeypatch):
+    monkeypatch.setenv(MASK_ENV, build_mask)
     _, target = make_pair("qwen3")
     model = random_drafter(target)
     eager = DFlashDrafter(target, model, budget=8)

@@ -116,7 +116,7 @@ def _partial_kernel(
     BLOCKS_PER_SPLIT: tl.constexpr, FMT_K: tl.constexpr, FMT_V: tl.constexpr, DOT: tl.constexpr,
     PREFETCH: tl.constexpr, DEQ: tl.constexpr, C0: tl.constexpr, C1: tl.constexpr, C2: tl.constexpr, C3: tl.constexpr,
     PDL: tl.constexpr = False, K_INT8: tl.constexpr = False, DEQ_V: tl.constexpr = 0, ASM: tl.constexpr = False,
-    DOT_V: tl.constexpr = None, BALANCED: tl.constexpr = False,
+    DOT_V: tl.constexpr = None, BALANCED: tl.constexpr = False, ALL_VISIBLE: tl.constexpr = False,
 ):
     pdl.enter(PDL)
     DV: tl.constexpr = DEQ_V if DEQ_V > 0 else DEQ  # V's dequantization scheme (0: K's)
@@ -181,7 +181,9 @@ def _partial_kernel(
         else:
             k = _dequant(ka, kb, ks, FMT_K, BLOCK_N, D, C0, C1, C2, C3, DEQ, ASM)
             s = _dot(q, tl.trans(k), DOT) * scale_log2  # [BLOCK_M, BLOCK_N]
-        if KEY_MASK:  # mask [T, kv_len] over every slot (static mode)
+        if ALL_VISIBLE:  # static mode without a mask: every key before the end (a bidirectional block)
+            visible = key_ok[None, :]
+        elif KEY_MASK:  # mask [T, kv_len] over every slot (static mode)
             m2 = row_ok[:, None] & key_ok[None, :]
             visible = tl.load(mask_ptr + t[:, None] * kv_len + keys[None, :], mask=m2, other=0) != 0
         else:  # committed prefix, then the [T, T] tree mask over the keys written in this step
@@ -292,7 +294,7 @@ def quant_attention_masked(
     q: torch.Tensor,  # [T, H, D]
     k: Planes,
     v: Planes,
-    key_mask: torch.Tensor,  # [T, S] bool: which of the first S slots each query sees
+    key_mask: torch.Tensor | None,  # [T, S] bool: which of the first S slots each query sees (None: see below)
     scale: float,
     num_splits: int | None = None,
     config: LaunchConfig | None = None,
@@ -305,12 +307,24 @@ def quant_attention_masked(
     `balanced` (with `slots`; None: BALANCED_SPLITS != 0): the splits share the blocks up to slots[-1]
     equally, however long the buffer, instead of covering fixed stretches of it (where a short context
     in a long buffer leaves most splits empty and the first one long); num_splits then defaults to
-    BALANCED_SPLITS (-1: plan_splits' count)."""
-    n, kv_len = q.shape[0], key_mask.shape[-1]
+    BALANCED_SPLITS (-1: plan_splits' count).
+
+    key_mask None (with `slots`): every query sees every slot up to slots[-1] (S: the whole buffer), as a
+    bidirectional draft block does; no mask is built or read."""
+    n = q.shape[0]
+    if key_mask is None:
+        if slots is None:
+            raise ValueError("quant_attention_masked: without a key_mask the slots must be given (the keys end at slots[-1])")
+        kv_len = k.codes.shape[0]
+    else:
+        kv_len = key_mask.shape[-1]
     _check_query(q, k, v, kv_len)
-    if key_mask.shape != (n, kv_len) or key_mask.dtype != torch.bool or key_mask.device != q.device:
+    if key_mask is None:
+        vis = slots  # not read (ALL_VISIBLE)
+    elif key_mask.shape != (n, kv_len) or key_mask.dtype != torch.bool or key_mask.device != q.device:
         raise ValueError(f"quant_attention_masked: key_mask must be bool [{n}, S] on {q.device}")
-    vis = key_mask.view(torch.int8) if key_mask.is_contiguous() else key_mask.to(torch.int8).contiguous()  # no copy kernel per layer
+    else:
+        vis = key_mask.view(torch.int8) if key_mask.is_contiguous() else key_mask.to(torch.int8).contiguous()  # no copy kernel per layer
     if slots is not None and (slots.dim() != 1 or slots.shape[0] != n or slots.device != q.device or slots.dtype != torch.long):
         raise ValueError(f"quant_attention_masked: slots must be long [{n}] on {q.device}")
     if balanced is None:
@@ -319,10 +333,10 @@ def quant_attention_masked(
         raise ValueError("quant_attention_masked: balanced splits need slots (the end is read from them)")
     if balanced and num_splits is None and BALANCED_SPLITS > 0:
         num_splits = BALANCED_SPLITS
-    return _launch(q, k, v, vis, 0, kv_len, True, scale, num_splits, config, slots, balanced)
+    return _launch(q, k, v, vis, 0, kv_len, True, scale, num_splits, config, slots, balanced, all_visible=key_mask is None)
 
 
-def _launch(q, k, v, vis, start, kv_len, key_mask, scale, num_splits, config, slots=None, balanced=False):
+def _launch(q, k, v, vis, start, kv_len, key_mask, scale, num_splits, config, slots=None, balanced=False, all_visible=False):
     n, num_heads, head_dim = q.shape
     num_kv_heads = k.codes.shape[1]
     group = num_heads // num_kv_heads
@@ -373,7 +387,7 @@ def _launch(q, k, v, vis, start, kv_len, key_mask, scale, num_splits, config, sl
         GROUP=group, D=head_dim, BLOCK_M=block_m, BLOCK_N=block_n, BLOCKS_PER_SPLIT=per_split,
         FMT_K=fmt_k, FMT_V=fmt_v, DOT=dot, PREFETCH=cfg.prefetch, DEQ=DEQ_IDS[deq_k], C0=c0, C1=c1, C2=c2, C3=c3,
         num_warps=cfg.num_warps, num_stages=cfg.num_stages, K_INT8=cfg.k_int8 and k.name == "q8_0",
-        DEQ_V=DEQ_IDS[deq_v], ASM=not _interpreting(), DOT_V=dot_v, BALANCED=balanced, **pdl.kwargs(q),
+        DEQ_V=DEQ_IDS[deq_v], ASM=not _interpreting(), DOT_V=dot_v, BALANCED=balanced, ALL_VISIBLE=all_visible, **pdl.kwargs(q),
     )
     if not (fuse or direct):
         chunk = min(COMBINE_CHUNK if splits <= 128 else COMBINE_CHUNK // 2, head_dim)
@@ -417,10 +431,17 @@ def quant_attention_reference(
     return out.transpose(0, 1)
 
 
+def visible_up_to(slots: torch.Tensor, num_queries: int, kv_len: int) -> torch.Tensor:
+    """[T, S] bool: every slot up to slots[-1] visible to every query (quant_attention_masked's key_mask None)."""
+    return (torch.arange(kv_len, device=slots.device) <= slots[-1:]).expand(num_queries, kv_len)
+
+
 def quant_attention_masked_reference(
-    q: torch.Tensor, k: Planes, v: Planes, key_mask: torch.Tensor, scale: float
+    q: torch.Tensor, k: Planes, v: Planes, key_mask: torch.Tensor | None, scale: float, slots: torch.Tensor | None = None
 ) -> torch.Tensor:
-    """Plain torch, same contract as `quant_attention_masked`."""
+    """Plain torch, same contract as `quant_attention_masked` (key_mask None: every slot up to slots[-1])."""
+    if key_mask is None:
+        key_mask = visible_up_to(slots, q.shape[0], k.codes.shape[0])
     kv_len = key_mask.shape[-1]
     keys = dequantize_planes(k, kv_len, q.dtype)
     values = dequantize_planes(v, kv_len, q.dtype)

@@ -177,7 +177,7 @@ def static_buffer_attention(
     q: torch.Tensor,  # [T, H, D]
     keys: torch.Tensor,  # [>= S, Hkv, D] a whole cache buffer (written through the step's slots)
     values: torch.Tensor,
-    key_mask: torch.Tensor,  # [T, S] bool: which of the first S slots each query sees
+    key_mask: torch.Tensor | None,  # [T, S] bool: which of the first S slots each query sees (None: see below)
     scale: float,
     slots: torch.Tensor | None = None,  # [T] long: the step's slots, the last the highest (the mask hides all past it)
     fallback=grouped_attention,
@@ -185,15 +185,26 @@ def static_buffer_attention(
     """Attention of a static-shape (CUDA-graph) step over a cache buffer. On CUDA, for bf16/fp16 buffers,
     the split-K Triton kernel straight from the buffer (kernels/quant_attention.py), reading only up to
     slots[-1] and sharing those keys among its splits, so its time follows the context, not the buffer's
-    length; elsewhere `fallback(q, keys[:S], values[:S], key_mask, scale)` in q's dtype."""
+    length; elsewhere `fallback(q, keys[:S], values[:S], key_mask, scale)` in q's dtype.
+
+    key_mask None (with slots): every query sees every slot up to slots[-1], the whole buffer being S (a
+    bidirectional draft block): the kernel then builds and reads no mask."""
+    from treeflash.kernels.quant_attention import visible_up_to
+
     name = {torch.bfloat16: "bf16", torch.float16: "f16"}.get(keys.dtype)
     d = q.shape[-1]
+    if key_mask is None and (slots is None or not STATIC_END):
+        if slots is None:
+            raise ValueError("static_buffer_attention: without a key_mask the slots must be given")
+        key_mask = visible_up_to(slots, q.shape[0], keys.shape[0])
     if q.is_cuda and name is not None and values.dtype == keys.dtype and q.shape[0] <= 128 and d in (32, 64, 128, 256):
         from treeflash.kernels.kv_quant import Planes
         from treeflash.kernels.quant_attention import quant_attention_masked
 
         return quant_attention_masked(q, Planes(name, None, keys), Planes(name, None, values), key_mask, scale,
                                       slots=slots if STATIC_END else None)
+    if key_mask is None:
+        key_mask = visible_up_to(slots, q.shape[0], keys.shape[0])
     s = key_mask.shape[-1]
     return fallback(q, keys[:s].to(q.dtype), values[:s].to(q.dtype), key_mask, scale)
 

@@ -24,6 +24,7 @@ derived from it and `max_window_layers`.
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -40,6 +41,9 @@ from treeflash.models.layers import MLP, RMSNorm, Rotary, apply_rotary, fuse_lin
 
 FULL = "full_attention"
 SLIDING = "sliding_attention"
+# static passes: a full (bidirectional, unwindowed) layer's block sees every key written so far, so no mask is
+# built or read (the attention kernel stops at the last slot). "1": build the [B, S] mask anyway (the A/B baseline)
+MASK_ENV = "TREEFLASH_DRAFT_MASK"
 
 
 @dataclass(frozen=True)
@@ -236,7 +240,7 @@ class DFlashAttention(nn.Module):
     ) -> torch.Tensor:  # [B, H]
         b, n = x.shape[0], ctx.shape[0]
         both = torch.cat((ctx, x)) if n else x
-        if slots is not None and mask is None:
+        if slots is not None and mask is None and self.needs_mask():
             mask = self._mask(slots[n:], key_pos, slots[-1:] + 1)
         if slots is not None and _rotary_kernel_fits(rope[0]):
             return self._static(both, b, rope, keys, values, slots, key_pos, mask)
@@ -282,6 +286,11 @@ class DFlashAttention(nn.Module):
         # ~240 us a layer in the CLI's 8193-slot cache on the H200, against ~13 in the evaluation's 600
         out = static_buffer_attention(q, keys, values, mask, self.scale, slots[n:], fallback=attention_reference)
         return self.o_proj(out.reshape(b, -1))
+
+    def needs_mask(self) -> bool:
+        """Whether a static pass needs a [B, S] key mask: not for a full layer, whose block sees every key up
+        to the pass's last slot (static_buffer_attention without a mask), unless TREEFLASH_DRAFT_MASK=1."""
+        return self.causal or self.window is not None or os.environ.get(MASK_ENV) == "1"
 
     def _mask(self, q_pos: torch.Tensor, k_pos: torch.Tensor, total) -> torch.Tensor:
         """[B, S] bool: which key positions each block query sees.
@@ -406,8 +415,8 @@ class DFlashModel(nn.Module):
         for i, layer in enumerate(self.layers):
             attn = layer.self_attn
             kind = (attn.causal, attn.window)
-            if kind not in masks:
-                masks[kind] = attn._mask(slots[n:], key_pos, slots[-1:] + 1).contiguous()  # the kernel reads it as bytes
+            if kind not in masks:  # the kernel reads a mask as bytes; a full layer needs none
+                masks[kind] = attn._mask(slots[n:], key_pos, slots[-1:] + 1).contiguous() if attn.needs_mask() else None
             x, residual = layer(x, ctx, rope, cache.k[i], cache.v[i], 0, slots, key_pos, masks[kind], residual)
         return self.norm.add_forward(x, residual)[0]
 

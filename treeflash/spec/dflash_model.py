@@ -34,6 +34,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from treeflash.errors import ModelLoadError
+from treeflash.kernels.draft_slots import draft_slots
 from treeflash.kernels.rotary import norm_rotary_into_cache
 from treeflash.kv.attention_cache import attention_reference, static_buffer_attention
 from treeflash.models.config import ModelConfig
@@ -44,6 +45,8 @@ SLIDING = "sliding_attention"
 # static passes: a full (bidirectional, unwindowed) layer's block sees every key written so far, so no mask is
 # built or read (the attention kernel stops at the last slot). "1": build the [B, S] mask anyway (the A/B baseline)
 MASK_ENV = "TREEFLASH_DRAFT_MASK"
+# ... and their slots and rotary rows come from one launch (kernels/draft_slots.py); "0": the torch ops (the A/B baseline)
+SLOTS_ENV = "TREEFLASH_DRAFT_SLOTS"
 
 
 @dataclass(frozen=True)
@@ -402,14 +405,20 @@ class DFlashModel(nn.Module):
         last slot, which the mask never shows (start + count + B must stay below S - 1)."""
         n, b = context.shape[0], block.shape[0]
         ctx = self.hidden_norm(self.fc(context))
-        ar = torch.arange(n + b, device=block.device)
-        if count is None:
-            slots = start + ar  # slot = position in the draft cache
+        table, limit = self.rotary.table, key_pos.shape[0]  # slots index the buffer: all below its length
+        if (table is not None and table.dtype == block.dtype and table.device == block.device and limit <= table.shape[1]
+                and os.environ.get(SLOTS_ENV) != "0"):
+            # slot = position in the draft cache (padding rows: the buffer's last slot), and cos / sin there: one launch
+            slots, cos_sin = draft_slots(start, count, n, b, limit - 1, table)
+            rope = (cos_sin[0], cos_sin[1])
         else:
-            dump = key_pos.shape[0] - 1
-            ctx_slots = torch.where(ar[:n] < count, start + ar[:n], dump)
-            slots = torch.cat((ctx_slots, start + count + ar[:b]))
-        rope = self.rotary.cos_sin(slots, block.dtype, limit=key_pos.shape[0])  # slots index the buffer
+            ar = torch.arange(n + b, device=block.device)
+            if count is None:
+                slots = start + ar
+            else:
+                ctx_slots = torch.where(ar[:n] < count, start + ar[:n], limit - 1)
+                slots = torch.cat((ctx_slots, start + count + ar[:b]))
+            rope = self.rotary.cos_sin(slots, block.dtype, limit=limit)
         x, residual = block, None
         masks: dict[tuple, torch.Tensor] = {}  # one per kind of layer (full / causal / windowed), not per layer
         for i, layer in enumerate(self.layers):

@@ -41,6 +41,13 @@ def check_norms() -> dict:
     out["rmsnorm_gated_strided_gate"] = (rmsnorm_gated(x3, z, w16, 1e-6) - rmsnorm_gated_ref(x3, z.contiguous(), w16, 1e-6)).abs().max().item()
     x, w = torch.randn(2, 5000), torch.randn(5000)  # a wide row (16 warps on a GPU)
     out["rmsnorm_wide"] = (rmsnorm(x, w, 1e-6)[0] - rmsnorm_ref(x, w, 1e-6)[0]).abs().max().item()
+    # out=: the normed rows land in rows of a larger buffer (a static draft pass's [n + B, H]), the rest untouched
+    x, r, w = torch.randn(4, 64), torch.randn(4, 64), torch.randn(64)
+    buf = torch.full((7, 64), 3.0)
+    y, s = rmsnorm(x, w, 1e-6, False, r, out=buf[3:])
+    yr, sr = rmsnorm_ref(x, w, 1e-6, False, r)
+    assert y.data_ptr() == buf[3:].data_ptr() and bool((buf[:3] == 3.0).all())
+    out["rmsnorm_out_rows"] = max((buf[3:] - yr).abs().max().item(), (s - sr).abs().max().item())
     return out
 
 

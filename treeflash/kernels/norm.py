@@ -105,16 +105,20 @@ def _check_rows(name: str, *ts: torch.Tensor) -> None:
             raise ValueError(f"{name}: expected 2-d row-major tensors, got shape {tuple(t.shape)} strides {t.stride()}")
 
 
-def rmsnorm(x, weight, eps: float, unit_offset: bool = False, residual=None):
-    """Triton on CUDA (or TRITON_INTERPRET), the reference elsewhere. x: [..., N]."""
+def rmsnorm(x, weight, eps: float, unit_offset: bool = False, residual=None, out=None):
+    """Triton on CUDA (or TRITON_INTERPRET), the reference elsewhere. x: [..., N]. `out`: a contiguous
+    tensor of x's shape and dtype (e.g. rows of a larger buffer) that receives the normalized rows."""
+    if out is not None and (out.shape != x.shape or out.dtype != x.dtype or not out.is_contiguous()):
+        raise ValueError(f"rmsnorm: out must be contiguous {tuple(x.shape)} {x.dtype}, got {tuple(out.shape)} {out.dtype}")
     if not (x.is_cuda or _interpreting()):
-        return rmsnorm_ref(x, weight, eps, unit_offset, residual)
+        y, s = rmsnorm_ref(x, weight, eps, unit_offset, residual)
+        return (y, s) if out is None else (out.copy_(y), s)
     shape = x.shape
     x2 = x.reshape(-1, shape[-1])
     r2 = residual.reshape(-1, shape[-1]) if residual is not None else x2
     _check_rows("rmsnorm", x2, r2)
     n = x2.shape[1]
-    y = torch.empty(x2.shape, dtype=x.dtype, device=x.device)
+    y = torch.empty(x2.shape, dtype=x.dtype, device=x.device) if out is None else out.view(x2.shape)
     s = torch.empty_like(y) if residual is not None else y
     block = triton.next_power_of_2(n)
     _rmsnorm_kernel[(x2.shape[0],)](x2, r2, weight, y, s, x2.stride(0), r2.stride(0), n, eps,

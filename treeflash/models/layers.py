@@ -49,11 +49,12 @@ class RMSNorm(nn.Module):
         return linear_fused(x, weight, bias, self.weight, self.eps, self.unit_offset)
 
     def add_forward(self, x: torch.Tensor | projection.Deferred, residual: torch.Tensor | None,
-                    prologue: bool = False) -> tuple[torch.Tensor | projection.PendingNorm, torch.Tensor | None]:
+                    prologue: bool = False, out: torch.Tensor | None = None) -> tuple[torch.Tensor | projection.PendingNorm, torch.Tensor | None]:
         """s = x + residual (x alone when residual is None); returns (norm(s), s) in one pass. A
         Deferred x (a one-row projection not yet computed) runs with the add and norm as its epilogue.
         prologue (the caller's next projection takes a projection.PendingNorm): on one row with
-        gemv.NORM_PROLOGUE on, returns (PendingNorm, None); s is its `stream` once projected."""
+        gemv.NORM_PROLOGUE on, returns (PendingNorm, None); s is its `stream` once projected. `out`
+        (a plain tensor x only): contiguous rows that receive norm(s)."""
         if (prologue and gemv.NORM_PROLOGUE and residual is not None and isinstance(x, torch.Tensor)
                 and x.dim() == 2 and x.shape[0] == 1):
             return projection.PendingNorm(x, residual, self.weight, self.eps, self.unit_offset), None
@@ -61,7 +62,7 @@ class RMSNorm(nn.Module):
             if residual is not None:
                 return gemv.gemv_add_norm(x.x, x.weight, residual, self.weight, self.eps, self.unit_offset)
             x = x.value()
-        return rmsnorm(x, self.weight, self.eps, self.unit_offset, residual)
+        return rmsnorm(x, self.weight, self.eps, self.unit_offset, residual, out=out)
 
 
 TABLE_MAX_POSITIONS = 1 << 20  # a longer context computes cos/sin per step (the table would take 2 * n * rotary_dim values)

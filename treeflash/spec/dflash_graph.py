@@ -6,6 +6,7 @@ target's whole graphed verify step of a small model. Here the pass is captured o
 block_size new context rows (a step commits at most block_size tokens) over static buffers:
 
     ints     [2] long      start (committed draft-context rows), root token   <- one H2D copy
+                           (the root is also the first of the block's token ids: one buffer)
     ctx_in   [B, C]        target hidden states of the new rows (raw; the final-norm slot is
                            normalized inside the graph)                       <- one device copy
     outputs  logits [B-1, vocab] fp32; packed [2(B-1), K] fp64: top-K log-probs, then their ids
@@ -62,11 +63,15 @@ class DraftGraphs:
         self.capacity = cache.k[0].shape[0]
         model.rotary.reserve(self.capacity, model.fc.weight.dtype)  # the pass gathers cos/sin rows at its slots
         self.key_pos = torch.arange(self.capacity, device=dev)
-        self.depth_ids = torch.arange(c.block_size, device=dev)
         pin = dev.type == "cuda"
         self.host_ints = torch.zeros(2, dtype=torch.long, pin_memory=pin)
         self._hi = self.host_ints.numpy()
-        self.ints = torch.zeros(2, dtype=torch.long, device=dev)
+        # ints and the block's token ids share one buffer: [start, root, MASK, ..., MASK]. ints = its first two
+        # entries, block_ids = all but the first (root, then B - 1 masks): writing the root writes the block
+        self._ids = torch.full((1 + c.block_size,), c.mask_token_id, dtype=torch.long, device=dev)
+        self._ids[0] = 0
+        self.ints = self._ids[0:2]
+        self.block_ids = self._ids[1:]
         width = len(c.target_layer_ids) * c.hidden_size
         self.ctx_in = torch.zeros(c.block_size, width, dtype=model.fc.weight.dtype, device=dev)
         self.pool = torch.cuda.graph_pool_handle() if self.use_graphs else None
@@ -87,9 +92,8 @@ class DraftGraphs:
         """-> logits [B-1, vocab] (fp32: CausalLM.head's output), top-K log-probs [B-1, K] fp32 and their
         ids [B-1, K] long."""
         c = self.model.config
-        start, root = self.ints[0:1], self.ints[1:2]
-        block_ids = torch.where(self.depth_ids == 0, root, c.mask_token_id)  # [B]: root, MASK ...
-        block = self.target.embed(block_ids)
+        start = self.ints[0:1]
+        block = self.target.embed(self.block_ids)  # [B]: root, MASK ...
         if c.input_embedding_scale != 1.0:
             block = block * c.input_embedding_scale
         hidden = self.model.forward_static(self.prepare(self.ctx_in[:n]), block, self.cache, start, self.key_pos, count)

@@ -42,11 +42,18 @@ from treeflash.models.layers import MLP, RMSNorm, Rotary, apply_rotary, fuse_lin
 
 FULL = "full_attention"
 SLIDING = "sliding_attention"
-# static passes: a full (bidirectional, unwindowed) layer's block sees every key written so far, so no mask is
-# built or read (the attention kernel stops at the last slot). "1": build the [B, S] mask anyway (the A/B baseline)
-MASK_ENV = "TREEFLASH_DRAFT_MASK"
-# ... and their slots and rotary rows come from one launch (kernels/draft_slots.py); "0": the torch ops (the A/B baseline)
+# Static passes in fewer launches (stop 25; each "0" restores the old ops, for A/B runs on the GPU):
+# a full (bidirectional, unwindowed) layer's block sees every key written so far, so no [B, S] mask is built or read
+# (the attention kernel stops at the last slot) ...
+SKIP_MASK_ENV = "TREEFLASH_DRAFT_SKIP_MASK"
+# ... the slots and rotary rows come from one launch (kernels/draft_slots.py) ...
 SLOTS_ENV = "TREEFLASH_DRAFT_SLOTS"
+# ... and each layer's normed block rows are written after the context rows in one buffer (no torch.cat a layer)
+ROWS_ENV = "TREEFLASH_DRAFT_ROWS"
+
+
+def _on(env: str) -> bool:
+    return os.environ.get(env) != "0"
 
 
 @dataclass(frozen=True)
@@ -240,9 +247,10 @@ class DFlashAttention(nn.Module):
         slots: torch.Tensor | None = None,  # static mode: [n + B] long, = start .. start+n+B-1 on the device
         key_pos: torch.Tensor | None = None,  # static mode: [S] long, arange over the whole cache buffer
         mask: torch.Tensor | None = None,  # static mode: [B, S] bool, this layer's `_mask` (None: computed here)
+        rows: torch.Tensor | None = None,  # [n + B, H] = cat(ctx, x), already in one buffer (static passes)
     ) -> torch.Tensor:  # [B, H]
         b, n = x.shape[0], ctx.shape[0]
-        both = torch.cat((ctx, x)) if n else x
+        both = rows if rows is not None else torch.cat((ctx, x)) if n else x
         if slots is not None and mask is None and self.needs_mask():
             mask = self._mask(slots[n:], key_pos, slots[-1:] + 1)
         if slots is not None and _rotary_kernel_fits(rope[0]):
@@ -292,8 +300,8 @@ class DFlashAttention(nn.Module):
 
     def needs_mask(self) -> bool:
         """Whether a static pass needs a [B, S] key mask: not for a full layer, whose block sees every key up
-        to the pass's last slot (static_buffer_attention without a mask), unless TREEFLASH_DRAFT_MASK=1."""
-        return self.causal or self.window is not None or os.environ.get(MASK_ENV) == "1"
+        to the pass's last slot (static_buffer_attention without a mask), unless TREEFLASH_DRAFT_SKIP_MASK=0."""
+        return self.causal or self.window is not None or not _on(SKIP_MASK_ENV)
 
     def _mask(self, q_pos: torch.Tensor, k_pos: torch.Tensor, total) -> torch.Tensor:
         """[B, S] bool: which key positions each block query sees.
@@ -320,13 +328,14 @@ class DFlashLayer(nn.Module):
         self.mlp = MLP(c.hidden_size, c.intermediate_size)
 
     def forward(self, x, ctx, rope, keys, values, start, slots=None, key_pos=None, mask=None,
-                residual: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+                residual: torch.Tensor | None = None, rows: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
         """The block's stream is x + residual (x alone when residual is None) -> (mlp output, residual):
         each residual add runs inside the norm after it (kernels/norm.rmsnorm), so the stream after this
         layer is their sum. The context features enter every layer as they are; only the block goes
-        through the norms."""
-        h, residual = self.input_layernorm.add_forward(x, residual)
-        a = self.self_attn(h, ctx, rope, keys, values, start, slots, key_pos, mask)
+        through the norms. `rows` [n + B, H] (static passes): ctx in its first n rows; the normed block is
+        written after them, and the attention projects all of it without a concatenation."""
+        h, residual = self.input_layernorm.add_forward(x, residual, out=None if rows is None else rows[ctx.shape[0]:])
+        a = self.self_attn(h, ctx, rope, keys, values, start, slots, key_pos, mask, rows)
         h, residual = self.post_attention_layernorm.add_forward(a, residual)
         return self.mlp(h), residual
 
@@ -404,10 +413,15 @@ class DFlashModel(nn.Module):
         the device only): the block follows them, and the padding rows are written to the buffer's
         last slot, which the mask never shows (start + count + B must stay below S - 1)."""
         n, b = context.shape[0], block.shape[0]
-        ctx = self.hidden_norm(self.fc(context))
+        rows = None
+        if _on(ROWS_ENV):  # [n + B, H]: the context rows, then each layer's normed block rows (its q/k/v GEMM's input)
+            rows = torch.empty(n + b, block.shape[1], dtype=block.dtype, device=block.device)
+            ctx = self.hidden_norm.add_forward(self.fc(context), None, out=rows[:n])[0]
+        else:
+            ctx = self.hidden_norm(self.fc(context))
         table, limit = self.rotary.table, key_pos.shape[0]  # slots index the buffer: all below its length
         if (table is not None and table.dtype == block.dtype and table.device == block.device and limit <= table.shape[1]
-                and os.environ.get(SLOTS_ENV) != "0"):
+                and _on(SLOTS_ENV)):
             # slot = position in the draft cache (padding rows: the buffer's last slot), and cos / sin there: one launch
             slots, cos_sin = draft_slots(start, count, n, b, limit - 1, table)
             rope = (cos_sin[0], cos_sin[1])
@@ -426,7 +440,7 @@ class DFlashModel(nn.Module):
             kind = (attn.causal, attn.window)
             if kind not in masks:  # the kernel reads a mask as bytes; a full layer needs none
                 masks[kind] = attn._mask(slots[n:], key_pos, slots[-1:] + 1).contiguous() if attn.needs_mask() else None
-            x, residual = layer(x, ctx, rope, cache.k[i], cache.v[i], 0, slots, key_pos, masks[kind], residual)
+            x, residual = layer(x, ctx, rope, cache.k[i], cache.v[i], 0, slots, key_pos, masks[kind], residual, rows)
         return self.norm.add_forward(x, residual)[0]
 
     def logits(self, hidden: torch.Tensor, head) -> torch.Tensor:

@@ -407,11 +407,12 @@ class DFlashModel(nn.Module):
         count: torch.Tensor | None = None,  # [1] long on the device: rows of `context` that are real (None: all)
     ) -> torch.Tensor:  # [B, H] after the final norm
         """The same pass with fixed shapes for a CUDA graph: the start is read from device memory,
-        keys and values are written with index_copy_ and attention reads the whole buffer under a mask.
+        keys and values are written at slots computed on the device, and attention reads the buffer up to
+        the block's last slot (under a mask only for causal or windowed layers).
 
         With `count`, only the first `count` context rows are real (a pass whose row count is known on
         the device only): the block follows them, and the padding rows are written to the buffer's
-        last slot, which the mask never shows (start + count + B must stay below S - 1)."""
+        last slot, past the block's last, which no query reads (start + count + B must stay below S - 1)."""
         n, b = context.shape[0], block.shape[0]
         rows = None
         if _on(ROWS_ENV):  # [n + B, H]: the context rows, then each layer's normed block rows (its q/k/v GEMM's input)

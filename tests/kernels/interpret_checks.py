@@ -240,6 +240,7 @@ def check_attention_int8k(
 ) -> None:
     """LaunchConfig.k_int8 on a q8_0 K (dynamic entry point): equals quant_attention_int8k_reference."""
     from treeflash.kernels import quant_attention as qa
+    from treeflash.kernels import quant_attention_int8k as qa8
     from treeflash.kernels.attention_launch import variant_config
 
     length = start + num_new + 5
@@ -252,7 +253,7 @@ def check_attention_int8k(
     assert config.k_int8
     out = qa.quant_attention(q, k, v, start, mask, scale, num_splits=splits, config=config)
     assert out.dtype == dtype and out.shape == q.shape
-    ref8 = qa.quant_attention_int8k_reference(q.float(), k, v, start, mask, scale)
+    ref8 = qa8.quant_attention_int8k_reference(q.float(), k, v, start, mask, scale)
     ref = qa.quant_attention_reference(q.float(), k, v, start, mask, scale)
     if dtype == torch.float32:
         _int8k_errors(out, ref8, ref, 1e-5)
@@ -264,6 +265,7 @@ def check_attention_int8k_masked(variant: str, fmt_v: str, num_new: int, head_di
     """k_int8, static entry point: a [T, S] key mask with holes; with_slots: only [0, slots[-1]] is
     read (every row past it NaN)."""
     from treeflash.kernels import quant_attention as qa
+    from treeflash.kernels import quant_attention_int8k as qa8
     from treeflash.kernels.attention_launch import variant_config
 
     length, heads, kv_heads, end = 160, 24, 4, 120
@@ -284,7 +286,7 @@ def check_attention_int8k_masked(variant: str, fmt_v: str, num_new: int, head_di
         assert torch.isfinite(out).all(), "a row past the last slot was read"
         cut = lambda p: p._replace(scales=None if p.scales is None else p.scales[:end].contiguous(), codes=p.codes[:end].contiguous())  # noqa: E731
         k, v, key_mask = cut(k), cut(v), key_mask[:, :end].contiguous()
-    ref8 = qa.quant_attention_masked_int8k_reference(q, k, v, key_mask, head_dim**-0.5)
+    ref8 = qa8.quant_attention_masked_int8k_reference(q, k, v, key_mask, head_dim**-0.5)
     ref = qa.quant_attention_masked_reference(q, k, v, key_mask, head_dim**-0.5)
     _int8k_errors(out, ref8, ref, 1e-5)
 

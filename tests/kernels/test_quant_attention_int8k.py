@@ -30,7 +30,7 @@ def _rel(a: torch.Tensor, b: torch.Tensor) -> float:
 
 
 def test_int8_query_reference_quantizes_per_block():
-    from treeflash.kernels.quant_attention import int8_query_reference
+    from treeflash.kernels.quant_attention_int8k import int8_query_reference
 
     torch.manual_seed(0)
     q = torch.randn(3, 5, 128) * 3
@@ -47,7 +47,8 @@ def test_int8_query_reference_quantizes_per_block():
 def test_int8k_reference_is_exact_for_a_representable_query(head_dim):
     """A query whose blocks are already int8 codes times a scale (one code at 127) loses nothing:
     the int8 reference then equals dequantize + SDPA up to rounding."""
-    from treeflash.kernels.quant_attention import quant_attention_int8k_reference, quant_attention_reference
+    from treeflash.kernels.quant_attention import quant_attention_reference
+    from treeflash.kernels.quant_attention_int8k import quant_attention_int8k_reference
 
     torch.manual_seed(1)
     nb = head_dim // 32
@@ -67,7 +68,8 @@ def test_int8k_reference_stays_close_to_dequantize_sdpa(head_dim, num_new):
     """The query's quantization is the only difference: at 2,000 keys of random data, max |error| /
     max |output| was 0.6-0.8e-2 (head_dim 256 and 128); the bound is INT8K_REL_TOL (2e-2, the GPU
     sweep's tolerance)."""
-    from treeflash.kernels.quant_attention import quant_attention_int8k_reference, quant_attention_reference
+    from treeflash.kernels.quant_attention import quant_attention_reference
+    from treeflash.kernels.quant_attention_int8k import quant_attention_int8k_reference
 
     torch.manual_seed(2)
     length = 2000
@@ -81,7 +83,7 @@ def test_int8k_reference_stays_close_to_dequantize_sdpa(head_dim, num_new):
 
 
 def test_int8k_reference_needs_q8_0_keys():
-    from treeflash.kernels.quant_attention import quant_attention_int8k_reference
+    from treeflash.kernels.quant_attention_int8k import quant_attention_int8k_reference
 
     k = _planes("q4_0", torch.randn(10, 2, 64))
     with pytest.raises(ValueError, match="q8_0"):

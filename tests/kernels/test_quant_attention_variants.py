@@ -48,6 +48,7 @@ def check(variant: str, fmt_k: str, fmt_v: str, mode: str) -> None:
 
     from tests.kernels.interpret_checks import _planes, _tree_mask
     from treeflash.kernels import quant_attention as qa
+    from treeflash.kernels import quant_attention_int8k as qa8
     from treeflash.kernels.attention_launch import VARIANTS, variant_config
 
     heads, kv_heads, d = 6, 2, 64
@@ -71,12 +72,12 @@ def check(variant: str, fmt_k: str, fmt_v: str, mode: str) -> None:
         key_mask[:, 0] = True
         out = qa.quant_attention_masked(q, k, v, key_mask, d**-0.5, num_splits=splits, config=config)
         ref = qa.quant_attention_masked_reference(q, k, v, key_mask, d**-0.5)
-        ref8 = qa.quant_attention_masked_int8k_reference(q, k, v, key_mask, d**-0.5) if int8k else ref
+        ref8 = qa8.quant_attention_masked_int8k_reference(q, k, v, key_mask, d**-0.5) if int8k else ref
     else:
         mask = None if num_new == 1 else _tree_mask(TREE)
         out = qa.quant_attention(q, k, v, start, mask, d**-0.5, num_splits=splits, config=config)
         ref = qa.quant_attention_reference(q, k, v, start, mask, d**-0.5)
-        ref8 = qa.quant_attention_int8k_reference(q, k, v, start, mask, d**-0.5) if int8k else ref
+        ref8 = qa8.quant_attention_int8k_reference(q, k, v, start, mask, d**-0.5) if int8k else ref
     err = (out - ref8).abs().max().item()
     assert err < 1e-5, f"max error {err:.3g}" + (" (against the int8 q.k reference)" if int8k else "")
     if int8k:

@@ -42,14 +42,18 @@ def _draft_slots_kernel(START, COUNT, TABLE, SLOTS, CS, n, total, dump, plane, H
     tl.store(CS + total * RD + dst, tl.load(TABLE + plane + src, mask=m), mask=m)  # sin
 
 
+def draft_slot_ids(start: torch.Tensor, count: torch.Tensor | None, n: int, b: int, dump: int) -> torch.Tensor:
+    """-> slots [n + b] long, in torch (the table-free path computes its cos / sin from them)."""
+    ar = torch.arange(n + b, device=start.device)
+    if count is None:
+        return start + ar
+    return torch.cat((torch.where(ar[:n] < count, start + ar[:n], dump), start + count + ar[:b]))
+
+
 def draft_slots_ref(start: torch.Tensor, count: torch.Tensor | None, n: int, b: int, dump: int,
                     table: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """-> slots [n + b] long, cos_sin [2, n + b, rotary_dim] (table's dtype)."""
-    ar = torch.arange(n + b, device=start.device)
-    if count is None:
-        slots = start + ar
-    else:
-        slots = torch.cat((torch.where(ar[:n] < count, start + ar[:n], dump), start + count + ar[:b]))
+    slots = draft_slot_ids(start, count, n, b, dump)
     return slots, table.index_select(1, slots)
 
 

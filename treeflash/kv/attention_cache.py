@@ -15,7 +15,9 @@ import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 from torch.nn.attention.bias import CausalBias, causal_lower_right
 
+from treeflash.kernels.kv_quant import Planes
 from treeflash.kernels.norm import _interpreting, scale_rows
+from treeflash.kernels.quant_attention import quant_attention_masked, visible_up_to
 from treeflash.kernels.rotary import norm_rotary, norm_rotary_into_cache
 from treeflash.kernels.commit import RowTable, commit_rows_table
 
@@ -189,22 +191,16 @@ def static_buffer_attention(
 
     key_mask None (with slots): every query sees every slot up to slots[-1], the whole buffer being S (a
     bidirectional draft block): the kernel then builds and reads no mask."""
-    from treeflash.kernels.quant_attention import visible_up_to
-
+    if key_mask is None and slots is None:
+        raise ValueError("static_buffer_attention: without a key_mask the slots must be given")
     name = {torch.bfloat16: "bf16", torch.float16: "f16"}.get(keys.dtype)
     d = q.shape[-1]
-    if key_mask is None and (slots is None or not STATIC_END):
-        if slots is None:
-            raise ValueError("static_buffer_attention: without a key_mask the slots must be given")
+    kernel = q.is_cuda and name is not None and values.dtype == keys.dtype and q.shape[0] <= 128 and d in (32, 64, 128, 256)
+    if key_mask is None and not (kernel and STATIC_END):  # the kernel stops at slots[-1] only with STATIC_END
         key_mask = visible_up_to(slots, q.shape[0], keys.shape[0])
-    if q.is_cuda and name is not None and values.dtype == keys.dtype and q.shape[0] <= 128 and d in (32, 64, 128, 256):
-        from treeflash.kernels.kv_quant import Planes
-        from treeflash.kernels.quant_attention import quant_attention_masked
-
+    if kernel:
         return quant_attention_masked(q, Planes(name, None, keys), Planes(name, None, values), key_mask, scale,
                                       slots=slots if STATIC_END else None)
-    if key_mask is None:
-        key_mask = visible_up_to(slots, q.shape[0], keys.shape[0])
     s = key_mask.shape[-1]
     return fallback(q, keys[:s].to(q.dtype), values[:s].to(q.dtype), key_mask, scale)
 

@@ -34,7 +34,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from treeflash.errors import ModelLoadError
-from treeflash.kernels.draft_slots import draft_slots
+from treeflash.kernels.draft_slots import draft_slot_ids, draft_slots
 from treeflash.kernels.rotary import norm_rotary_into_cache
 from treeflash.kv.attention_cache import attention_reference, static_buffer_attention
 from treeflash.models.config import ModelConfig
@@ -427,12 +427,7 @@ class DFlashModel(nn.Module):
             slots, cos_sin = draft_slots(start, count, n, b, limit - 1, table)
             rope = (cos_sin[0], cos_sin[1])
         else:
-            ar = torch.arange(n + b, device=block.device)
-            if count is None:
-                slots = start + ar
-            else:
-                ctx_slots = torch.where(ar[:n] < count, start + ar[:n], limit - 1)
-                slots = torch.cat((ctx_slots, start + count + ar[:b]))
+            slots = draft_slot_ids(start, count, n, b, limit - 1)
             rope = self.rotary.cos_sin(slots, block.dtype, limit=limit)
         x, residual = block, None
         masks: dict[tuple, torch.Tensor] = {}  # one per kind of layer (full / causal / windowed), not per layer

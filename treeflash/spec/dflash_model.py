@@ -24,7 +24,6 @@ derived from it and `max_window_layers`.
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -42,20 +41,6 @@ from treeflash.models.layers import MLP, RMSNorm, Rotary, apply_rotary, fuse_lin
 
 FULL = "full_attention"
 SLIDING = "sliding_attention"
-# Static passes in fewer launches (stop 25; each "0" restores the old ops, for A/B runs on the GPU):
-# a full (bidirectional, unwindowed) layer's block sees every key written so far, so no [B, S] mask is built or read
-# (the attention kernel stops at the last slot) ...
-SKIP_MASK_ENV = "TREEFLASH_DRAFT_SKIP_MASK"
-# ... the slots and rotary rows come from one launch (kernels/draft_slots.py) ...
-SLOTS_ENV = "TREEFLASH_DRAFT_SLOTS"
-# ... and each layer's normed block rows are written after the context rows in one buffer (no torch.cat a layer)
-ROWS_ENV = "TREEFLASH_DRAFT_ROWS"
-
-
-def _on(env: str) -> bool:
-    return os.environ.get(env) != "0"
-
-
 @dataclass(frozen=True)
 class DFlashConfig:
     hidden_size: int
@@ -300,8 +285,8 @@ class DFlashAttention(nn.Module):
 
     def needs_mask(self) -> bool:
         """Whether a static pass needs a [B, S] key mask: not for a full layer, whose block sees every key up
-        to the pass's last slot (static_buffer_attention without a mask), unless TREEFLASH_DRAFT_SKIP_MASK=0."""
-        return self.causal or self.window is not None or not _on(SKIP_MASK_ENV)
+        to the pass's last slot (static_buffer_attention without a mask)."""
+        return self.causal or self.window is not None
 
     def _mask(self, q_pos: torch.Tensor, k_pos: torch.Tensor, total) -> torch.Tensor:
         """[B, S] bool: which key positions each block query sees.
@@ -414,15 +399,11 @@ class DFlashModel(nn.Module):
         the device only): the block follows them, and the padding rows are written to the buffer's
         last slot, past the block's last, which no query reads (start + count + B must stay below S - 1)."""
         n, b = context.shape[0], block.shape[0]
-        rows = None
-        if _on(ROWS_ENV):  # [n + B, H]: the context rows, then each layer's normed block rows (its q/k/v GEMM's input)
-            rows = torch.empty(n + b, block.shape[1], dtype=block.dtype, device=block.device)
-            ctx = self.hidden_norm.add_forward(self.fc(context), None, out=rows[:n])[0]
-        else:
-            ctx = self.hidden_norm(self.fc(context))
+        # [n + B, H]: the context rows, then each layer's normed block rows (its q/k/v GEMM's input): no torch.cat
+        rows = torch.empty(n + b, block.shape[1], dtype=block.dtype, device=block.device)
+        ctx = self.hidden_norm.add_forward(self.fc(context), None, out=rows[:n])[0]
         table, limit = self.rotary.table, key_pos.shape[0]  # slots index the buffer: all below its length
-        if (table is not None and table.dtype == block.dtype and table.device == block.device and limit <= table.shape[1]
-                and _on(SLOTS_ENV)):
+        if table is not None and table.dtype == block.dtype and table.device == block.device and limit <= table.shape[1]:
             # slot = position in the draft cache (padding rows: the buffer's last slot), and cos / sin there: one launch
             slots, cos_sin = draft_slots(start, count, n, b, limit - 1, table)
             rope = (cos_sin[0], cos_sin[1])

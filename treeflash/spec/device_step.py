@@ -51,10 +51,12 @@ from treeflash.spec.sampling import OFF_TOP_P, needs_order, processed_probs_stat
 
 ENV = "TREEFLASH_DEVICE_STEPS"  # "0": synchronous steps (the A/B baseline)
 # --budget auto on the device: one tree size for the whole request, not the tuner's per-step choice
-# (a graph per budget). H200, SmolLM2 + drafter v7, two runs (docs/performance.md): DDTree-32 1.185x /
-# 1.231x, DDTree-48 1.203x / 1.278x, DDTree-62 1.177x of plain decoding; a 49-node verify is still
-# bandwidth-bound on larger targets.
-AUTO_BUDGET = 48
+# (a graph per budget). 32 since stop 26 (docs/performance.md, "Stop 26"): on the default model 32 and 48
+# are even on identical text (H200 step 1.104 against 1.144 ms, 3.6% more; fp32 tau 3.73 against 3.86,
+# 3.5% more) and over the 20 held-out prompts in bf16 either has led by up to 5% (v8: 48, v9: 32), while
+# on larger targets a 49-node verify costs more than a 33-node one (Qwen3.5-27B shape: verify-64 1.47x of
+# the decode step against 1.32x at 32; Qwen3-8B 1.27x against 1.19x).
+AUTO_BUDGET = 32
 # ... and the guard the tuner's budget 0 gives: after this many device steps, a request whose device
 # steps commit tokens slower than plain decoding would decodes plainly from there (synchronous
 # drafting, the same drafts with more overhead, would be slower still).

@@ -13,6 +13,7 @@
 #              greedy, 256 tokens, CUDA graphs, bf16: plain vs DFlash chain vs DDTree 8/16/22/32;
 #              tau, acceptance per depth, wall-clock speedup, token identity with plain decoding.
 #   4. check   the same token identity in fp32 (64 tokens; bf16 near-ties can flip between batch shapes).
+# Any other dense GGUF target trains the same way (WHAT names it in report.json; docs/train.md, Qwen2.5-Coder-0.5B).
 # Environment: TOKENS (response tokens to generate, default 1M), STEPS (optimizer steps at most, default 3000),
 # GEN_LIMIT (s, default 100), TRAIN_LIMIT (s, default 140), EXTRA_PASSES (sampled rounds after the greedy
 # one, default 0), SELF_PROMPTS (prompts the target writes itself, default 0), GEN_BATCH (prompts per generate call,
@@ -98,10 +99,11 @@ fi
 [ "${RESUME:-0}" = 1 ] && TRAIN_ARGS+=(--resume)
 
 write_report() {
-  python3 - "$OUT" "$WORK" "$SMOKE" "$TARGET" <<'PY' || echo "[train-default] report.json: could not be written"
+  python3 - "$OUT" "$WORK" "$SMOKE" "$TARGET" "${WHAT:-}" <<'PY' || echo "[train-default] report.json: could not be written"
 import json, sys, time
 from pathlib import Path
 out, work, smoke, target = Path(sys.argv[1]), Path(sys.argv[2]), sys.argv[3] == "1", sys.argv[4]
+what = sys.argv[5] or "default DFlash drafter for SmolLM2-135M-Instruct (Q4_1 GGUF): train on the target's own answers, then decode-evaluate"
 
 def read(p):
     try:
@@ -112,7 +114,7 @@ def read(p):
 stages = [json.loads(l) for l in (out / "stages.jsonl").read_text().splitlines() if l.strip()] if (out / "stages.jsonl").exists() else []
 ev, check = read(out / "eval.json"), read(out / "eval_fp32.json")
 report = {
-    "what": "default DFlash drafter for SmolLM2-135M-Instruct (Q4_1 GGUF): train on the target's own answers, then decode-evaluate",
+    "what": what,
     "smoke": smoke, "target": target, "written_at": time.strftime("%Y-%m-%d %H:%M:%S"),
     "env": read(out / "env.json"), "stages": stages,
     "total_s": stages[-1]["at_s"] if stages else None,

@@ -45,6 +45,9 @@ def _cases() -> dict[str, tuple]:
     for a, b, mode in (("tq3_0", "tq3_0", "verify"), ("q4_0", "q4_0", "decode"), ("q8_0", "q4_0", "masked_decode")):
         cases[f"split_n32_w4_{mode}_{a}_{b}_bfloat16_d128"] = ("split_n32_w4", a, b, mode, "bfloat16", 128)
     cases["split_n32_w8_decode_q4_0_tq3_0_float16_d256"] = ("split_n32_w8", "q4_0", "tq3_0", "decode", "float16", 256)
+    # the decode default of q4_0/q4_0 and tq3_0/tq3_0 at head_dim 256 (attention_launch.launch_config)
+    cases["split_n64_w4_decode_tq3_0_tq3_0_bfloat16_d256"] = ("split_n64_w4", "tq3_0", "tq3_0", "decode", "bfloat16", 256)
+    cases["split_n64_w4_decode_q4_0_q4_0_float16_d256"] = ("split_n64_w4", "q4_0", "q4_0", "decode", "float16", 256)
     return cases
 
 

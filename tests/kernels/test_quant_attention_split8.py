@@ -89,6 +89,12 @@ def test_schemes_split_q8_0_only_under_split8():
     assert default(128, 4, "q8_0", "q8_0") == variant_config("split8_n64_w4", 128, 4)
     assert not default(256, 6, "q8_0", "q4_0").split_q8  # slower there: split on the q4_0 side only
     assert not default(256, 96, "q8_0", "q8_0").split_q8  # verify: not timed
+    # q4_0/q4_0 and tq3_0/tq3_0 decode at head_dim 256: 64 keys a step (bench/results/s27/kv_sweep_64k.json)
+    assert default(256, 6, "q4_0", "q4_0") == variant_config("split_n64_w4", 256, 6)
+    assert default(256, 6, "tq3_0", "tq3_0") == variant_config("split_n64_w4", 256, 6)
+    assert default(256, 6, "q4_0", "tq3_0").block_n == 32  # mixed: not timed
+    assert default(256, 96, "q4_0", "q4_0").block_n == 32  # verify: unchanged
+    assert default(128, 4, "tq3_0", "tq3_0") == launch_config(128, 4, compressed_kv=True, tq3_side=True)  # other head_dims: unchanged
     assert not default(128, 4, "q8_0", "tq3_0").split_q8 and not default(64, 4, "q8_0", "q8_0").split_q8
     with pytest.raises(ValueError, match="split_q8"):
         LaunchConfig(16, 32, 4, 3, 2, dequant="words", split_q8=True)

@@ -163,6 +163,12 @@ def launch_config(head_dim: int, rows: int, dense_kv: bool = False, compressed_k
                 return LaunchConfig(block_m, 32, 4, 3, PROGRAMS_PER_SM, prefetch=False, dequant="split", split_q8=True)
             if head_dim == 128 and formats[1] == "q8_0":
                 return LaunchConfig(block_m, 64, 4, 3, PROGRAMS_PER_SM, prefetch=False, dequant="split", split_q8=True)
+        # q4_0/q4_0 and tq3_0/tq3_0 decode at head_dim 256 take 64 keys a step (split_n64_w4): fraction of the
+        # roofline against split_n32_w4 at 32K / 64K / 128K, q4_0 0.25 / 0.30 / 0.34 against 0.25 / 0.28 / 0.32,
+        # tq3_0 0.10 / 0.14 / 0.17 against 0.09 / 0.11 / 0.13 (H200: bench/results/s21/kv_sweep_split.json,
+        # s27/kv_sweep_64k.json). Mixed pairs were not timed with it; q8_0 beside q4_0 / tq3_0 lost at 32K
+        if formats is not None and rows <= 16 and head_dim >= 256 and formats[0] == formats[1] in ("q4_0", "tq3_0"):
+            return LaunchConfig(block_m, 64, 4, 3, PROGRAMS_PER_SM, prefetch=False, dequant="split")
         return LaunchConfig(block_m, block_n, 4, 3, PROGRAMS_PER_SM, prefetch=False, dequant="split" if split else "words")
     return LaunchConfig(block_m, block_n, 4, 3, PROGRAMS_PER_SM, prefetch=True, dequant="blocks_fast")
 

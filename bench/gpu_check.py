@@ -92,6 +92,15 @@ def prefill_attention_check() -> dict:
     return out
 
 
+def _restore_tables(tuned: dict, tuned_swiglu: dict) -> None:
+    """gemv's shape tables back as they were before a check added its tiny shapes."""
+    from treeflash.kernels import gemv
+
+    for table, saved in ((gemv.TUNED, tuned), (gemv.TUNED_SWIGLU, tuned_swiglu)):
+        table.clear()
+        table.update(saved)
+
+
 def gemv_norm_fusion_check(where: str) -> dict:
     """The tiny hybrid model with its projections' shapes added to gemv's tables, decode steps with
     the residual add + RMSNorm fused into a GEMV, against cuBLAS: eagerly (fp32 logits) and through
@@ -128,16 +137,48 @@ def gemv_norm_fusion_check(where: str) -> dict:
             tokens = decode(model, prompt, 60, graphs=True)
             spec = decode(model, prompt, 60, OracleDrafter(model, depth=4, width=2, corrupt=0.4), graphs=True)
     finally:
-        gemv.TUNED.clear()
-        gemv.TUNED.update(saved[0])
-        gemv.TUNED_SWIGLU.clear()
-        gemv.TUNED_SWIGLU.update(saved[3])
+        _restore_tables(saved[0], saved[3])
         gemv.USE_GEMV, gemv.NORM_PROLOGUE_SWIGLU = saved[1], saved[4]
         setattr(gemv, flag, saved[2])
     err = (got - ref).abs().max().item()
     ok = err < 1e-4 and tokens == ref_tokens and spec == ref_tokens and (calls > 0 or where == "prologue")
     return {"epilogue_calls": calls, "logits_max_abs_err": err, "graph_tokens_identical": tokens == ref_tokens,
             "graph_spec_identical": spec == ref_tokens, "ok": ok}
+
+
+def folded_decode_check() -> dict:
+    """One-token steps through forward_folded (fuse_projections(folded_decode=True); opt-in, stop 27) on a
+    tiny qwen3 (q/k norms) with its projection shapes added to gemv's tables, so the decode step runs the
+    folded GEMVs: the residual adds in gemv's epilogue (down with split-K), 1 / rms in gemv_swiglu's.
+    fp32 logits against transformers (eager), graphed plain and speculative tokens against the unfolded
+    model's graphed plain decoding."""
+    from treeflash.kernels import gemv
+
+    hf, ours = make_pair("qwen3")
+    hf, ours = hf.cuda(), ours.cuda()
+    ours.fuse_projections(fused_rows=0, folded_rows=0, folded_decode=False)
+    ids = torch.randint(0, 97, (1, 40), device="cuda")
+    prompt = ids[0, :10].tolist()
+    saved = dict(gemv.TUNED), dict(gemv.TUNED_SWIGLU)
+    try:
+        with torch.inference_mode():
+            ref = hf(ids).logits[0].float()
+            unfolded = decode(ours, prompt, 60, graphs=True)
+            ours.fuse_projections(fused_rows=0, folded_rows=0, folded_decode=True)
+            layer = ours.model.layers[0]
+            gemv.TUNED[tuple(layer.self_attn.qkv_folded.shape)] = gemv.GemvConfig(8, 16, 1, 2)
+            gemv.TUNED[tuple(layer.self_attn.o_proj.weight.shape)] = gemv.GemvConfig(8, 32, 1, 4)
+            gemv.TUNED[tuple(layer.mlp.down_proj.weight.shape)] = gemv.GemvConfig(8, 16, 2, 2)
+            gemv.TUNED_SWIGLU[tuple(layer.mlp.gate_up_folded.shape)] = gemv.GemvConfig(8, 16, 1, 2)
+            err, inc = prefill_and_decode_errors(ours, ids[0], ref)
+            tokens = decode(ours, prompt, 60, graphs=True)
+            spec = decode(ours, prompt, 60, OracleDrafter(ours, depth=4, width=2, corrupt=0.4), graphs=True)
+    finally:
+        _restore_tables(*saved)
+        ours.fuse_projections(fused_rows=0, folded_rows=0, folded_decode=False)
+    ok = err < 1e-3 and inc < 1e-3 and tokens == unfolded and spec == unfolded
+    return {"prefill_max_abs_err": err, "decode_max_abs_err": inc, "graph_tokens_identical": tokens == unfolded,
+            "graph_spec_identical": spec == unfolded, "ok": ok}
 
 
 def main() -> None:
@@ -215,6 +256,8 @@ def main() -> None:
     print("gemv_epilogue", res["gemv_epilogue"], flush=True)
     res["gemv_prologue"] = gemv_norm_fusion_check("prologue")
     print("gemv_prologue", res["gemv_prologue"], flush=True)
+    res["folded_decode"] = folded_decode_check()
+    print("folded_decode", res["folded_decode"], flush=True)
     # fp32: exact agreement; bf16: the graph path's logits within bf16 rounding of the eager path's
     # (greedy tokens of flat random tiny models can flip on near-ties, so agreement is reported, not gated)
     ok = all(r["verify_logits_rel_err_graph_vs_eager"] < 2e-2
@@ -226,8 +269,9 @@ def main() -> None:
              and r.get("folded_prefill_max_abs_err", 0) < 1e-3 and r.get("folded_decode_max_abs_err", 0) < 1e-3
              and r.get("folded_graph_spec_identical", True)
              and all(v for k, v in r.items() if k.startswith("dflash_"))
-             for name, r in res.items() if name not in ("gemv_epilogue", "gemv_prologue", "prefill_attention"))
+             for name, r in res.items() if name not in ("gemv_epilogue", "gemv_prologue", "prefill_attention", "folded_decode"))
     ok = ok and res["gemv_epilogue"]["ok"] and res["gemv_prologue"]["ok"] and res["prefill_attention"]["ok"]
+    ok = ok and res["folded_decode"]["ok"]
     res["ok"] = ok
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(res, indent=2))

@@ -13,6 +13,8 @@
 #            prologue on qkv and gate_up (TREEFLASH_GEMV_NORM_IN=1) -> ab_normin.json, and on qkv only
 #            (=qkv) -> ab_normin_qkv.json (<= 70 s each; the OUT_SPLIT walk: the gdn stage)
 # speed      bench/gpu_speed.py, both shapes, decode + verify 1/32 + prefill 4K/32K -> gpu_speed.json (<= 160 s)
+# folded_ab  bench/gpu_speed.py, decode + verify 1: the 8B shape without and with --folded-decode, twice interleaved
+#            (off on off on), then the SmolLM2 shape the same way -> folded_{off,on}_{8b,smol}_{1,2}.json (<= 60 s each)
 # kv         bench/kv_attention_gpu.py --sweep over the q8_0-K pairs -> kv_attention_sweep.json (<= 170 s)
 # kv_split   the "split" / "split8" dequantization variants against words, 27B heads (<= 200 s) and 8B heads
 #            (head_dim 128, <= 120 s) -> kv_sweep_split.json, kv_sweep_split_hd128.json
@@ -72,6 +74,20 @@ for stage in $STAGES; do
         --prefill 4096,32768 --drafter-layers 0 --decode-tokens 64 --out "$OUT/gpu_speed.json" > "$OUT/gpu_speed.log" 2>&1
       log "gpu_speed rc=$?"
       grep -E "copy bandwidth|decode|32 nodes|prefill" "$OUT/gpu_speed.log" | tee -a "$OUT/progress.log" ;;
+    folded_ab)
+      for shape in qwen3-8b smollm2-135m; do
+        tag=$([ "$shape" = qwen3-8b ] && echo 8b || echo smol)
+        for round in 1 2; do
+          for mode in off on; do
+            flag=$([ "$mode" = on ] && echo --folded-decode || true)
+            log "gpu_speed $shape folded decode $mode (round $round)"
+            PYTHONPATH=$SITE timeout 60 python3 bench/gpu_speed.py --shapes "$shape" --buckets 1 --prefill "" --drafter-layers 0 \
+              --decode-tokens 64 $flag --out "$OUT/folded_${mode}_${tag}_${round}.json" > "$OUT/folded_${mode}_${tag}_${round}.log" 2>&1
+            log "rc=$?"
+            grep -E "decode" "$OUT/folded_${mode}_${tag}_${round}.log" | head -1 | tee -a "$OUT/progress.log"
+          done
+        done
+      done ;;
     kv)
       log "kv_attention sweep (q8_0 K pairs)"
       PYTHONPATH=$SITE timeout 170 python3 bench/kv_attention_gpu.py --sweep --sweep-pairs q8_0/q8_0 q8_0/tq3_0 q8_0/bf16 \

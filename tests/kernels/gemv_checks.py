@@ -121,13 +121,50 @@ def rows_cases(dtype) -> dict:
     return out
 
 
+def fold_cases(dtype) -> dict:
+    """A folded layer's GEMVs (projection.folded / folded_swiglu): gemv's residual add in the epilogue
+    (add_into, in place; split 1 and split-K, a bias) against addmm_'s numerics (gemm_pdl.gemm_ref), and
+    gemv_swiglu's folded norm (rows: 1 / rms of x from its own pass) against silu_mul_ref(rows).
+    The third field: the stream was updated in place (add) / the second call gave the same (swiglu)."""
+    from treeflash.kernels.activation import silu_mul_ref
+    from treeflash.kernels.gemm_pdl import gemm_ref
+    from treeflash.kernels.gemv import GemvConfig, gemv, gemv_reference, gemv_swiglu
+
+    out = {}
+    for n, k, bias, cfg in [(40, 96, False, (8, 32, 1, 4)), (33, 257, True, (8, 64, 1, 2)), (48, 300, False, (16, 32, 3, 4))]:
+        x = torch.randn(1, k).to(dtype)
+        w = (torch.randn(n, k) / k**0.5).to(dtype)
+        b = torch.randn(n).to(dtype) if bias else None
+        s = torch.randn(1, n).to(dtype)
+        ref = gemm_ref(x, w, s.clone())
+        if b is not None:  # gemm_ref has no bias: the bias joins the product before the one rounding
+            ref = (s.float() + x.float() @ w.float().t() + b.float()).to(dtype)
+        got = s.clone()
+        ptr = got.data_ptr()
+        back = gemv(x, w, b, config=GemvConfig(*cfg), add_into=got)
+        out[f"add_n{n}_k{k}_{cfg}_bias{bias}"] = [(got.float() - ref.float()).abs().max().item(), ref.float().abs().max().item(),
+                                                   bool(back is got and got.data_ptr() == ptr)]
+    for i, k, cfg in [(40, 96, (8, 32, 1, 4)), (33, 257, (4, 64, 1, 2)), (64, 1024, None)]:
+        x = (3.0 * torch.randn(1, k)).to(dtype)  # rms far from 1: the scale matters
+        w = (torch.randn(2 * i, k) / k**0.5).to(dtype)
+        config = GemvConfig(*cfg) if cfg else None
+        y = gemv_swiglu(x, w, config=config, rows=(x, 1e-6))
+        again = gemv_swiglu(x, w, config=config, rows=(x, 1e-6))
+        ref = silu_mul_ref(gemv_reference(x, w), (x, 1e-6))
+        assert y.shape == ref.shape == (1, i) and y.dtype == dtype
+        out[f"swiglu_rows_i{i}_k{k}_{cfg}"] = [(y.float() - ref.float()).abs().max().item(), ref.float().abs().max().item(),
+                                               bool(torch.equal(y, again))]
+    return out
+
+
 def main(dtype_name: str, mode: str = "gemv") -> None:
     from treeflash.kernels.gemv import GemvConfig, gemv, gemv_reference
 
     dtype = getattr(torch, dtype_name)
     torch.manual_seed(0)
-    if mode in ("norm", "swiglu", "norm_in", "rows"):
-        print(json.dumps({"norm": norm_cases, "swiglu": swiglu_cases, "norm_in": norm_in_cases, "rows": rows_cases}[mode](dtype)))
+    if mode in ("norm", "swiglu", "norm_in", "rows", "fold"):
+        print(json.dumps({"norm": norm_cases, "swiglu": swiglu_cases, "norm_in": norm_in_cases, "rows": rows_cases,
+                          "fold": fold_cases}[mode](dtype)))
         return
     out = {}
     for n, k, bias, cfg in CASES:

@@ -120,3 +120,31 @@ def test_gemv_on_cpu_is_the_reference():
     assert torch.equal(gemv(x, w, b), gemv_reference(x, w, b))
     assert gemv(x[0], w).shape == (5,)
     assert gemv(torch.randn(3, 16), w).shape == (3, 5)
+
+
+@pytest.mark.parametrize("dtype,rel", [("float32", 1e-5), ("bfloat16", 2**-6)])
+def test_gemv_folded_epilogues_match_reference(dtype, rel):
+    """A folded layer's GEMVs (models.transformer.forward_folded on one token): the residual add in gemv's
+    epilogue, in place, split 1 and split-K (the reducer adds it); gemv_swiglu times 1 / rms(x) from its own
+    pass over x (silu_mul's rows), deterministic. bf16: g and u round before the scale on both sides; the
+    rms sums in another order (one ulp)."""
+    errors = run_module("tests.kernels.gemv_checks", dtype, "fold")
+    assert len(errors) == 6
+    for case, (err, scale, same) in errors.items():
+        assert err <= rel * max(scale, 1.0), (case, err, scale)
+        assert same, case
+
+
+def test_gemv_add_into_and_rows_reject_misuse():
+    from treeflash.kernels.gemv import gemv, gemv_swiglu
+
+    x, w = torch.randn(1, 8), torch.randn(4, 8)
+    with pytest.raises(ValueError, match="add_into"):
+        gemv(x, w, add_into=torch.zeros(1, 5))
+    with pytest.raises(ValueError, match="add_into"):
+        gemv(x, w, add_into=torch.zeros(1, 4, dtype=torch.float64))
+    with pytest.raises(ValueError, match="rows"):
+        gemv_swiglu(x, torch.randn(6, 8), rows=(x.clone(), 1e-6))  # the scale must come from x itself
+    s = torch.ones(1, 4)
+    got = gemv(x, w, add_into=s)  # the CPU reference: in place, one rounding
+    assert got is s and torch.allclose(s, 1 + x @ w.t(), atol=1e-6)

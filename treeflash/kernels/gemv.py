@@ -115,10 +115,11 @@ def _gemv_kernel(
     K: tl.constexpr, HAS_BIAS: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
     SPLIT_K: tl.constexpr, K_SPLIT: tl.constexpr,
     NORM: tl.constexpr = False, UNIT: tl.constexpr = False, N_BLOCKS: tl.constexpr = 1, BLOCK_FULL: tl.constexpr = 1,
-    PDL: tl.constexpr = False, NORM_IN: tl.constexpr = False,
+    PDL: tl.constexpr = False, NORM_IN: tl.constexpr = False, ADD: tl.constexpr = False,
 ):
     """NORM_IN (split 1 only; R, NW, S, eps its residual, norm weight, stream out): x is the norm's
-    input, not yet added: y = W rmsnorm(x + R) (see `gemv_norm_in`)."""
+    input, not yet added: y = W rmsnorm(x + R) (see `gemv_norm_in`). ADD: y = W x + R, one rounding
+    after the add (Y is R: the residual stream updated in place; see `gemv`'s add_into)."""
     pid_n, s = tl.program_id(0), tl.program_id(1)
     rows = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     row_ok = rows < N
@@ -147,6 +148,8 @@ def _gemv_kernel(
     if SPLIT_K == 1:
         if HAS_BIAS:
             part += tl.load(B + rows, mask=row_ok, other=0.0).to(tl.float32)
+        if ADD:  # this program's rows of the stream: read, then overwritten by the same program
+            part += tl.load(R + rows, mask=row_ok, other=0.0).to(tl.float32)
         tl.store(Y + rows, part.to(Y.dtype.element_ty), mask=row_ok)
         if NORM:
             _add_norm_tail(Y, R, NW, S, YN, TA, N, eps, N_BLOCKS, UNIT, BLOCK_FULL)
@@ -159,6 +162,8 @@ def _gemv_kernel(
                 total += tl.load(P + j * N + rows, mask=row_ok, other=0.0, cache_modifier=".cg")
             if HAS_BIAS:
                 total += tl.load(B + rows, mask=row_ok, other=0.0).to(tl.float32)
+            if ADD:
+                total += tl.load(R + rows, mask=row_ok, other=0.0).to(tl.float32)
             tl.store(Y + rows, total.to(Y.dtype.element_ty), mask=row_ok)
             tl.atomic_xchg(T + pid_n, 0)  # ready for the next call (and the next CUDA-graph replay)
             if NORM:
@@ -168,10 +173,12 @@ def _gemv_kernel(
 @triton.jit
 def _gemv_swiglu_kernel(X, W, Y, I, R, NW, S, eps, K: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
                         STEPS: tl.constexpr, PDL: tl.constexpr = False, NORM_IN: tl.constexpr = False,
-                        UNIT: tl.constexpr = False):
+                        UNIT: tl.constexpr = False, FOLD: tl.constexpr = False):
     """y[j] = silu(g_j) u_j for j in this program's BLOCK_N rows, g = W[:I] x and u = W[I:] x (W = [gate; up],
     [2I, K]): both tiles of each step in one program, so no [2I] intermediate and no SiLU-mul launch.
-    g and u are rounded to the output dtype first, as the unfused path (gemv, then silu_mul) does."""
+    g and u are rounded to the output dtype first, as the unfused path (gemv, then silu_mul) does.
+    FOLD (a folded norm: W carries the norm's gain, x is the raw stream): g and u then times 1 / rms(x),
+    from the sum of squares of the x this program streams anyway (silu_mul's `rows`)."""
     pid = tl.program_id(0)
     rows = pid * BLOCK_N + tl.arange(0, BLOCK_N)
     row_ok = rows < I
@@ -191,6 +198,8 @@ def _gemv_swiglu_kernel(X, W, Y, I, R, NW, S, eps, K: tl.constexpr, BLOCK_N: tl.
         x = tl.load(X + k, mask=k_ok, other=0.0).to(tl.float32)
         if NORM_IN:
             x, ss = _norm_in_step(x, ss, R, NW, S, k, k_ok, pid == 0, UNIT)
+        if FOLD:
+            ss += x * x
         if i == 0:
             wg, wu = g0, u0
         else:
@@ -205,6 +214,9 @@ def _gemv_swiglu_kernel(X, W, Y, I, R, NW, S, eps, K: tl.constexpr, BLOCK_N: tl.
         g, u = g * r, u * r
     g = g.to(Y.dtype.element_ty).to(tl.float32)
     u = u.to(Y.dtype.element_ty).to(tl.float32)
+    if FOLD:
+        r = tl.rsqrt(tl.sum(ss, axis=0) / K + eps)
+        g, u = g * r, u * r
     tl.store(Y + rows, (g / (1.0 + tl.exp(-g)) * u).to(Y.dtype.element_ty), mask=row_ok)
 
 
@@ -302,15 +314,23 @@ def _norm_stream(name: str, residual: torch.Tensor, norm_weight: torch.Tensor, w
 
 
 def gemv(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None,
-         config: GemvConfig | None = None, norm: tuple | None = None, norm_in: tuple | None = None):
+         config: GemvConfig | None = None, norm: tuple | None = None, norm_in: tuple | None = None,
+         add_into: torch.Tensor | None = None):
     """y = x W^T (+ bias) for one row: x [1, K] (or [K]), weight [N, K] contiguous -> [1, N] (or [N]).
     x [M, K] (rows mode: no norm, no split-K): M one-row calls in one launch, each row bit for bit
     what gemv(x[i:i + 1]) gives.
     With norm = (residual, norm_weight, eps, unit_offset): (rmsnorm(y + residual), y + residual),
     the add and norm in the launch's last program (see `gemv_add_norm`). With norm_in = (residual
     [K], norm_weight [K], eps, unit_offset): (rmsnorm(x + residual) W^T, x + residual), the add and
-    norm as the prologue (see `gemv_norm_in`)."""
+    norm as the prologue (see `gemv_norm_in`). With add_into ([1, N] or [N], x's dtype, contiguous):
+    add_into += x W^T (+ bias) in place, one rounding after the add (addmm_ with beta = 1, as
+    gemm_pdl.gemm_ref), returned: a folded layer's residual add in the epilogue."""
+    if add_into is not None:
+        _check_add_into(x, weight, add_into, norm is not None or norm_in is not None)
     if not (x.is_cuda or _interpreting()):
+        if add_into is not None:
+            return add_into.copy_((add_into.float() + F.linear(x.reshape(1, -1).float(), weight.float(),
+                                                                None if bias is None else bias.float()).reshape(add_into.shape)).to(add_into.dtype))
         if norm is not None:
             return gemv_add_norm_reference(x, weight, *norm, bias=bias)
         if norm_in is not None:
@@ -349,7 +369,9 @@ def gemv(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None
             raise ValueError("gemv_norm_in: configurations without split-K only (every program needs the whole row)")
         stream = _norm_stream("gemv_norm_in", residual, norm_weight, k, x)
         normed = ticket = y
-    elif norm is None:  # the NORM arguments are unused
+    elif norm is None:  # the NORM arguments are unused (ADD: the residual is the output itself)
+        if add_into is not None:
+            y = add_into.view(n)
         residual = norm_weight = stream = normed = ticket = y
         eps, unit_offset = 0.0, False
     else:
@@ -362,13 +384,22 @@ def gemv(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None
         K=k, HAS_BIAS=bias is not None, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, SPLIT_K=split, K_SPLIT=k_split,
         NORM=norm is not None, UNIT=unit_offset, N_BLOCKS=n_blocks if norm is not None else 1,
         BLOCK_FULL=triton.next_power_of_2(n) if norm is not None else 1, num_warps=cfg.num_warps,
-        NORM_IN=norm_in is not None, **pdl.kwargs(x),
+        NORM_IN=norm_in is not None, ADD=add_into is not None, **pdl.kwargs(x),
     )
+    if add_into is not None:
+        return add_into
     if norm_in is not None:
         return y.reshape(*x.shape[:-1], n), stream.reshape(x.shape)
     if norm is None:
         return y.reshape(*x.shape[:-1], n)
     return normed.reshape(*x.shape[:-1], n), stream.reshape(*x.shape[:-1], n)
+
+
+def _check_add_into(x: torch.Tensor, weight: torch.Tensor, add_into: torch.Tensor, fused_norm: bool) -> None:
+    n = weight.shape[0]
+    if (fused_norm or x.numel() != weight.shape[1] or add_into.numel() != n or not add_into.is_contiguous()
+            or add_into.dtype != x.dtype or add_into.device != x.device):
+        raise ValueError(f"gemv: add_into must be a contiguous [{n}] of x's dtype and device, for one row without a fused norm")
 
 
 def gemv_add_norm_reference(x, weight, residual, norm_weight, eps: float, unit_offset: bool, bias=None):
@@ -410,12 +441,18 @@ def gemv_swiglu_reference(x: torch.Tensor, gate_up: torch.Tensor) -> torch.Tenso
     return silu_mul_ref(gemv_reference(x.reshape(-1, x.shape[-1]), gate_up))
 
 
-def gemv_swiglu(x: torch.Tensor, gate_up: torch.Tensor, config: GemvConfig | None = None, norm_in: tuple | None = None):
+def gemv_swiglu(x: torch.Tensor, gate_up: torch.Tensor, config: GemvConfig | None = None, norm_in: tuple | None = None,
+                rows: tuple | None = None):
     """The decode step's MLP input half in one launch: x [1, K], gate_up [2I, K] -> [1, I] (x [M, K]
     without norm_in: M rows, each as its one-row call, -> [M, I]). With
     norm_in = (residual, norm_weight, eps, unit_offset): the add and RMSNorm before it as the
-    prologue, as in `gemv_norm_in` -> (y, stream)."""
+    prologue, as in `gemv_norm_in` -> (y, stream). With rows = (x, eps) (one row; the stream must be
+    x itself): a folded norm, silu_mul's `rows` (gate and up times 1 / rms(x) after their rounding)."""
+    if rows is not None and (rows[0] is not x or x.numel() != gate_up.shape[1] or norm_in is not None):
+        raise ValueError("gemv_swiglu: rows must be (x, eps) for one row x without norm_in (the scale comes from x's pass)")
     if not (x.is_cuda or _interpreting()):
+        if rows is not None:
+            return silu_mul_ref(gemv_reference(x.reshape(1, -1), gate_up), (x.reshape(1, -1), rows[1])).reshape(*x.shape[:-1], -1)
         if norm_in is not None:
             normed, stream = rmsnorm_ref(x.reshape(1, -1), norm_in[1], norm_in[2], norm_in[3], norm_in[0].reshape(1, -1))
             return gemv_swiglu_reference(normed, gate_up), stream.reshape(x.shape)
@@ -432,7 +469,7 @@ def gemv_swiglu(x: torch.Tensor, gate_up: torch.Tensor, config: GemvConfig | Non
         stream = _norm_stream("gemv_swiglu", residual, norm_weight, k, x)
     else:
         residual = norm_weight = stream = x
-        eps, unit_offset = 0.0, False
+        eps, unit_offset = (rows[1] if rows is not None else 0.0), False
     cfg = config or TUNED_SWIGLU.get((two_i, k)) or GemvConfig(4, 1024, 1, 4)
     if cfg.split_k != 1:
         raise ValueError("gemv_swiglu: split_k must be 1")
@@ -443,7 +480,8 @@ def gemv_swiglu(x: torch.Tensor, gate_up: torch.Tensor, config: GemvConfig | Non
     _gemv_swiglu_kernel[(triton.cdiv(i, cfg.block_n),)](x, gate_up, y, i, residual, norm_weight, stream, eps, K=k,
                                                         BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k,
                                                         STEPS=triton.cdiv(k, cfg.block_k), num_warps=cfg.num_warps,
-                                                        NORM_IN=norm_in is not None, UNIT=unit_offset, **pdl.kwargs(x))
+                                                        NORM_IN=norm_in is not None, UNIT=unit_offset,
+                                                        FOLD=rows is not None, **pdl.kwargs(x))
     if norm_in is not None:
         return y, stream.reshape(shape)
     return y

@@ -11,6 +11,11 @@ can move into a GEMV instead of running as its own kernel:
   measured): the norm is held back and the projection after it (`linear`, `swiglu`) runs it first
   thing in every program (`gemv.gemv_norm_in`, `gemv.gemv_swiglu(norm_in=...)`).
 
+A folded layer (models.transformer.forward_folded: each norm's gain folded into the projection after it)
+projects the raw stream with `folded` and `folded_swiglu`: on one row of a tuned shape through the GEMVs,
+the residual add in gemv's epilogue and 1 / rms in gemv_swiglu's (no norm launch at all); else through
+kernels/gemm_pdl.py's `project` (cuBLAS unless opted in) and silu_mul's `rows`.
+
 The switches and tables live in kernels/gemv.py and are read from there on every call (benchmarks
 and tests set them).
 """
@@ -23,7 +28,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from treeflash.kernels import gemv
+from treeflash.kernels import gemm_pdl, gemv
 from treeflash.kernels.activation import silu_mul
 from treeflash.kernels.norm import _interpreting
 
@@ -137,3 +142,19 @@ def project(module: nn.Module, x: torch.Tensor, defer: bool = False) -> torch.Te
             and _takes_gemv(x, module.weight)):
         return Deferred(x, module.weight)
     return apply(module, x)
+
+
+def folded(x: torch.Tensor, weight: torch.Tensor, add_into: torch.Tensor | None = None) -> torch.Tensor:
+    """A folded layer's projection x W^T (add_into += it in place, when given: the residual add). One row
+    of a TUNED shape: gemv (the add in its epilogue); else gemm_pdl.project."""
+    if x.shape[0] == 1 and _takes_gemv(x, weight):
+        return gemv.gemv(x, weight, add_into=add_into)
+    return gemm_pdl.project(x, weight, add_into)
+
+
+def folded_swiglu(s: torch.Tensor, gate_up: torch.Tensor, eps: float) -> torch.Tensor:
+    """A folded MLP's input half: silu(g) u with g, u = (s gate_up^T) / rms(s) (gate_up carries the norm's
+    gain). One row of a TUNED_SWIGLU shape: one gemv_swiglu launch; else project + silu_mul(rows)."""
+    if s.shape[0] == 1 and _takes_gemv(s, gate_up, gemv.TUNED_SWIGLU):
+        return gemv.gemv_swiglu(s, gate_up, rows=(s, eps))
+    return silu_mul(gemm_pdl.project(s, gate_up), rows=(s, eps))

@@ -9,7 +9,7 @@ from treeflash.kernels.activation import sigmoid_gate
 from treeflash.kernels.linear import linear_fused
 from treeflash.kernels.norm import scale_rows
 from treeflash.kernels.rotary import norm_rotary
-from treeflash.kernels import gemm_pdl, projection
+from treeflash.kernels import projection
 from treeflash.kv.attention_cache import AttentionCache
 from treeflash.models.config import ModelConfig
 from treeflash.models.layers import RMSNorm, fuse_linears
@@ -63,13 +63,13 @@ class Attention(nn.Module):
         projection reads s itself (qkv_folded), the rotary kernel applies 1 / rms(s), and o_proj adds
         into s in its GEMM (beta = 1). Two launches fewer than norm + projection + add."""
         n = s.shape[0]
-        q, k, v = gemm_pdl.project(s, self.qkv_folded).split(
+        q, k, v = projection.folded(s, self.qkv_folded).split(
             [self.q_proj.weight.shape[0], self.k_proj.weight.shape[0], self.v_proj.weight.shape[0]], dim=-1)
         q = q.view(n, self.num_heads, self.head_dim)
         k = k.view(n, self.num_kv_heads, self.head_dim)
         v = v.view(n, self.num_kv_heads, self.head_dim)
         out = self._attend(q, k, v, rope, step, cache, rows=(s, norm_eps))
-        return gemm_pdl.project(out, self.o_proj.weight, add_into=s)
+        return projection.folded(out, self.o_proj.weight, add_into=s)
 
     def _attend(self, q, k, v, rope, step: StepInput, cache: AttentionCache, rows=None) -> torch.Tensor:
         """q [T, H, D], k, v [T, Hkv, D] before qk-norm and rotary -> attention output [T, H * D]; the

@@ -12,7 +12,7 @@ from torch import nn
 from treeflash.kernels.activation import silu_mul
 from treeflash.kernels.linear import linear_fused
 from treeflash.kernels.norm import rmsnorm
-from treeflash.kernels import gemm_pdl, gemv, projection
+from treeflash.kernels import gemv, projection
 from treeflash.models.config import ModelConfig
 
 
@@ -181,8 +181,8 @@ class MLP(nn.Module):
     def forward_folded(self, s: torch.Tensor, norm_eps: float) -> torch.Tensor:
         """s + down(swiglu(gate_up(norm(s)))) with s updated in place: gate_up_folded reads s itself, the
         SiLU-mul applies 1 / rms(s), and down adds into s in its GEMM (beta = 1). s: [T, hidden]."""
-        act = silu_mul(gemm_pdl.project(s, self.gate_up_folded), rows=(s, norm_eps))  # [T, inner]
-        return gemm_pdl.project(act, self.down_proj.weight, add_into=s)
+        act = projection.folded_swiglu(s, self.gate_up_folded, norm_eps)  # [T, inner]
+        return projection.folded(act, self.down_proj.weight, add_into=s)
 
     def forward_fused(self, s: torch.Tensor, norm: RMSNorm) -> torch.Tensor:
         """s + down(swiglu(gate_up(norm(s)))) in two kernels; needs fuse(). s: [T, hidden]."""

@@ -37,6 +37,13 @@ FUSED_WEIGHT_BYTES = 8 << 20
 # fuse_projections freed the folded copies under the first one's graphs; fixed in stop 24, fold_into.)
 FOLDED_ROWS = 64
 FOLDED_ENV = "TREEFLASH_FOLDED_ROWS"  # overrides FOLDED_ROWS where fuse_projections chooses ("0": off; for A/B runs)
+# One-token steps (plain decoding) of a foldable model on CUDA may run forward_folded too: the qkv and
+# gate/up GEMVs read the raw stream, o_proj and down add into it in their epilogue, 1 / rms comes from the
+# rotary kernel and gemv_swiglu's own pass over the stream: 7 launches a layer instead of 9 (no RMSNorm
+# kernel). Opt-in ("1"), not yet timed on the H200 (written in stop 27: bench/gpu_speed.py --folded-decode),
+# and it keeps a folded copy of the q/k/v and gate/up weights beside the originals (8B shape: +9 GB), which
+# a default would have to fold in place instead.
+FOLDED_DECODE_ENV = "TREEFLASH_FOLDED_DECODE"
 # new_cache reserves the rotary table this far past max_len: positions stay below max_len by construction,
 # and an index past the table would be a device-side assert inside a CUDA graph
 ROPE_MARGIN = 256
@@ -150,14 +157,17 @@ class CausalLM(nn.Module):
         # projections); 0 = off. fuse_projections chooses it (FUSED_ROWS for small bf16/fp16 models on CUDA).
         self.fused_rows = 0
         self.folded_rows = 0  # steps of 2..folded_rows tokens run forward_folded (fuse_projections chooses it)
+        self.folded_decode = False  # one-token steps run forward_folded too (FOLDED_DECODE_ENV)
 
-    def fuse_projections(self, fused_rows: int | None = None, folded_rows: int | None = None) -> "CausalLM":
+    def fuse_projections(self, fused_rows: int | None = None, folded_rows: int | None = None,
+                         folded_decode: bool | None = None) -> "CausalLM":
         """Fuse q/k/v, gate/up and the linear-attention input projections into single GEMVs
         (the per-projection parameters become views, so names and loading are unchanged), and
         choose how many tokens a step may have to take the fused-layer path (None: FUSED_ROWS for
         bf16/fp16 weights on CUDA whose largest projection is at most FUSED_WEIGHT_BYTES, else 0)
         and the folded-norm path (None: FOLDED_ROWS under the same condition, for the models
-        foldable() accepts; a positive value needs foldable()).
+        foldable() accepts; a positive value needs foldable()), and whether one-token steps take it
+        too (None: FOLDED_DECODE_ENV = "1" on CUDA for a foldable model of any size; True needs foldable()).
         Call after the weights are placed on their device."""
         for layer in self.model.layers:
             layer.fuse()
@@ -170,12 +180,14 @@ class CausalLM(nn.Module):
         foldable = self.foldable()
         if folded_rows is None:
             folded_rows = int(os.environ.get(FOLDED_ENV, FOLDED_ROWS)) if small and foldable else 0
-        if folded_rows and not foldable:
+        if folded_decode is None:
+            folded_decode = os.environ.get(FOLDED_DECODE_ENV) == "1" and on_gpu and foldable
+        if (folded_rows or folded_decode) and not foldable:
             raise ValueError(f"fuse_projections: folded norms need a dense attention-only model without q/k/v bias, "
                              f"output gate or int4 projections ({self.config.arch})")
         for layer in self.model.layers:  # built only where the path is on; refreshed in place on a second call
-            layer.fold_norms(bool(folded_rows))
-        self.fused_rows, self.folded_rows = fused_rows, folded_rows
+            layer.fold_norms(bool(folded_rows or folded_decode))
+        self.fused_rows, self.folded_rows, self.folded_decode = fused_rows, folded_rows, bool(folded_decode)
         return self
 
     def foldable(self) -> bool:
@@ -262,7 +274,8 @@ class CausalLM(nn.Module):
                 if i in capture_layers:
                     captured.append(x)
             hidden = self.model.norm(x)
-        elif 1 < step.num_tokens <= self.folded_rows:  # norms folded into the projections (the stream updated in place)
+        elif 1 < step.num_tokens <= self.folded_rows or step.num_tokens == 1 and self.folded_decode:
+            # norms folded into the projections (the stream updated in place)
             for i, layer in enumerate(self.model.layers):
                 x = layer.forward_folded(x, rope, step, cache.layers[i])
                 if i in capture_layers:

@@ -143,6 +143,29 @@ def test_measure_verify_times_is_cached_per_bucket():
     assert context_bucket(100) == context_bucket(128) == 128 and context_bucket(129) == 256
 
 
+def test_cpu_verify_table_is_short():
+    """On a CPU the table stops at 33 nodes and takes the faster of 2 runs (budget.CPU_NODE_COUNTS: the full
+    8-size median-of-3 table cost more than a short drafted answer saved); larger budgets extrapolate."""
+    from tests.models.hf_oracle import make_pair
+    from treeflash.spec import budget
+
+    _, model = make_pair("llama")
+    calls = []
+    real = budget._median_times
+
+    def counted(verify, node_counts, repeats, device, fastest=False):
+        calls.append((node_counts, repeats, fastest))
+        return real(verify, node_counts, repeats, device, fastest)
+
+    budget._median_times = counted
+    try:
+        times = measure_verify_times(model, 3000)
+    finally:
+        budget._median_times = real
+    assert calls == [(budget.CPU_NODE_COUNTS, budget.CPU_REPEATS, True)]
+    assert set(times) == set(budget.CPU_NODE_COUNTS) and max(times) == 33
+
+
 def test_one_cold_propose_does_not_price_every_draft():
     """A request's first propose (the prompt's eager pass, or a first kernel compile) can take 100x a
     steady one: the draft cost is the median of recent proposes, so one such outlier leaves the

@@ -148,3 +148,32 @@ def test_gemv_add_into_and_rows_reject_misuse():
     s = torch.ones(1, 4)
     got = gemv(x, w, add_into=s)  # the CPU reference: in place, one rounding
     assert got is s and torch.allclose(s, 1 + x @ w.t(), atol=1e-6)
+
+
+def test_cpu_padded_linear_pads_three_rows_and_keeps_the_values(monkeypatch):
+    """On a CPU a 3-row fp32 projection (and the head at 2 or 3 rows) runs as 4 rows: MKL takes 2-3 rows one
+    matrix-vector product at a time (the head: 43 ms at 3 rows, 25 ms at 4; kernels/projection.py). The kept
+    rows equal F.linear's to fp32 rounding; other row counts and dtypes pass through unpadded."""
+    import torch.nn.functional as F
+
+    from treeflash.kernels import projection
+
+    seen = []
+    real = F.linear
+
+    def spy(x, w, b=None):
+        seen.append(x.shape[0])
+        return real(x, w, b)
+
+    monkeypatch.setattr(projection.F, "linear", spy)
+    w, b = torch.randn(40, 24), torch.randn(40)
+    for m in range(1, 6):
+        x = torch.randn(m, 24)
+        got = projection.cpu_padded_linear(x, w, b)
+        head = projection.cpu_padded_linear(x, w, rows=projection.CPU_PAD_HEAD_ROWS)
+        assert got.shape == (m, 40) and head.shape == (m, 40)
+        assert torch.allclose(got, real(x, w, b), atol=1e-5) and torch.allclose(head, real(x, w), atol=1e-5)
+    assert seen == [1, 1, 2, 4, 4, 4, 4, 4, 5, 5]  # projections pad 3 rows, the head 2 and 3
+    seen.clear()
+    projection.cpu_padded_linear(torch.randn(3, 24, dtype=torch.float64), w.double())
+    assert seen == [3]  # fp32 only

@@ -117,7 +117,7 @@ class Attention(nn.Module):
             q, k, v = projection.linear(x, self.qkv_weight, self.qkv_bias).split(
                 [self.q_proj.weight.shape[0], self.k_proj.weight.shape[0], self.v_proj.weight.shape[0]], dim=-1)
         else:
-            q, k, v = self.q_proj(x), self.k_proj(x), self.v_proj(x)
+            q, k, v = (projection.apply(p, x) for p in (self.q_proj, self.k_proj, self.v_proj))  # apply: CPU row padding
         gate = None
         if self.gated:  # q_proj yields [q | gate] per head; gate: [T, H, D], a strided view
             q, gate = q.view(n, self.num_heads, 2 * self.head_dim).chunk(2, dim=-1)

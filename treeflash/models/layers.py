@@ -200,4 +200,5 @@ class MLP(nn.Module):
             return self.down_proj(silu_mul(self.gate_up_int4(x)))
         if self.gate_up is not None:
             return projection.project(self.down_proj, projection.swiglu(x, self.gate_up), defer)
-        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+        act = F.silu(projection.apply(self.gate_proj, x)) * projection.apply(self.up_proj, x)  # apply: CPU row padding
+        return projection.apply(self.down_proj, act)

@@ -207,7 +207,7 @@ class CausalLM(nn.Module):
         if low is not None:
             return torch.nn.functional.linear(hidden.to(low.dtype), low).float()
         w = self.model.embed_tokens.weight if self.lm_head is None else self.lm_head.weight
-        return torch.nn.functional.linear(hidden, w).float()
+        return projection.cpu_padded_linear(hidden, w, rows=projection.CPU_PAD_HEAD_ROWS).float()
 
     @property
     def device(self) -> torch.device:

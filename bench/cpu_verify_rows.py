@@ -5,6 +5,9 @@ the best of 4 passes after 2 warm-ups, two rounds. Prints one line: `TAG {nodes:
 
 docs/core.md ("3-row products on a CPU") compares the code before and after the row padding with it.
 """
+
+from __future__ import annotations
+
 import sys
 import time
 
@@ -12,20 +15,35 @@ import torch
 
 from treeflash.models.loader import load_model
 from treeflash.models.step import StepInput
-m = load_model(None); model = m.model
-torch.set_num_threads(1)
-ctx=256
-cache = model.new_cache(ctx+70); cache.seq_len = ctx
-def verify(n):
-    ids = torch.randint(0, model.config.vocab_size, (n,))
-    model(StepInput.chain(ids, ctx), cache, compute_logits=True); cache.pending = 0
-with torch.inference_mode():
-  res = {}
-  for rnd in range(2):
-    for n in (1,2,3,4,5):
-      for _ in range(2): verify(n)
-      ts=[]
-      for _ in range(4):
-        t=time.perf_counter(); verify(n); ts.append(time.perf_counter()-t)
-      res.setdefault(n, []).append(round(min(ts)*1e3,1))
-  print(sys.argv[1] if sys.argv[1:] else "now", res)
+
+CONTEXT = 256
+
+
+@torch.inference_mode()
+def main(tag: str) -> None:
+    torch.set_num_threads(1)
+    model = load_model(None).model
+    cache = model.new_cache(CONTEXT + 70)
+    cache.seq_len = CONTEXT  # timing only: a zero prefix costs attention what real keys do
+
+    def verify(n: int) -> None:
+        ids = torch.randint(0, model.config.vocab_size, (n,))
+        model(StepInput.chain(ids, CONTEXT), cache, compute_logits=True)
+        cache.pending = 0  # drop the uncommitted nodes
+
+    res: dict[int, list[float]] = {}
+    for _ in range(2):
+        for n in (1, 2, 3, 4, 5):
+            for _ in range(2):
+                verify(n)
+            times = []
+            for _ in range(4):
+                t0 = time.perf_counter()
+                verify(n)
+                times.append(time.perf_counter() - t0)
+            res.setdefault(n, []).append(round(min(times) * 1e3, 1))
+    print(tag, res)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1] if sys.argv[1:] else "now")

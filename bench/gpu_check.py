@@ -147,11 +147,11 @@ def gemv_norm_fusion_check(where: str) -> dict:
 
 
 def folded_decode_check() -> dict:
-    """One-token steps through forward_folded (fuse_projections(folded_decode=True); opt-in, stop 27) on a
-    tiny qwen3 (q/k norms) with its projection shapes added to gemv's tables, so the decode step runs the
-    folded GEMVs: the residual adds in gemv's epilogue (down with split-K), 1 / rms in gemv_swiglu's.
-    fp32 logits against transformers (eager), graphed plain and speculative tokens against the unfolded
-    model's graphed plain decoding."""
+    """Every step through forward_folded, the weights folded in place (fuse_projections(folded_decode=True);
+    opt-in, stop 27), on a tiny qwen3 (q/k norms) with its projection shapes added to gemv's tables, so the
+    decode step runs the folded GEMVs: the residual adds in gemv's epilogue (down with split-K), 1 / rms in
+    gemv_swiglu's. fp32 logits against transformers (eager prefill and decode), graphed plain and speculative
+    tokens against the same model's graphed plain decoding before folding."""
     from treeflash.kernels import gemv
 
     hf, ours = make_pair("qwen3")
@@ -174,8 +174,7 @@ def folded_decode_check() -> dict:
             tokens = decode(ours, prompt, 60, graphs=True)
             spec = decode(ours, prompt, 60, OracleDrafter(ours, depth=4, width=2, corrupt=0.4), graphs=True)
     finally:
-        _restore_tables(*saved)
-        ours.fuse_projections(fused_rows=0, folded_rows=0, folded_decode=False)
+        _restore_tables(*saved)  # the model stays folded in place (irreversible); it is not used again
     ok = err < 1e-3 and inc < 1e-3 and tokens == unfolded and spec == unfolded
     return {"prefill_max_abs_err": err, "decode_max_abs_err": inc, "graph_tokens_identical": tokens == unfolded,
             "graph_spec_identical": spec == unfolded, "ok": ok}

@@ -136,10 +136,11 @@ def main() -> None:
 
 
 def folded_decode_main() -> None:
-    """One-token steps through forward_folded (fuse_projections(folded_decode=True)): the folded q/k/v and
-    gate/up weights on gemv / gemv_swiglu (1 / rms from its own pass), o_proj and down adding into the
-    stream in gemv's epilogue (down with split-K), the rotary kernel's 1 / rms; logits of 5 decode steps
-    after a 10-token prefill against transformers' full forward (fp32), for llama and qwen3 (q/k norms)."""
+    """Every step through forward_folded (fuse_projections(folded_decode=True): the gains folded into the
+    fused q/k/v and gate/up weights in place): on one-token steps those on gemv / gemv_swiglu (1 / rms from
+    its own pass), o_proj and down adding into the stream in gemv's epilogue (down with split-K), the rotary
+    kernel's 1 / rms; logits of 5 decode steps after a 10-token (folded) prefill against transformers' full
+    forward (fp32), for llama and qwen3 (q/k norms)."""
     from tests.models.hf_oracle import make_pair
 
     result = {}
@@ -174,8 +175,14 @@ def folded_decode_main() -> None:
                 got = torch.cat([ours(StepInput.plain(ids[t : t + 1], t), cache).logits for t in range(10, 15)])
         finally:
             gemv.gemv, gemv.gemv_swiglu = orig_gemv, orig_swiglu
+        try:
+            ours.fuse_projections(folded_decode=False)
+            refused = False
+        except ValueError:
+            refused = True
         result[arch] = {"err": (got - ref).abs().max().item(), "scale": ref.abs().max().item(), "add_calls": calls["add"],
-                        "rows_calls": calls["rows"], "layers": len(ours.model.layers), "hidden": hidden}
+                        "rows_calls": calls["rows"], "layers": len(ours.model.layers), "hidden": hidden,
+                        "unfold_refused": refused}
     print(json.dumps(result))
 
 

@@ -34,10 +34,11 @@ def test_verify_step_with_gemv_rows_matches_plain_torch():
 def test_folded_decode_matches_transformers():
     """models.transformer's folded decode (TREEFLASH_FOLDED_DECODE): one-token steps through forward_folded,
     every projection on the GEMVs with the residual adds in their epilogues and no norm kernel, equal to
-    transformers in fp32 (llama; qwen3 with its q/k norms). The 10-token prefill runs the unfolded layers (folded_rows 0):
-    both paths keep one cache."""
+    transformers in fp32 (llama; qwen3 with its q/k norms). The weights are folded in place, so the 10-token
+    prefill runs folded too; unfolding again is refused."""
     r = run_module("tests.models.gemv_model_checks", "folded_decode")
     for arch, row in r.items():
         # 5 steps x layers: o_proj and down add into the stream; gate_up scales by 1 / rms
         assert row["add_calls"] == 5 * 2 * row["layers"] and row["rows_calls"] == 5 * row["layers"], (arch, row)
         assert row["err"] <= 5e-6 * max(row["scale"], 1.0), (arch, row)  # measured 2-4e-7
+        assert row["unfold_refused"], (arch, row)

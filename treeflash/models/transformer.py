@@ -37,12 +37,12 @@ FUSED_WEIGHT_BYTES = 8 << 20
 # fuse_projections freed the folded copies under the first one's graphs; fixed in stop 24, fold_into.)
 FOLDED_ROWS = 64
 FOLDED_ENV = "TREEFLASH_FOLDED_ROWS"  # overrides FOLDED_ROWS where fuse_projections chooses ("0": off; for A/B runs)
-# One-token steps (plain decoding) of a foldable model on CUDA may run forward_folded too: the qkv and
-# gate/up GEMVs read the raw stream, o_proj and down add into it in their epilogue, 1 / rms comes from the
-# rotary kernel and gemv_swiglu's own pass over the stream: 7 launches a layer instead of 9 (no RMSNorm
-# kernel). Opt-in ("1"), not yet timed on the H200 (written in stop 27: bench/gpu_speed.py --folded-decode),
-# and it keeps a folded copy of the q/k/v and gate/up weights beside the originals (8B shape: +9 GB), which
-# a default would have to fold in place instead.
+# Folded everywhere: every step of a foldable model on CUDA, plain one-token steps and prefill included, runs
+# forward_folded, with the norms' gains folded into the fused q/k/v and gate/up weights in place (no copy). On
+# a one-token step the qkv and gate/up GEMVs read the raw stream, o_proj and down add into it in their epilogue,
+# and 1 / rms comes from the rotary kernel and gemv_swiglu's own pass over the stream: 7 launches a layer
+# instead of 9 (no RMSNorm kernel). Opt-in ("1"), not yet timed on the H200 (written in stop 27:
+# bench/gpu_speed.py --folded-decode). Irreversible for a loaded model (fuse_projections refuses to unfold).
 FOLDED_DECODE_ENV = "TREEFLASH_FOLDED_DECODE"
 # new_cache reserves the rotary table this far past max_len: positions stay below max_len by construction,
 # and an index past the table would be a device-side assert inside a CUDA graph
@@ -93,11 +93,20 @@ class DecoderLayer(nn.Module):
         s = self.self_attn.forward_folded(s, rope, step, cache, self.input_layernorm.eps)
         return self.mlp.forward_folded(s, self.post_attention_layernorm.eps)
 
-    def fold_norms(self, fold: bool = True) -> None:
+    def fold_norms(self, fold: bool = True, in_place: bool = False) -> None:
         """Build (or refresh in place) the folded weight copies forward_folded reads. fold False builds
         none; copies built earlier stay: a CUDA graph captured over them (another Engine's, on this
-        shared model) must not read freed memory."""
+        shared model) must not read freed memory. in_place: fold the gains into the fused q/k/v and
+        gate/up weights themselves, once (no copy; every step must then run forward_folded)."""
         if not fold:
+            return
+        if in_place:
+            if not getattr(self, "folded_in_place", False):
+                attn, mlp = self.self_attn, self.mlp
+                attn.qkv_weight.copy_(self.input_layernorm.fold_into(attn.qkv_weight))
+                mlp.gate_up.copy_(self.post_attention_layernorm.fold_into(mlp.gate_up))
+                self.folded_in_place = True
+            self.self_attn.qkv_folded, self.mlp.gate_up_folded = self.self_attn.qkv_weight, self.mlp.gate_up
             return
         self.self_attn.fold_norm(self.input_layernorm)
         self.mlp.fold_norm(self.post_attention_layernorm)
@@ -157,7 +166,7 @@ class CausalLM(nn.Module):
         # projections); 0 = off. fuse_projections chooses it (FUSED_ROWS for small bf16/fp16 models on CUDA).
         self.fused_rows = 0
         self.folded_rows = 0  # steps of 2..folded_rows tokens run forward_folded (fuse_projections chooses it)
-        self.folded_decode = False  # one-token steps run forward_folded too (FOLDED_DECODE_ENV)
+        self.folded_decode = False  # every step runs forward_folded, the weights folded in place (FOLDED_DECODE_ENV)
 
     def fuse_projections(self, fused_rows: int | None = None, folded_rows: int | None = None,
                          folded_decode: bool | None = None) -> "CausalLM":
@@ -167,7 +176,8 @@ class CausalLM(nn.Module):
         bf16/fp16 weights on CUDA whose largest projection is at most FUSED_WEIGHT_BYTES, else 0)
         and the folded-norm path (None: FOLDED_ROWS under the same condition, for the models
         foldable() accepts; a positive value needs foldable()), and whether one-token steps take it
-        too (None: FOLDED_DECODE_ENV = "1" on CUDA for a foldable model of any size; True needs foldable()).
+        too, the weights folded in place (None: FOLDED_DECODE_ENV = "1" on CUDA for a foldable model of any
+        size; True needs foldable(); once on it stays on: every path then runs folded).
         Call after the weights are placed on their device."""
         for layer in self.model.layers:
             layer.fuse()
@@ -181,12 +191,18 @@ class CausalLM(nn.Module):
         if folded_rows is None:
             folded_rows = int(os.environ.get(FOLDED_ENV, FOLDED_ROWS)) if small and foldable else 0
         if folded_decode is None:
-            folded_decode = os.environ.get(FOLDED_DECODE_ENV) == "1" and on_gpu and foldable
+            folded_decode = self.folded_decode or (os.environ.get(FOLDED_DECODE_ENV) == "1" and on_gpu and foldable)
         if (folded_rows or folded_decode) and not foldable:
             raise ValueError(f"fuse_projections: folded norms need a dense attention-only model without q/k/v bias, "
                              f"output gate or int4 projections ({self.config.arch})")
+        if folded_decode and fused_rows:
+            raise ValueError("fuse_projections: folded_decode folds the weights in place; the fused layers (fused_rows) "
+                             "need them unfolded")
+        if self.folded_decode and not folded_decode:
+            raise ValueError("fuse_projections: the norms are folded into this model's weights in place "
+                             "(folded_decode); load the model again to run it unfolded")
         for layer in self.model.layers:  # built only where the path is on; refreshed in place on a second call
-            layer.fold_norms(bool(folded_rows or folded_decode))
+            layer.fold_norms(bool(folded_rows or folded_decode), in_place=bool(folded_decode))
         self.fused_rows, self.folded_rows, self.folded_decode = fused_rows, folded_rows, bool(folded_decode)
         return self
 
@@ -274,8 +290,8 @@ class CausalLM(nn.Module):
                 if i in capture_layers:
                     captured.append(x)
             hidden = self.model.norm(x)
-        elif 1 < step.num_tokens <= self.folded_rows or step.num_tokens == 1 and self.folded_decode:
-            # norms folded into the projections (the stream updated in place)
+        elif 1 < step.num_tokens <= self.folded_rows or self.folded_decode:
+            # norms folded into the projections (the stream updated in place; folded_decode: every step)
             for i, layer in enumerate(self.model.layers):
                 x = layer.forward_folded(x, rope, step, cache.layers[i])
                 if i in capture_layers:

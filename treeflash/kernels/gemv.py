@@ -328,9 +328,9 @@ def gemv(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None
     if add_into is not None:
         _check_add_into(x, weight, add_into, norm is not None or norm_in is not None)
     if not (x.is_cuda or _interpreting()):
-        if add_into is not None:
-            return add_into.copy_((add_into.float() + F.linear(x.reshape(1, -1).float(), weight.float(),
-                                                                None if bias is None else bias.float()).reshape(add_into.shape)).to(add_into.dtype))
+        if add_into is not None:  # fp32 product and add, one rounding (gemm_pdl.gemm_ref's numerics, with the bias)
+            y = F.linear(x.reshape(1, -1).float(), weight.float(), None if bias is None else bias.float())
+            return add_into.copy_((add_into.float() + y.reshape(add_into.shape)).to(add_into.dtype))
         if norm is not None:
             return gemv_add_norm_reference(x, weight, *norm, bias=bias)
         if norm_in is not None:

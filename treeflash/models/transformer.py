@@ -71,6 +71,7 @@ class DecoderLayer(nn.Module):
 
             self.linear_attn = GatedDeltaNet(config)
         self.mlp = MLP(config.hidden_size, config.intermediate_size)
+        self.folded_in_place = False  # fold_norms(in_place=True) ran: the gains are in the fused weights
 
     def forward(self, x, rope, step: StepInput, cache) -> torch.Tensor:
         out, residual = self.forward_residual(x, None, rope, step, cache)
@@ -101,7 +102,7 @@ class DecoderLayer(nn.Module):
         if not fold:
             return
         if in_place:
-            if not getattr(self, "folded_in_place", False):
+            if not self.folded_in_place:
                 attn, mlp = self.self_attn, self.mlp
                 attn.qkv_weight.copy_(self.input_layernorm.fold_into(attn.qkv_weight))
                 mlp.gate_up.copy_(self.post_attention_layernorm.fold_into(mlp.gate_up))

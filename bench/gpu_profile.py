@@ -5,6 +5,7 @@ a graph replay). Prints the table and writes it as JSON.
     python bench/gpu_profile.py --shape qwen3-8b --out bench/results/gpu_profile_8b.json
     python bench/gpu_profile.py --shape qwen3.5-27b --fused-rows 0     # the unfused layers
     python bench/gpu_profile.py --shape smollm2-135m --drafter-layers 3  # a DFlash drafter's graphed pass
+    python bench/gpu_profile.py --shape qwen3-8b --folded-decode          # norms folded into the projections
 """
 
 from __future__ import annotations
@@ -42,6 +43,7 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--shape", default="qwen3-8b")
     p.add_argument("--fused-rows", type=int, default=None, help="0: the unfused layers; default: the model's")
+    p.add_argument("--folded-decode", action="store_true", help="every norm folded into the projection after it (as gpu_speed.py)")
     p.add_argument("--context", type=int, default=512)
     p.add_argument("--replays", type=int, default=10)
     p.add_argument("--bucket", type=int, default=1, help="profile the verify graph of this many nodes (1: decode)")
@@ -50,7 +52,8 @@ def main() -> None:
     p.add_argument("--block-size", type=int, default=16)
     p.add_argument("--out", default=None)
     args = p.parse_args()
-    model = build_model(args.shape).fuse_projections(fused_rows=args.fused_rows)
+    model = build_model(args.shape)
+    model.fuse_projections(fused_rows=args.fused_rows, folded_decode=True if args.folded_decode else None)
     cache = model.new_cache(args.context + 256)
     buckets = tuple(sorted({1, args.bucket}))
     runner = CudaGraphRunner(model, cache, buckets=buckets)
@@ -79,11 +82,11 @@ def main() -> None:
     rows.sort(key=lambda r: -r["us_per_step"])
     total = sum(r["us_per_step"] for r in rows)
     calls = sum(r["calls_per_step"] for r in rows)
-    print(f"{args.shape} fused_rows={model.fused_rows} bucket {args.bucket}: {total:.0f} us of kernels per step, {calls:.0f} kernels")
+    print(f"{args.shape} fused_rows={model.fused_rows} folded_decode={model.folded_decode} bucket {args.bucket}: {total:.0f} us of kernels per step, {calls:.0f} kernels")
     for r in rows[:30]:
         print(f"  {r['us_per_step']:8.1f} us  {r['calls_per_step']:6.0f}x  {r['name']}")
     if args.out:
-        Path(args.out).write_text(json.dumps({"shape": args.shape, "fused_rows": model.fused_rows, "bucket": args.bucket,
+        Path(args.out).write_text(json.dumps({"shape": args.shape, "fused_rows": model.fused_rows, "folded_decode": model.folded_decode, "bucket": args.bucket,
                                               "kernel_us_per_step": total, "kernels_per_step": calls, "rows": rows}, indent=2))
 
 

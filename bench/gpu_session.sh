@@ -15,6 +15,8 @@
 # speed      bench/gpu_speed.py, both shapes, decode + verify 1/32 + prefill 4K/32K -> gpu_speed.json (<= 160 s)
 # folded_ab  bench/gpu_speed.py, decode + verify 1: the 8B shape without and with --folded-decode, twice interleaved
 #            (off on off on), then the SmolLM2 shape the same way -> folded_{off,on}_{8b,smol}_{1,2}.json (<= 60 s each)
+# profile_folded  bench/gpu_profile.py, kernel by kernel, the 8B and SmolLM2 shapes without and with
+#            --folded-decode -> profile_{default,folded}_{shape}.json (<= 60 s each)
 # kv         bench/kv_attention_gpu.py --sweep over the q8_0-K pairs -> kv_attention_sweep.json (<= 170 s)
 # kv_split   the "split" / "split8" dequantization variants against words, 27B heads (<= 200 s) and 8B heads
 #            (head_dim 128, <= 120 s) -> kv_sweep_split.json, kv_sweep_split_hd128.json
@@ -86,6 +88,17 @@ for stage in $STAGES; do
             log "rc=$?"
             grep -E "decode" "$OUT/folded_${mode}_${tag}_${round}.log" | head -1 | tee -a "$OUT/progress.log"
           done
+        done
+      done ;;
+    profile_folded)
+      # where the folded step's time goes against the default's: kernel by kernel, both shapes (<= 60 s each)
+      for shape in qwen3-8b smollm2-135m; do
+        for mode in default folded; do
+          flag=$([ "$mode" = folded ] && echo --folded-decode || echo "")
+          log "gpu_profile $shape $mode"
+          timeout 60 python3 bench/gpu_profile.py --shape "$shape" $flag --replays 20 \
+            --out "$OUT/profile_${mode}_${shape}.json" > "$OUT/profile_${mode}_${shape}.log" 2>&1
+          log "rc=$? $(head -n 1 "$OUT/profile_${mode}_${shape}.log")"
         done
       done ;;
     kv)
@@ -164,7 +177,12 @@ for stage in $STAGES; do
       else
         log "no /tmp/smol.gguf: cli_bisect skipped"
       fi ;;
-    *) log "unknown stage $stage (check, gdn, verify_ab, speed, kv, kv_split, kv_long, device_steps, cli_bench, cli_bisect)" ;;
+    *) log "unknown stage $stage (check, gdn, verify_ab, speed, folded_ab, profile_folded, kv, kv_split, kv_long, device_steps, cli_bench, cli_bisect)" ;;
   esac
 done
 log "done"
+# the device returns at most 8 files: everything but progress.log goes back as one archive
+if [ "$(find "$OUT" -type f | wc -l)" -gt 8 ]; then
+  (cd "$OUT" && tar czf session.tar.gz --exclude session.tar.gz --exclude progress.log . \
+    && find . -type f ! -name session.tar.gz ! -name progress.log -delete)
+fi

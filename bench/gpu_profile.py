@@ -43,7 +43,8 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--shape", default="qwen3-8b")
     p.add_argument("--fused-rows", type=int, default=None, help="0: the unfused layers; default: the model's")
-    p.add_argument("--folded-decode", action="store_true", help="every norm folded into the projection after it (as gpu_speed.py)")
+    p.add_argument("--folded-decode", action=argparse.BooleanOptionalAction, default=None,
+                   help="every norm folded into the projection after it, or none; default: the model's choice (as gpu_speed.py)")
     p.add_argument("--context", type=int, default=512)
     p.add_argument("--replays", type=int, default=10)
     p.add_argument("--bucket", type=int, default=1, help="profile the verify graph of this many nodes (1: decode)")
@@ -53,7 +54,7 @@ def main() -> None:
     p.add_argument("--out", default=None)
     args = p.parse_args()
     model = build_model(args.shape)
-    model.fuse_projections(fused_rows=args.fused_rows, folded_decode=True if args.folded_decode else None)
+    model.fuse_projections(fused_rows=args.fused_rows, folded_decode=args.folded_decode)
     cache = model.new_cache(args.context + 256)
     buckets = tuple(sorted({1, args.bucket}))
     runner = CudaGraphRunner(model, cache, buckets=buckets)

@@ -17,6 +17,8 @@
 #            (off on off on), then the SmolLM2 shape the same way -> folded_{off,on}_{8b,smol}_{1,2}.json (<= 60 s each)
 # profile_folded  bench/gpu_profile.py, kernel by kernel, the 8B and SmolLM2 shapes without and with
 #            --folded-decode -> profile_{default,folded}_{shape}.json (<= 60 s each)
+# eval_folded  with /tmp/smol.gguf: treeflash.train.evaluate on the default model, budgets 32 and auto, with folded
+#            decode (the default at its size) and without -> eval_folded.json, eval_unfolded.json (<= 170 s each)
 # kv         bench/kv_attention_gpu.py --sweep over the q8_0-K pairs -> kv_attention_sweep.json (<= 170 s)
 # kv_split   the "split" / "split8" dequantization variants against words, 27B heads (<= 200 s) and 8B heads
 #            (head_dim 128, <= 120 s) -> kv_sweep_split.json, kv_sweep_split_hd128.json
@@ -81,7 +83,7 @@ for stage in $STAGES; do
         tag=$([ "$shape" = qwen3-8b ] && echo 8b || echo smol)
         for round in 1 2; do
           for mode in off on; do
-            flag=$([ "$mode" = on ] && echo --folded-decode || true)
+            flag=$([ "$mode" = on ] && echo --folded-decode || echo --no-folded-decode)
             log "gpu_speed $shape folded decode $mode (round $round)"
             PYTHONPATH=$SITE timeout 60 python3 bench/gpu_speed.py --shapes "$shape" --buckets 1 --prefill "" --drafter-layers 0 \
               --decode-tokens 64 $flag --out "$OUT/folded_${mode}_${tag}_${round}.json" > "$OUT/folded_${mode}_${tag}_${round}.log" 2>&1
@@ -94,13 +96,29 @@ for stage in $STAGES; do
       # where the folded step's time goes against the default's: kernel by kernel, both shapes (<= 60 s each)
       for shape in qwen3-8b smollm2-135m; do
         for mode in default folded; do
-          flag=$([ "$mode" = folded ] && echo --folded-decode || echo "")
+          flag=$([ "$mode" = folded ] && echo --folded-decode || echo --no-folded-decode)
           log "gpu_profile $shape $mode"
           timeout 60 python3 bench/gpu_profile.py --shape "$shape" $flag --replays 20 \
             --out "$OUT/profile_${mode}_${shape}.json" > "$OUT/profile_${mode}_${shape}.log" 2>&1
           log "rc=$? $(head -n 1 "$OUT/profile_${mode}_${shape}.log")"
         done
       done ;;
+    eval_folded)
+      # with /tmp/smol.gguf: the real default model and its shipped drafter, plain / DDTree-32 / auto, with the
+      # model's default (folded decode on at this size since stop 28) and with TREEFLASH_FOLDED_DECODE=0 (<= 170 s each)
+      if [ -f /tmp/smol.gguf ]; then
+        for ab in "eval_folded 1" "eval_unfolded 0"; do
+          set -- $ab
+          log "evaluate $1 (TREEFLASH_FOLDED_DECODE=$2)"
+          TREEFLASH_FOLDED_DECODE=$2 PYTHONPATH=/tmp/site:$PWD timeout 170 python3 -m treeflash.train.evaluate --target /tmp/smol.gguf \
+            --drafter treeflash/assets/smollm2_dflash --device cuda --budgets 32 auto --max-tokens 256 --time-limit 130 \
+            --out "$OUT/$1.json" > "$OUT/$1.log" 2>&1
+          log "rc=$?"
+          grep -E "^\[eval\]" "$OUT/$1.log" | tail -n 6 | tee -a "$OUT/progress.log"
+        done
+      else
+        log "no /tmp/smol.gguf: evaluation skipped"
+      fi ;;
     kv)
       log "kv_attention sweep (q8_0 K pairs)"
       PYTHONPATH=$SITE timeout 170 python3 bench/kv_attention_gpu.py --sweep --sweep-pairs q8_0/q8_0 q8_0/tq3_0 q8_0/bf16 \
@@ -177,12 +195,12 @@ for stage in $STAGES; do
       else
         log "no /tmp/smol.gguf: cli_bisect skipped"
       fi ;;
-    *) log "unknown stage $stage (check, gdn, verify_ab, speed, folded_ab, profile_folded, kv, kv_split, kv_long, device_steps, cli_bench, cli_bisect)" ;;
+    *) log "unknown stage $stage (check, gdn, verify_ab, speed, folded_ab, profile_folded, eval_folded, kv, kv_split, kv_long, device_steps, cli_bench, cli_bisect)" ;;
   esac
 done
 log "done"
 # the device returns at most 8 files: everything but progress.log goes back as one archive
 if [ "$(find "$OUT" -type f | wc -l)" -gt 8 ]; then
-  (cd "$OUT" && tar czf session.tar.gz --exclude session.tar.gz --exclude progress.log . \
+  (cd "$OUT" && tar czf /tmp/gpu_session.tar.gz --exclude progress.log . && mv /tmp/gpu_session.tar.gz session.tar.gz \
     && find . -type f ! -name session.tar.gz ! -name progress.log -delete)
 fi

@@ -69,7 +69,7 @@ def bench_shape(shape: str, args, bandwidth: float) -> dict:
     if not args.unfused:
         # --folded-decode: one-token steps through forward_folded where the model is foldable (dense
         # attention-only; the hybrid 27B shape is not): an opt-in measured against the default
-        folded = (args.folded_decode and model.foldable()) if args.folded_decode else None
+        folded = (args.folded_decode and model.foldable()) if args.folded_decode is not None else None
         model.fuse_projections(fused_rows=args.fused_rows, folded_decode=folded)
     c = model.config
     res: dict = {"shape": shape, "fused_rows": model.fused_rows, "folded_decode": model.folded_decode, "params_b": sum(p.numel() for p in model.parameters()) / 1e9,
@@ -315,9 +315,9 @@ def main() -> None:
                    help="the decode step's gate_up + SiLU-mul as one GEMV for the shapes in gemv.TUNED_SWIGLU; --no-swiglu: cuBLAS + silu_mul")
     p.add_argument("--pdl", action=argparse.BooleanOptionalAction, default=None,
                    help="launch our Triton kernels with programmatic dependent launch (kernels/pdl.py; default: the library's, on)")
-    p.add_argument("--folded-decode", action="store_true",
-                   help="decode steps of a foldable (dense) shape with every RMSNorm folded into the projection after it "
-                        "(models.transformer FOLDED_DECODE_ENV; a folded weight copy beside the original)")
+    p.add_argument("--folded-decode", action=argparse.BooleanOptionalAction, default=None,
+                   help="decode steps of a foldable (dense) shape with every RMSNorm folded into the projection after it, "
+                        "or (--no-folded-decode) none; default: the model's choice (models.transformer FOLDED_DECODE_ENV)")
     p.add_argument("--no-static-end", action="store_true", help="graphed attention reads the whole cache buffer under the key mask")
     p.add_argument("--attn-fused-combine", action="store_true", help="attention: the last split merges the splits (no combine launch)")
     p.add_argument("--static-split-cap", type=int, default=None, help="graphed attention: at most this many key blocks per split (0: off)")

@@ -41,8 +41,11 @@ FOLDED_ENV = "TREEFLASH_FOLDED_ROWS"  # overrides FOLDED_ROWS where fuse_project
 # forward_folded, with the norms' gains folded into the fused q/k/v and gate/up weights in place (no copy). On
 # a one-token step the qkv and gate/up GEMVs read the raw stream, o_proj and down add into it in their epilogue,
 # and 1 / rms comes from the rotary kernel and gemv_swiglu's own pass over the stream: 7 launches a layer
-# instead of 9 (no RMSNorm kernel). Opt-in ("1"), not yet timed on the H200 (written in stop 27:
-# bench/gpu_speed.py --folded-decode). Irreversible for a loaded model (fuse_projections refuses to unfold).
+# instead of 9 (no RMSNorm kernel). On by default for the small models that take FOLDED_ROWS: on the H200
+# (stop 28, bench/results/s28/), the SmolLM2 shape decodes at 2,078-2,081 tokens/s pipelined against
+# 1,813-1,823 unfolded, while the Qwen3-8B shape lost (229.6 against 235.9-236.2: its 1 / rms passes cost more
+# than the 73 norm launches they replace), so larger models keep it off. "1" / "0" force it on / off for
+# any foldable model. Irreversible for a loaded model (fuse_projections refuses to unfold).
 FOLDED_DECODE_ENV = "TREEFLASH_FOLDED_DECODE"
 # new_cache reserves the rotary table this far past max_len: positions stay below max_len by construction,
 # and an index past the table would be a device-side assert inside a CUDA graph
@@ -177,8 +180,8 @@ class CausalLM(nn.Module):
         bf16/fp16 weights on CUDA whose largest projection is at most FUSED_WEIGHT_BYTES, else 0)
         and the folded-norm path (None: FOLDED_ROWS under the same condition, for the models
         foldable() accepts; a positive value needs foldable()), and whether one-token steps take it
-        too, the weights folded in place (None: FOLDED_DECODE_ENV = "1" on CUDA for a foldable model of any
-        size; True needs foldable(); once on it stays on: every path then runs folded).
+        too, the weights folded in place (None: on CUDA for a small foldable model, FOLDED_DECODE_ENV "1" / "0"
+        forcing it for any foldable one; True needs foldable(); once on it stays on: every path then runs folded).
         Call after the weights are placed on their device."""
         for layer in self.model.layers:
             layer.fuse()
@@ -192,7 +195,8 @@ class CausalLM(nn.Module):
         if folded_rows is None:
             folded_rows = int(os.environ.get(FOLDED_ENV, FOLDED_ROWS)) if small and foldable else 0
         if folded_decode is None:
-            folded_decode = self.folded_decode or (os.environ.get(FOLDED_DECODE_ENV) == "1" and on_gpu and foldable)
+            forced = os.environ.get(FOLDED_DECODE_ENV)
+            folded_decode = self.folded_decode or (on_gpu and foldable and (forced == "1" if forced in ("0", "1") else small))
         if (folded_rows or folded_decode) and not foldable:
             raise ValueError(f"fuse_projections: folded norms need a dense attention-only model without q/k/v bias, "
                              f"output gate or int4 projections ({self.config.arch})")

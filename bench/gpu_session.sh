@@ -16,7 +16,7 @@
 # folded_ab  bench/gpu_speed.py, decode + verify 1: the 8B shape without and with --folded-decode, twice interleaved
 #            (off on off on), then the SmolLM2 shape the same way -> folded_{off,on}_{8b,smol}_{1,2}.json (<= 60 s each)
 # profile_folded  bench/gpu_profile.py, kernel by kernel, the 8B and SmolLM2 shapes without and with
-#            --folded-decode -> profile_{default,folded}_{shape}.json (<= 60 s each)
+#            --folded-decode, with PDL and without -> profile_{default,folded}_{shape}[_nopdl].json (<= 60 s each)
 # eval_folded  with /tmp/smol.gguf: treeflash.train.evaluate on the default model, budgets 32 and auto, with folded
 #            decode (the default at its size) and without -> eval_folded.json, eval_unfolded.json (<= 170 s each)
 # kv         bench/kv_attention_gpu.py --sweep over the q8_0-K pairs -> kv_attention_sweep.json (<= 170 s)
@@ -93,14 +93,19 @@ for stage in $STAGES; do
         done
       done ;;
     profile_folded)
-      # where the folded step's time goes against the default's: kernel by kernel, both shapes (<= 60 s each)
-      for shape in qwen3-8b smollm2-135m; do
-        for mode in default folded; do
-          flag=$([ "$mode" = folded ] && echo --folded-decode || echo --no-folded-decode)
-          log "gpu_profile $shape $mode"
-          timeout 60 python3 bench/gpu_profile.py --shape "$shape" $flag --replays 20 \
-            --out "$OUT/profile_${mode}_${shape}.json" > "$OUT/profile_${mode}_${shape}.log" 2>&1
-          log "rc=$? $(head -n 1 "$OUT/profile_${mode}_${shape}.log")"
+      # where the folded step's time goes against the default's: kernel by kernel, both shapes, with PDL
+      # (as the model runs) and without it (TREEFLASH_PDL=0: each kernel's own duration, no wait on the one
+      # before inside it) (<= 60 s each)
+      for pdl in 1 0; do
+        for shape in qwen3-8b smollm2-135m; do
+          for mode in default folded; do
+            flag=$([ "$mode" = folded ] && echo --folded-decode || echo --no-folded-decode)
+            tag=${mode}_${shape}$([ "$pdl" = 0 ] && echo _nopdl || true)
+            log "gpu_profile $shape $mode (TREEFLASH_PDL=$pdl)"
+            TREEFLASH_PDL=$pdl timeout 60 python3 bench/gpu_profile.py --shape "$shape" $flag --replays 20 \
+              --out "$OUT/profile_$tag.json" > "$OUT/profile_$tag.log" 2>&1
+            log "rc=$? $(grep -v -i warn "$OUT/profile_$tag.log" | grep 'kernels per step' | head -n 1)"
+          done
         done
       done ;;
     eval_folded)

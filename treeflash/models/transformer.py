@@ -52,6 +52,17 @@ FOLDED_DECODE_ENV = "TREEFLASH_FOLDED_DECODE"
 ROPE_MARGIN = 256
 
 
+def folded_decode_default(on_gpu: bool, foldable: bool, small: bool, fused_rows: int, forced: str | None) -> bool:
+    """fuse_projections' choice of folded decode when the caller does not make it: on CUDA (bf16 / fp16)
+    for a foldable model, FOLDED_DECODE_ENV ("1" / "0") if set, else small models only, and never
+    beside the fused layers (fused_rows > 0 needs the weights unfolded)."""
+    if not (on_gpu and foldable):
+        return False
+    if forced in ("0", "1"):
+        return forced == "1"
+    return small and not fused_rows
+
+
 @dataclass
 class ForwardOutput:
     logits: torch.Tensor | None  # [T', vocab] fp32 (T' = len(logits_at) or T)
@@ -195,8 +206,8 @@ class CausalLM(nn.Module):
         if folded_rows is None:
             folded_rows = int(os.environ.get(FOLDED_ENV, FOLDED_ROWS)) if small and foldable else 0
         if folded_decode is None:
-            forced = os.environ.get(FOLDED_DECODE_ENV)
-            folded_decode = self.folded_decode or (on_gpu and foldable and (forced == "1" if forced in ("0", "1") else small))
+            folded_decode = self.folded_decode or folded_decode_default(
+                on_gpu, foldable, small, fused_rows, os.environ.get(FOLDED_DECODE_ENV))
         if (folded_rows or folded_decode) and not foldable:
             raise ValueError(f"fuse_projections: folded norms need a dense attention-only model without q/k/v bias, "
                              f"output gate or int4 projections ({self.config.arch})")

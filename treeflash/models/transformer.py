@@ -43,9 +43,9 @@ FOLDED_ENV = "TREEFLASH_FOLDED_ROWS"  # overrides FOLDED_ROWS where fuse_project
 # and 1 / rms comes from the rotary kernel and gemv_swiglu's own pass over the stream: 7 launches a layer
 # instead of 9 (no RMSNorm kernel). On by default for the small models that take FOLDED_ROWS: on the H200
 # (stop 28, bench/results/s28/), the SmolLM2 shape decodes at 2,078-2,081 tokens/s pipelined against
-# 1,813-1,823 unfolded, while the Qwen3-8B shape lost (229.6 against 235.9-236.2: its 1 / rms passes cost more
-# than the 73 norm launches they replace), so larger models keep it off. "1" / "0" force it on / off for
-# any foldable model. Irreversible for a loaded model (fuse_projections refuses to unfold).
+# 1,813-1,823 unfolded (the real default model: 2,061 against 1,831), while the Qwen3-8B shape lost (229.6
+# against 235.9-236.2; where, is not separated: docs/performance.md "Stop 28"), so larger models keep it off.
+# "1" / "0" force it on / off for any foldable model. Irreversible for a loaded model (fuse_projections refuses to unfold).
 FOLDED_DECODE_ENV = "TREEFLASH_FOLDED_DECODE"
 # new_cache reserves the rotary table this far past max_len: positions stay below max_len by construction,
 # and an index past the table would be a device-side assert inside a CUDA graph

@@ -130,6 +130,7 @@ def use_fast_attention() -> None:
 
 
 CENTER_KEYS = True  # compressed K stored minus the prompt's mean key (the cache's default); --no-center-keys: raw keys
+ROTATE_KEYS = True  # q8_0 / q4_0 K stored rotated (the cache's default); --no-rotate-keys: as they are
 K_EXACT_LAYERS = 0  # --k-exact-layers: the runtime option (CacheSpec.k_exact_layers), for every pair
 
 
@@ -139,7 +140,8 @@ def prefill(model, ids: torch.Tensor, kt: str, vt: str, chunk: int, eval_pos: to
 
     Returns (log-probs [len(eval_pos), V] fp32 at the positions eval_pos (sorted), cache)."""
     n = int(ids.shape[0])
-    cache = model.new_cache(n + extra, cache_type_k=kt, cache_type_v=vt, center_keys=CENTER_KEYS, k_exact_layers=K_EXACT_LAYERS)
+    cache = model.new_cache(n + extra, cache_type_k=kt, cache_type_v=vt, center_keys=CENTER_KEYS, k_exact_layers=K_EXACT_LAYERS,
+                            rotate_keys=ROTATE_KEYS)
     out = []
     for start in range(0, n, chunk):
         piece = ids[start : start + chunk]
@@ -344,6 +346,8 @@ def main() -> None:
                     help="every pair through caches whose first N attention layers keep K uncompressed (the runtime's --cache-k-exact-layers)")
     ap.add_argument("--no-center-keys", action="store_true",
                     help="store compressed keys as they are, not minus the prompt's mean key (the ablation)")
+    ap.add_argument("--no-rotate-keys", action="store_true",
+                    help="store q8_0 / q4_0 keys unrotated (CacheSpec.rotate_keys off: the ablation)")
     ap.add_argument("--device", default="auto")
     args = ap.parse_args()
     if args.table:
@@ -355,8 +359,9 @@ def main() -> None:
     from treeflash.models.loader import load_model  # written beside this script; imported only when run
 
     torch.set_num_threads(args.threads)
-    global CENTER_KEYS, K_EXACT_LAYERS
+    global CENTER_KEYS, K_EXACT_LAYERS, ROTATE_KEYS
     CENTER_KEYS = not args.no_center_keys
+    ROTATE_KEYS = not args.no_rotate_keys
     K_EXACT_LAYERS = args.k_exact_layers
     if args.attention == "fast":
         use_fast_attention()
@@ -386,6 +391,7 @@ def main() -> None:
         "reference": args.reference,
         "attention": args.attention,
         "center_keys": CENTER_KEYS,
+        "rotate_keys": ROTATE_KEYS,
         "k_exact_layers": K_EXACT_LAYERS,
         "num_tokens": len(ids_list),
         "eval_positions": w,

@@ -7,12 +7,6 @@ group L2 normalization, Lloyd-Max centroids, per-block scale) with `formats.rota
 `formats.unrotate` patched to the identity while that pair runs (CPU reference path only). It
 measures what the rotation buys; it is not a cache type of the runtime.
 
-"q8_0-rot" and "q4_0-rot" (bench-only, CPU reference path only) are q8_0 / q4_0 stored after tq3_0's
-Hadamard rotation (`formats.rotate` before the reference quantizer, `formats.unrotate` after the
-dequantizer; per group of min(128, D) values): what the rotation would buy the scalar formats, whose
-error grows with each 32-value block's largest value. The switch is by format name, so a pair
-cannot mix a rotated and a plain side of the same format (q8_0-rot/q8_0 is refused).
-
 "<type>-sinkN" (e.g. tq3_0-sink4, q4_0-sink16; bench-only, CPU reference path only) is <type> with
 the rows of positions < N kept exact: every write still quantizes all rows as the cache does, and
 the rows of positions < N are also kept as written (fp32: for K that is the centered key k - m,
@@ -49,46 +43,13 @@ def _no_rotation():
         formats.rotate, formats.unrotate = saved
 
 
-ROT_SUFFIX = "-rot"  # q8_0-rot, q4_0-rot: the scalar formats after the Hadamard rotation
-ROTATABLE = ("q8_0", "q4_0")
-
-
-@contextlib.contextmanager
-def _rotated(names: frozenset):
-    """formats.quantize / dequantize of the named formats wrapped in rotate / unrotate."""
-    if not names:
-        yield
-        return
-    quantize, dequantize = formats.quantize, formats.dequantize
-
-    def quantize_(name, x):
-        return quantize(name, formats.rotate(x) if name in names else x)
-
-    def dequantize_(name, scales, codes, rotated=False):
-        y = dequantize(name, scales, codes, rotated)
-        return formats.unrotate(y) if name in names else y
-
-    formats.quantize, formats.dequantize = quantize_, dequantize_
-    try:
-        yield
-    finally:
-        formats.quantize, formats.dequantize = quantize, dequantize
-
-
-def _split_pair(pair: str) -> tuple[str, str, bool, frozenset]:
-    """'k/v' -> (cache_type_k, cache_type_v, no_rotation, the formats stored rotated)."""
+def _split_pair(pair: str) -> tuple[str, str, bool]:
+    """'k/v' -> (cache_type_k, cache_type_v, no_rotation)."""
     kt, vt = pair.split("/")
     norot = NOROT in (kt, vt)
     if norot and "tq3_0" in (kt, vt):
         raise ValueError(f"{pair}: tq3_0 and {NOROT} cannot be mixed (the rotation switch is global)")
-    rot = frozenset(t[: -len(ROT_SUFFIX)] for t in (kt, vt) if t.endswith(ROT_SUFFIX))
-    for name in rot:
-        if name not in ROTATABLE:
-            raise ValueError(f"{pair}: only {', '.join(t + ROT_SUFFIX for t in ROTATABLE)} exist")
-        if name in (kt, vt):
-            raise ValueError(f"{pair}: {name} and {name}{ROT_SUFFIX} cannot be mixed (the rotation switch is by format)")
-    kt, vt = (t.replace(NOROT, "tq3_0").removesuffix(ROT_SUFFIX) for t in (kt, vt))
-    return kt, vt, norot, rot
+    return kt.replace(NOROT, "tq3_0"), vt.replace(NOROT, "tq3_0"), norot
 
 
 SUFFIX_RE = re.compile(r"-(sink|exactlayers|q8layers)(\d+)$")
@@ -169,6 +130,6 @@ def _exact_sink_rows(nk: int, nv: int, lk: int = 0, lv: int = 0):
 def variant(pair: str):
     """Run a pair: yields (cache_type_k, cache_type_v) with the bench-only variants patched in."""
     base, (nk, nv), (lk, lv) = _sinks(pair)
-    kt, vt, norot, rot = _split_pair(base)
-    with _no_rotation() if norot else contextlib.nullcontext(), _rotated(rot), _exact_sink_rows(nk, nv, lk, lv):
+    kt, vt, norot = _split_pair(base)
+    with _no_rotation() if norot else contextlib.nullcontext(), _exact_sink_rows(nk, nv, lk, lv):
         yield kt, vt

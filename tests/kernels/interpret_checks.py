@@ -119,6 +119,35 @@ def check_attention(
     assert err < tol, f"max error {err:.3g} >= {tol}"
 
 
+def check_attention_rotated_keys(fmt_k: str, fmt_v: str, num_new: int, head_dim: int = 64, masked: bool = False,
+                                 dtype: torch.dtype = torch.float32) -> None:
+    """q8_0 / q4_0 keys stored rotated (Planes.rotated, CacheSpec.rotate_keys): the kernel rotates the query,
+    the reference reads the keys back un-rotated; both equal, and equal to attention over the keys quantized
+    in the rotated domain."""
+    from treeflash.kernels.quant_attention import (quant_attention, quant_attention_masked, quant_attention_masked_reference,
+                                                   quant_attention_reference)
+
+    heads, kv_heads, start = 6, 2, 120
+    length = start + num_new + 5
+    keys = torch.randn(length, kv_heads, head_dim)
+    keys[..., 3] *= 10.0  # an outlier channel, where the rotation pays
+    k = _planes(fmt_k, formats.rotate(keys))._replace(rotated=True)
+    v = _planes(fmt_v, torch.randn(length, kv_heads, head_dim))
+    q = torch.randn(num_new, heads, head_dim).to(dtype)
+    if masked:
+        key_mask = torch.rand(num_new, length) < 0.7
+        key_mask[:, 0] = True
+        out = quant_attention_masked(q, k, v, key_mask, head_dim**-0.5, num_splits=3)
+        ref = quant_attention_masked_reference(q.float(), k, v, key_mask, head_dim**-0.5)
+    else:
+        out = quant_attention(q, k, v, start, None, head_dim**-0.5, num_splits=3)
+        ref = quant_attention_reference(q.float(), k, v, start, None, head_dim**-0.5)
+    assert out.dtype == dtype and out.shape == q.shape
+    tol = 1e-5 if dtype == torch.float32 else 2e-2
+    err = (out.float() - ref).abs().max().item()
+    assert err < tol, f"max error {err:.3g} >= {tol}"
+
+
 def check_attention_masked(fmt_k: str, fmt_v: str, num_new: int, splits: int | None) -> None:
     """Static mode: every slot of the cache under a [T, S] key mask (holes included)."""
     from treeflash.kernels.quant_attention import quant_attention_masked, quant_attention_masked_reference
@@ -333,6 +362,12 @@ def groups() -> dict[str, dict]:
         "verify_no_prefetch": (check_attention, ("tq3_0", "q4_0", 64, 6, 2, 7, 90, tree, 3, torch.float32, False)),
         "decode_fp16": (check_attention, ("q8_0", "q4_0", 64, 6, 2, 1, 150, None, 3, torch.float16)),
         "verify_fp16": (check_attention, ("tq3_0", "tq3_0", 64, 6, 2, 7, 90, tree, 3, torch.float16)),
+        # q8_0 / q4_0 keys stored rotated (CacheSpec.rotate_keys): the kernel rotates the query
+        "rotated_keys_decode_q8_0_q8_0": (check_attention_rotated_keys, ("q8_0", "q8_0", 1)),
+        "rotated_keys_verify_q4_0_tq3_0": (check_attention_rotated_keys, ("q4_0", "tq3_0", 6)),
+        "rotated_keys_decode_d256_q8_0": (check_attention_rotated_keys, ("q8_0", "q8_0", 1, 256)),
+        "rotated_keys_masked_d256_q4_0": (check_attention_rotated_keys, ("q4_0", "q4_0", 1, 256, True)),
+        "rotated_keys_decode_bf16_query": (check_attention_rotated_keys, ("q8_0", "q4_0", 1, 64, False, torch.bfloat16)),
         "masked_decode_q8_0_tq3_0": (check_attention_masked, ("q8_0", "tq3_0", 1, 2)),
         "masked_verify_tq3_0_q4_0": (check_attention_masked, ("tq3_0", "q4_0", 6, None)),
         "masked_end_decode_bf16": (check_attention_masked_end, ("bf16", "bf16", 1, 8)),

@@ -27,6 +27,14 @@ def _stored(name, rows):
     return formats.dequantize(name, s, c)
 
 
+def _stored_keys(cache, name, rows):
+    """What a cache's K rows hold for `rows` (already centered), dequantized, in the original domain:
+    q8_0 / q4_0 keys under rotate_keys are quantized rotated and read back with the rotation undone."""
+    if getattr(cache, "rotate_keys", False):
+        return formats.unrotate(_stored(name, formats.rotate(rows)))
+    return _stored(name, rows)
+
+
 def _expected(q, keys, values, visible, scale):
     """Plain softmax attention, GQA by repeating KV heads. q [T, H, D], keys [S, Hkv, D], visible [T, S]."""
     rep = q.shape[1] // keys.shape[1]
@@ -61,7 +69,7 @@ def test_prefill_verify_commit_decode_equal_dequantized_reference(kt, vt):
         new_vis = torch.ones(num_new, num_new, dtype=torch.bool).tril() if tree_mask is None else tree_mask
         visible = torch.cat((torch.ones(num_new, start, dtype=torch.bool), new_vis), 1)
         all_k, all_v = torch.cat((ks, k)), torch.cat((vs, v))
-        want = _expected(q, _stored(kt, all_k - m), _stored(vt, all_v), visible, scale)
+        want = _expected(q, _stored_keys(cache, kt, all_k - m), _stored(vt, all_v), visible, scale)
         assert (out - want).abs().max().item() < 1e-5
         return k, v
 
@@ -75,7 +83,8 @@ def test_prefill_verify_commit_decode_equal_dequantized_reference(kt, vt):
     cache.commit(7, path)
     ks, vs = torch.cat((ks, k[path])), torch.cat((vs, v[path]))
     if not cache.k.fmt.is_dense:  # the committed slots hold exactly the path nodes' quantized rows
-        s, c = formats.quantize(kt, k[path] - cache.key_offset)
+        rows = k[path] - cache.key_offset
+        s, c = formats.quantize(kt, formats.rotate(rows) if cache.rotate_keys else rows)
         assert torch.equal(cache.k.scales[7:11], s) and torch.equal(cache.k.codes[7:11], c)
     k, v = step(1, 11, None)  # decode after the commit sees prefix + path
     ks, vs = torch.cat((ks, k)), torch.cat((vs, v))
@@ -106,6 +115,33 @@ def test_key_offset_is_the_prompts_mean_key_and_attention_ignores_it(kt):
         outs[center] = torch.cat((out, out2))
     err_centered, err_plain = ((outs[c] - exact).abs().max().item() for c in (True, False))
     assert err_centered < 0.5 * err_plain
+
+
+@pytest.mark.parametrize("kt", ["q8_0", "q4_0"])
+def test_rotated_keys_cut_the_error_on_outlier_keys(kt):
+    """q8_0 / q4_0 keys stored rotated (CacheSpec.rotate_keys, the default): attention is exact in the
+    rotation (the query turns with the keys), and on keys with a large channel, which sets its block's
+    scale, the error against exact attention drops."""
+    torch.manual_seed(2)
+    keys = torch.randn(12, HKV, D)
+    keys[..., 7] *= 12.0
+    q, v = torch.randn(12, H, D), torch.randn(12, HKV, D)
+    exact = _expected(q, keys, v, torch.ones(12, 12, dtype=torch.bool).tril(), D**-0.5)
+    err = {}
+    for rotate in (True, False):
+        spec = CacheSpec(32, torch.float32, torch.device("cpu"), kt, "f32", rotate_keys=rotate)
+        cache = make_attention_cache(HKV, D, spec)
+        assert cache.rotate_keys is rotate
+        out = torch.cat((cache.attend(q[:8], keys[:8], v[:8], 0, None, D**-0.5),
+                         cache.attend(q[8:], keys[8:], v[8:], 8, None, D**-0.5)))
+        err[rotate] = (out - exact).abs().max().item()
+    assert err[True] < 0.7 * err[False]
+
+
+def test_only_q8_0_and_q4_0_keys_are_rotated_by_the_cache():
+    """tq3_0 rotates inside its own format; dense keys and values are never touched."""
+    assert _cache("q8_0", "q8_0").rotate_keys and _cache("q4_0", "bf16").rotate_keys
+    assert not any(_cache(kt, vt).rotate_keys for kt, vt in (("tq3_0", "q8_0"), ("bf16", "q4_0"), ("f32", "q8_0")))
 
 
 def test_dense_keys_are_not_centered():

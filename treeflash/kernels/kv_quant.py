@@ -30,6 +30,9 @@ class Planes(NamedTuple):
     name: str  # a concrete format name (formats.FORMATS), never "auto"
     scales: torch.Tensor | None  # [S, Hkv, D / 32] fp16; None for dense formats
     codes: torch.Tensor  # [S, Hkv, code_bytes]; dense formats: the rows themselves [S, Hkv, D]
+    # q8_0 / q4_0 rows stored after the Hadamard rotation (formats.rotate; K only: the attention kernel
+    # then rotates the query, as it does for tq3_0 keys, which are always rotated)
+    rotated: bool = False
 
 
 @triton.jit

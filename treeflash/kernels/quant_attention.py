@@ -12,8 +12,8 @@ group (row = token * G + g, head = kv_head * G + g), dequantizes BLOCK_N keys an
 time in registers, and keeps an online softmax (m, l, acc) that it writes out unnormalized;
 `_combine_kernel` merges the splits of each row.
 
-tq3_0 keys are stored rotated, so queries are rotated the same way (R is orthonormal: q.k is
-unchanged); tq3_0 values are stored rotated, so the output is accumulated rotated and
+tq3_0 keys (and q8_0 / q4_0 keys of a cache with rotate_keys: Planes.rotated) are stored rotated,
+so queries are rotated the same way (R is orthonormal: q.k is unchanged); tq3_0 values are stored rotated, so the output is accumulated rotated and
 un-rotated once at the end.
 
 Under the "split" scheme (kernels/kv_split.py) a q4_0 or tq3_0 side (q8_0 too with split_q8) is never
@@ -366,7 +366,7 @@ def _launch(q, k, v, vis, start, kv_len, key_mask, scale, num_splits, config, sl
     deq_k, deq_v = _schemes(cfg, fmt_k, fmt_v, in_dtype, head_dim)
     tl_types = {torch.float32: tl.float32, torch.float16: tl.float16, torch.bfloat16: tl.bfloat16}
     dot, dot_v = (tl_types[t] for t in _dot_dtypes(deq_k, deq_v, in_dtype))
-    if k.name == "tq3_0":
+    if k.name == "tq3_0" or k.rotated:
         q = formats.rotate(q)  # fp32, contiguous
     m = torch.empty(splits, n * num_heads, dtype=torch.float32, device=q.device)
     l = torch.empty_like(m)
@@ -413,7 +413,8 @@ def dequantize_planes(p: Planes, length: int, dtype: torch.dtype) -> torch.Tenso
     """Rows [0, length) of one cache tensor -> [length, Hkv, D] in `dtype` (original domain)."""
     if p.scales is None:
         return p.codes[:length].to(dtype)
-    return formats.dequantize(p.name, p.scales[:length], p.codes[:length]).to(dtype)
+    rows = formats.dequantize(p.name, p.scales[:length], p.codes[:length])
+    return (formats.unrotate(rows) if p.rotated else rows).to(dtype)
 
 
 def quant_attention_reference(

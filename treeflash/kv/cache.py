@@ -33,6 +33,9 @@ class CacheSpec:
     # the first this many attention layers store K at the runtime dtype whatever cache_type_k says
     # (Qwen2.5's layer-0 keys do not survive 3-4 bits: docs/kv.md, "Exact keys in the first layer")
     k_exact_layers: int = 0
+    # q8_0 / q4_0 K: store keys after the Hadamard rotation tq3_0 uses (queries are rotated to match:
+    # exact for attention); it spreads each 32-value block's largest value, which sets its scale
+    rotate_keys: bool = True
 
     def __post_init__(self) -> None:
         if self.k_exact_layers < 0:

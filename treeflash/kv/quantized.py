@@ -25,6 +25,7 @@ if TYPE_CHECKING:
     from treeflash.kv.cache import CacheSpec
 
 MAX_KERNEL_TOKENS = 128  # steps with more new tokens (prefill) take the dequantize + SDPA path
+ROTATED_KEY_FORMATS = ("q8_0", "q4_0")  # K formats stored rotated under CacheSpec.rotate_keys (tq3_0 always is)
 
 
 @dataclass
@@ -63,7 +64,8 @@ class _Rows:
                 self.scales.index_copy_(0, slots, s)
 
     def read(self, length: int, dtype: torch.dtype) -> torch.Tensor:
-        """Rows [0, length), dequantized (tq3_0: un-rotated) -> [length, Hkv, D] in dtype."""
+        """Rows [0, length), dequantized (tq3_0: un-rotated; q8_0 / q4_0 keys under rotate_keys stay
+        rotated) -> [length, Hkv, D] in dtype."""
         if self.scales is None:
             return self.codes[:length].to(dtype)
         return formats.dequantize(self.fmt.name, self.scales[:length], self.codes[:length]).to(dtype)
@@ -74,10 +76,10 @@ class _Rows:
             if t is not None:
                 t.index_copy_(0, dest, t.index_select(0, src))
 
-    def planes(self):
+    def planes(self, rotated: bool = False):
         from treeflash.kernels.kv_quant import Planes
 
-        return Planes(self.fmt.name, self.scales, self.codes)
+        return Planes(self.fmt.name, self.scales, self.codes, rotated)
 
     def nbytes(self) -> int:
         return sum(t.numel() * t.element_size() for t in (self.scales, self.codes) if t is not None)
@@ -101,6 +103,24 @@ class QuantizedAttentionCache:
         center = spec.center_keys and not fmt_k.is_dense
         self.key_offset = torch.zeros(num_kv_heads, head_dim, dtype=torch.float32, device=device) if center else None
         self._offset_fixed = False
+        # q8_0 / q4_0 keys stored rotated (R k, R the orthonormal Hadamard rotation of tq3_0, which
+        # rotates its own): q.k = (R q).(R k), so attention reads them with the query rotated. The
+        # rotation flattens a row (peak / RMS ~4 -> ~2.5), and a block's error scales with its
+        # largest value: on Qwen2.5-0.5B, q8_0 K's KL 3x lower, q4_0 K +35% -> +20% perplexity
+        # (docs/kv.md, "Rotated q8_0 / q4_0 keys").
+        self.rotate_keys = spec.rotate_keys and fmt_k.name in ROTATED_KEY_FORMATS
+
+    def _stored_keys(self, k: torch.Tensor, start: int | None) -> torch.Tensor:
+        """k [N, Hkv, D] as the K rows store it: centered, then rotated (each where the cache does it)."""
+        k = self._centered(k, start)
+        return formats.rotate(k) if self.rotate_keys else k
+
+    def _key_planes(self):
+        return self.k.planes(rotated=self.rotate_keys)
+
+    def _reference_query(self, q: torch.Tensor) -> torch.Tensor:
+        """The query against the K rows as read (dequantized, still rotated when rotate_keys)."""
+        return formats.rotate(q).to(q.dtype) if self.rotate_keys else q
 
     def _centered(self, k: torch.Tensor, start: int | None) -> torch.Tensor:
         """k [N, Hkv, D] -> k - m in fp32 (start: the eager write's first position; None in graphs)."""
@@ -115,28 +135,28 @@ class QuantizedAttentionCache:
     def attend(self, q, k, v, start, tree_mask, scale):
         # q: [T, H, D], k/v: [T, Hkv, D], tree_mask: [T, T] bool or None -> [T, H, D]
         n = q.shape[0]
-        self.k.write(start, self._centered(k, start), self.use_kernels)
+        self.k.write(start, self._stored_keys(k, start), self.use_kernels)
         self.v.write(start, v, self.use_kernels)
         if self.use_kernels and n <= MAX_KERNEL_TOKENS:
             from treeflash.kernels.quant_attention import quant_attention
 
-            return quant_attention(q, self.k.planes(), self.v.planes(), start, tree_mask, scale)
+            return quant_attention(q, self._key_planes(), self.v.planes(), start, tree_mask, scale)
         keys = self.k.read(start + n, q.dtype)
         values = self.v.read(start + n, q.dtype)
-        return new_token_attention(q, keys, values, start, tree_mask, scale)
+        return new_token_attention(self._reference_query(q), keys, values, start, tree_mask, scale)
 
     def attend_static(self, q, k, v, slots, key_mask, scale):
         # slots: [T] long, key_mask: [T, max_len] bool; fixed shapes, no host sync on the kernel path
-        self.k.write(slots, self._centered(k, None), self.use_kernels)
+        self.k.write(slots, self._stored_keys(k, None), self.use_kernels)
         self.v.write(slots, v, self.use_kernels)
         if self.use_kernels and q.shape[0] <= MAX_KERNEL_TOKENS:
             from treeflash.kernels.quant_attention import quant_attention_masked
 
-            return quant_attention_masked(q, self.k.planes(), self.v.planes(), key_mask, scale,
+            return quant_attention_masked(q, self._key_planes(), self.v.planes(), key_mask, scale,
                                           slots=slots if attention_cache.STATIC_END else None)
         length = key_mask.shape[-1]
         keys, values = self.k.read(length, q.dtype), self.v.read(length, q.dtype)
-        return attention_reference(q, keys, values, key_mask, scale)
+        return attention_reference(self._reference_query(q), keys, values, key_mask, scale)
 
     def commit(self, start: int, path: list[int]) -> None:
         if path == list(range(len(path))):

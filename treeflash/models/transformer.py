@@ -266,8 +266,8 @@ class CausalLM(nn.Module):
         return CacheLayout(kinds, c.num_kv_heads, c.head_dim, rec)
 
     def new_cache(self, max_len: int, cache_type_k: str = "auto", cache_type_v: str = "auto", center_keys: bool = True,
-                  k_exact_layers: int = 0) -> ModelCache:
-        spec = CacheSpec(max_len, self.dtype, self.device, cache_type_k, cache_type_v, center_keys, k_exact_layers)
+                  k_exact_layers: int = 0, rotate_keys: bool = True) -> ModelCache:
+        spec = CacheSpec(max_len, self.dtype, self.device, cache_type_k, cache_type_v, center_keys, k_exact_layers, rotate_keys)
         self.rotary.reserve(max_len + ROPE_MARGIN, self.dtype)  # forward_layers gathers cos/sin rows from it
         return ModelCache(self.cache_layout(), spec)
 

@@ -50,29 +50,28 @@ def run(shape: str, rounds: int) -> dict:
     m = torch.randn(1, inter, device="cuda", dtype=torch.bfloat16)  # SiLU-mul output
     s = torch.randn(1, hidden, device="cuda", dtype=torch.bfloat16)  # the residual stream
 
-    def mlp_default():
-        for wo, wgu in zip(w_o, w_gu):
-            h, _ = rmsnorm(gemv(a, wo), nw, EPS, residual=s)
-            gemv_swiglu(h, wgu)
+    def sequence(x, firsts, seconds, folded: bool, swiglu: bool):
+        """The half over every layer's weights: x W1 (+ the stream), then the second projection of the
+        normed stream (default: the add + RMSNorm kernel between) or of the raw stream (folded)."""
+        def second(y, w2):
+            if swiglu:
+                return gemv_swiglu(y, w2, rows=(y, EPS)) if folded else gemv_swiglu(y, w2)
+            return gemv(y, w2)
 
-    def mlp_folded():
-        for wo, wgu in zip(w_o, w_gu):
-            gemv(a, wo, add_into=s)
-            gemv_swiglu(s, wgu, rows=(s, EPS))
-
-    def attn_default():
-        for wd, wq in zip(w_down, w_qkv):
-            h, _ = rmsnorm(gemv(m, wd), nw, EPS, residual=s)
-            gemv(h, wq)
-
-    def attn_folded():
-        for wd, wq in zip(w_down, w_qkv):
-            gemv(m, wd, add_into=s)
-            gemv(s, wq)
+        def run():
+            for w1, w2 in zip(firsts, seconds):
+                if folded:
+                    gemv(x, w1, add_into=s)
+                    second(s, w2)
+                else:
+                    second(rmsnorm(gemv(x, w1), nw, EPS, residual=s)[0], w2)
+        return run
 
     out: dict = {"shape": shape, "layers_per_round": layers, "mlp_mb": mlp_bytes / 1e6, "attn_mb": attn_bytes / 1e6}
-    cases = {"mlp_default": (mlp_default, mlp_bytes), "mlp_folded": (mlp_folded, mlp_bytes),
-             "attn_default": (attn_default, attn_bytes), "attn_folded": (attn_folded, attn_bytes)}
+    cases = {"mlp_default": (sequence(a, w_o, w_gu, False, True), mlp_bytes),
+             "mlp_folded": (sequence(a, w_o, w_gu, True, True), mlp_bytes),
+             "attn_default": (sequence(m, w_down, w_qkv, False, False), attn_bytes),
+             "attn_folded": (sequence(m, w_down, w_qkv, True, False), attn_bytes)}
     for name in cases:
         out[name] = []
     for _ in range(rounds):  # interleaved: default, folded, default, folded ...

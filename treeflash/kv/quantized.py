@@ -109,6 +109,8 @@ class QuantizedAttentionCache:
         # largest value: on Qwen2.5-0.5B, q8_0 K's KL 3x lower, q4_0 K +35% -> +20% perplexity
         # (docs/kv.md, "Rotated q8_0 / q4_0 keys").
         self.rotate_keys = spec.rotate_keys and fmt_k.name in ROTATED_KEY_FORMATS
+        if self.rotate_keys:  # the rotation's one copy on this device now, not inside a CUDA-graph capture
+            formats.tq3_rotation(min(formats.TQ3_GROUP, head_dim), device)
 
     def _stored_keys(self, k: torch.Tensor, start: int | None) -> torch.Tensor:
         """k [N, Hkv, D] as the K rows store it: centered, then rotated (each where the cache does it)."""

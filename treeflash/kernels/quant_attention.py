@@ -13,8 +13,8 @@ time in registers, and keeps an online softmax (m, l, acc) that it writes out un
 `_combine_kernel` merges the splits of each row.
 
 tq3_0 keys (and q8_0 / q4_0 keys of a cache with rotate_keys: Planes.rotated) are stored rotated,
-so queries are rotated the same way (R is orthonormal: q.k is unchanged); tq3_0 values are stored rotated, so the output is accumulated rotated and
-un-rotated once at the end.
+so queries are rotated the same way (R is orthonormal: q.k is unchanged); tq3_0 values are stored
+rotated, so the output is accumulated rotated and un-rotated once at the end.
 
 Under the "split" scheme (kernels/kv_split.py) a q4_0 or tq3_0 side (q8_0 too with split_q8) is never
 rebuilt as [BLOCK_N, D]: its fp16 parts meet the query's (or the output's) channels, one dot per part.

@@ -23,6 +23,8 @@
 # kv_split   the "split" / "split8" dequantization variants against words, 27B heads (<= 200 s) and 8B heads
 #            (head_dim 128, <= 120 s) -> kv_sweep_split.json, kv_sweep_split_hd128.json
 # kv_long    bench/kv_long_decode.py, the 27B shape at 128K for bf16 and four compressed pairs (<= 200 s)
+# kv_rot     bench/kv_long_decode.py, the 27B shape at 128K: q8_0/q8_0 and q4_0/q4_0 with rotated keys (the default)
+#            and without (:norot), twice interleaved: what the key rotation costs a decode step (<= 200 s)
 # device_steps  bench/device_step_time.py, greedy and sampled steps (<= 180 s); with /tmp/smol.gguf present, the v7 evaluation with
 #            device steps and without (TREEFLASH_DEVICE_STEPS=0), auto / DDTree-32 / DDTree-48 (<= 170 s each)
 # cli_bench  with /tmp/smol.gguf: `treeflash bench` on the default model (chat prompts, 256 tokens, --baseline ar),
@@ -149,6 +151,13 @@ for stage in $STAGES; do
         --out "$OUT/kv_long_decode.json" > "$OUT/kv_long.log" 2>&1
       log "kv_long rc=$?"
       tail -n 12 "$OUT/kv_long.log" | tee -a "$OUT/progress.log" ;;
+    kv_rot)
+      log "kv_long_decode: 27B shape at 128K, rotated keys against unrotated"
+      PYTHONPATH=$SITE timeout 200 python3 bench/kv_long_decode.py --shape qwen3.5-27b --contexts 131072 \
+        --types q8_0/q8_0,q8_0/q8_0:norot,q4_0/q4_0,q4_0/q4_0:norot,q8_0/q8_0:norot,q8_0/q8_0,q4_0/q4_0:norot,q4_0/q4_0 \
+        --decode-tokens 16 --out "$OUT/kv_rot.json" > "$OUT/kv_rot.log" 2>&1
+      log "kv_rot rc=$?"
+      tail -n 8 "$OUT/kv_rot.log" | tee -a "$OUT/progress.log" ;;
     device_steps)
       log "device_step_time: SmolLM2-shaped graphs back to back (decode, verify-16, draft, device chain / DDTree-22 / -32 / -48)"
       PYTHONPATH=$SITE timeout 180 python3 bench/device_step_time.py --trees 22,32,48 --out "$OUT/device_step_time.json" \

@@ -13,6 +13,7 @@ bandwidth, and the KV cache's size. Writes JSON after every row.
 
     python bench/kv_long_decode.py --shape qwen3.5-27b --contexts 32768,131072 \
         --types bf16/bf16,q8_0/q8_0,q4_0/q4_0,tq3_0/tq3_0 --out bench/results/kv_long_decode.json
+    python bench/kv_long_decode.py --contexts 131072 --types q8_0/q8_0,q8_0/q8_0:norot   # the key rotation's cost
     python bench/kv_long_decode.py --shape tiny-hybrid --contexts 256 --decode-tokens 4   # CPU check
 """
 
@@ -38,9 +39,9 @@ from treeflash.models.step import StepInput  # noqa: E402
 
 
 @torch.inference_mode()
-def one(model, context: int, type_k: str, type_v: str, decode_tokens: int, bandwidth: float) -> dict:
+def one(model, context: int, type_k: str, type_v: str, decode_tokens: int, bandwidth: float, rotate_keys: bool = True) -> dict:
     c = model.config
-    cache = model.new_cache(context + decode_tokens + 16, type_k, type_v)
+    cache = model.new_cache(context + decode_tokens + 16, type_k, type_v, rotate_keys=rotate_keys)
     runner = CudaGraphRunner(model, cache, buckets=(1,))
     cache.seq_len = context  # the rows stand in for a prefilled context (values do not change the speed)
     tok = torch.zeros(1, dtype=torch.long, device=model.device)
@@ -54,7 +55,7 @@ def one(model, context: int, type_k: str, type_v: str, decode_tokens: int, bandw
     kv_row = bytes_per_token_per_layer(type_k, c.num_kv_heads, c.head_dim, type_v, model.dtype)
     kv = len(c.attention_layer_ids) * kv_row * cache.seq_len
     nbytes = weight_bytes(model) + kv + state_bytes(model)
-    row = {"context": context, "cache_type_k": type_k, "cache_type_v": type_v,
+    row = {"context": context, "cache_type_k": type_k, "cache_type_v": type_v, "rotate_keys": rotate_keys,
            "tokens_per_s": 1 / t, "step_ms": t * 1e3, "graph_ms": g * 1e3,
            "kv_bytes_read_gb": kv / 1e9, "bytes_per_token_gb": nbytes / 1e9,
            "kv_cache_gb": cache.nbytes() / 1e9 if hasattr(cache, "nbytes") else None,
@@ -70,11 +71,18 @@ def main() -> None:
     p.add_argument("--shape", default="qwen3.5-27b", choices=sorted(SHAPES))
     p.add_argument("--contexts", type=lambda s: [int(x) for x in s.split(",")], default=[32768, 131072])
     p.add_argument("--types", default="bf16/bf16,q8_0/q8_0,q4_0/q4_0,tq3_0/tq3_0",
-                   help="comma-separated K/V pairs, e.g. bf16/bf16,tq3_0/tq3_0")
+                   help="comma-separated K/V pairs, e.g. bf16/bf16,tq3_0/tq3_0; a ':norot' suffix stores q8_0 / q4_0 "
+                        "keys unrotated (CacheSpec.rotate_keys=False), e.g. q8_0/q8_0:norot")
     p.add_argument("--decode-tokens", type=int, default=32)
     p.add_argument("--out", default="bench/results/kv_long_decode.json")
     args = p.parse_args()
-    pairs = [tuple(x.split("/")) if "/" in x else (x, x) for x in args.types.split(",")]
+    pairs = []
+    for x in args.types.split(","):
+        x, _, flag = x.partition(":")
+        if flag not in ("", "norot"):
+            p.error(f"--types: unknown suffix ':{flag}' in {x}:{flag} (only ':norot')")
+        k, v = x.split("/") if "/" in x else (x, x)
+        pairs.append((k, v, flag != "norot"))
     bw = measure_bandwidth(4.0 if DEV == "cuda" else 0.25)
     t0 = time.perf_counter()
     model = build_model(args.shape)
@@ -86,15 +94,15 @@ def main() -> None:
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     for ctx in args.contexts:
-        for k, v in pairs:
+        for k, v, rot in pairs:
             try:
-                row = one(model, ctx, k, v, args.decode_tokens, bw)
+                row = one(model, ctx, k, v, args.decode_tokens, bw, rot)
             except torch.OutOfMemoryError as e:
                 row = {"context": ctx, "cache_type_k": k, "cache_type_v": v, "error": str(e)[:200]}
                 torch.cuda.empty_cache()
             result["rows"].append(row)
             if "error" not in row:
-                print(f"ctx {ctx:>7} {k:>5}/{v:<5}: {row['tokens_per_s']:6.1f} tok/s, step {row['step_ms']:.2f} ms "
+                print(f"ctx {ctx:>7} {k:>5}/{v:<5}{'' if rot else ' norot'}: {row['tokens_per_s']:6.1f} tok/s, step {row['step_ms']:.2f} ms "
                       f"(graph {row['graph_ms']:.2f}), KV read {row['kv_bytes_read_gb']:.2f} GB, "
                       f"{row['fraction_of_roofline']:.0%} of roofline", flush=True)
             else:

@@ -6,6 +6,8 @@ a graph replay). Prints the table and writes it as JSON.
     python bench/gpu_profile.py --shape qwen3.5-27b --fused-rows 0     # the unfused layers
     python bench/gpu_profile.py --shape smollm2-135m --drafter-layers 3  # a DFlash drafter's graphed pass
     python bench/gpu_profile.py --shape qwen3-8b --folded-decode          # norms folded into the projections
+    python bench/gpu_profile.py --shape qwen3.5-27b --layers 8 --cache-type-k q8_0 --cache-type-v q8_0 \
+        --fill 131072 --no-rotate-keys                                      # a compressed cache at 128K, unrotated keys
 """
 
 from __future__ import annotations
@@ -46,6 +48,14 @@ def main() -> None:
     p.add_argument("--folded-decode", action=argparse.BooleanOptionalAction, default=None,
                    help="every norm folded into the projection after it, or none; default: the model's choice (as gpu_speed.py)")
     p.add_argument("--context", type=int, default=512)
+    p.add_argument("--layers", type=int, default=None, help="build only the shape's first layers (default: all)")
+    p.add_argument("--cache-type-k", default="auto")
+    p.add_argument("--cache-type-v", default="auto")
+    p.add_argument("--rotate-keys", action=argparse.BooleanOptionalAction, default=True,
+                   help="q8_0 / q4_0 keys stored rotated (CacheSpec.rotate_keys; default on, as the runtime)")
+    p.add_argument("--fill", type=int, default=0,
+                   help="> 0: no prefill; the cache's committed length set to this many rows (zeros), as "
+                        "bench/kv_long_decode.py does, for long contexts (decode only)")
     p.add_argument("--replays", type=int, default=10)
     p.add_argument("--bucket", type=int, default=1, help="profile the verify graph of this many nodes (1: decode)")
     p.add_argument("--drafter-layers", type=int, default=0,
@@ -53,12 +63,17 @@ def main() -> None:
     p.add_argument("--block-size", type=int, default=16)
     p.add_argument("--out", default=None)
     args = p.parse_args()
-    model = build_model(args.shape)
+    if args.fill and (args.drafter_layers or args.bucket != 1):
+        p.error("--fill profiles the decode graph only (no --drafter-layers, --bucket 1)")
+    model = build_model(args.shape, layers=args.layers)
     model.fuse_projections(fused_rows=args.fused_rows, folded_decode=args.folded_decode)
-    cache = model.new_cache(args.context + 256)
+    cache = model.new_cache(max(args.context, args.fill) + 256, args.cache_type_k, args.cache_type_v, rotate_keys=args.rotate_keys)
     buckets = tuple(sorted({1, args.bucket}))
     runner = CudaGraphRunner(model, cache, buckets=buckets)
-    runner.forward(StepInput.plain(torch.randint(0, 1000, (args.context,), device="cuda"), 0), compute_logits=False)
+    if args.fill:
+        cache.seq_len = args.fill  # the rows stand in for a prefilled context (values do not change the speed)
+    else:
+        runner.forward(StepInput.plain(torch.randint(0, 1000, (args.context,), device="cuda"), 0), compute_logits=False)
     if args.drafter_layers:
         graph = drafter_pass_graph(model, runner, args)
     elif args.bucket == 1:
@@ -83,11 +98,15 @@ def main() -> None:
     rows.sort(key=lambda r: -r["us_per_step"])
     total = sum(r["us_per_step"] for r in rows)
     calls = sum(r["calls_per_step"] for r in rows)
-    print(f"{args.shape} fused_rows={model.fused_rows} folded_decode={model.folded_decode} bucket {args.bucket}: {total:.0f} us of kernels per step, {calls:.0f} kernels")
+    print(f"{args.shape} fused_rows={model.fused_rows} folded_decode={model.folded_decode} bucket {args.bucket} cache "
+          f"{args.cache_type_k}/{args.cache_type_v} rotate_keys={args.rotate_keys} context {cache.seq_len}: "
+          f"{total:.0f} us of kernels per step, {calls:.0f} kernels")
     for r in rows[:30]:
         print(f"  {r['us_per_step']:8.1f} us  {r['calls_per_step']:6.0f}x  {r['name']}")
     if args.out:
         Path(args.out).write_text(json.dumps({"shape": args.shape, "fused_rows": model.fused_rows, "folded_decode": model.folded_decode, "bucket": args.bucket,
+                                              "layers": args.layers, "cache_type_k": args.cache_type_k, "cache_type_v": args.cache_type_v,
+                                              "rotate_keys": args.rotate_keys, "context": cache.seq_len,
                                               "kernel_us_per_step": total, "kernels_per_step": calls, "rows": rows}, indent=2))
 
 

@@ -25,6 +25,8 @@
 # kv_long    bench/kv_long_decode.py, the 27B shape at 128K for bf16 and four compressed pairs (<= 200 s)
 # kv_rot     bench/kv_long_decode.py, the 27B shape at 128K: q8_0/q8_0 and q4_0/q4_0 with rotated keys (the default)
 #            and without (:norot), twice interleaved: what the key rotation costs a decode step (<= 200 s)
+# profile_rot  bench/gpu_profile.py: the 27B shape's first 8 layers (2 attention layers) at 128K, kernel by kernel,
+#            q8_0/q8_0 and q4_0/q4_0 with rotated keys and without -> profile_rot_{q8,q4}_{rot,norot}.json (<= 60 s each)
 # device_steps  bench/device_step_time.py, greedy and sampled steps (<= 180 s); with /tmp/smol.gguf present, the v7 evaluation with
 #            device steps and without (TREEFLASH_DEVICE_STEPS=0), auto / DDTree-32 / DDTree-48 (<= 170 s each)
 # cli_bench  with /tmp/smol.gguf: `treeflash bench` on the default model (chat prompts, 256 tokens, --baseline ar),
@@ -158,6 +160,17 @@ for stage in $STAGES; do
         --decode-tokens 16 --out "$OUT/kv_rot.json" > "$OUT/kv_rot.log" 2>&1
       log "kv_rot rc=$?"
       tail -n 8 "$OUT/kv_rot.log" | tee -a "$OUT/progress.log" ;;
+    profile_rot)
+      for t in q8_0 q4_0; do
+        for r in rotate-keys no-rotate-keys; do
+          tag=${t%_0}_$([ "$r" = rotate-keys ] && echo rot || echo norot)
+          log "gpu_profile 27B (8 layers) $t/$t at 128K --$r"
+          timeout 60 python3 bench/gpu_profile.py --shape qwen3.5-27b --layers 8 --cache-type-k $t --cache-type-v $t \
+            --fill 131072 --$r --replays 10 --out "$OUT/profile_rot_$tag.json" > "$OUT/profile_rot_$tag.log" 2>&1
+          log "rc=$?"
+          grep -v -i warn "$OUT/profile_rot_$tag.log" | head -n 12 | tee -a "$OUT/progress.log"
+        done
+      done ;;
     device_steps)
       log "device_step_time: SmolLM2-shaped graphs back to back (decode, verify-16, draft, device chain / DDTree-22 / -32 / -48)"
       PYTHONPATH=$SITE timeout 180 python3 bench/device_step_time.py --trees 22,32,48 --out "$OUT/device_step_time.json" \

@@ -60,7 +60,7 @@ def one(model, context: int, type_k: str, type_v: str, decode_tokens: int, bandw
            "kv_bytes_read_gb": kv / 1e9, "bytes_per_token_gb": nbytes / 1e9,
            "kv_cache_gb": cache.nbytes() / 1e9 if hasattr(cache, "nbytes") else None,
            "fraction_of_roofline": nbytes / t / bandwidth, "graph_fraction_of_roofline": nbytes / g / bandwidth}
-    del runner, cache
+    runner = cache = None  # freed before empty_cache (step() and the row are done with them)
     if DEV == "cuda":
         torch.cuda.empty_cache()
     return row

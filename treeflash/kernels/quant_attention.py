@@ -365,9 +365,14 @@ def _launch(q, k, v, vis, start, kv_len, key_mask, scale, num_splits, config, sl
     in_dtype = q.dtype
     deq_k, deq_v = _schemes(cfg, fmt_k, fmt_v, in_dtype, head_dim)
     tl_types = {torch.float32: tl.float32, torch.float16: tl.float16, torch.bfloat16: tl.bfloat16}
-    dot, dot_v = (tl_types[t] for t in _dot_dtypes(deq_k, deq_v, in_dtype))
+    dot_torch_k, dot_torch_v = _dot_dtypes(deq_k, deq_v, in_dtype)
+    dot, dot_v = tl_types[dot_torch_k], tl_types[dot_torch_v]
     if k.name == "tq3_0" or k.rotated:
-        q = formats.rotate(q)  # fp32, contiguous
+        # rotated in fp32, then rounded to q.k's operand type, as the kernel would round it on load (the same
+        # numbers; a 16-bit query is half the bytes). The int8 K path quantizes the query itself: fp32 for it
+        q = formats.rotate(q)
+        if not (cfg.k_int8 and k.name == "q8_0"):
+            q = q.to(dot_torch_k)
     m = torch.empty(splits, n * num_heads, dtype=torch.float32, device=q.device)
     l = torch.empty_like(m)
     acc = torch.empty(splits, n * num_heads, head_dim, dtype=torch.float32, device=q.device)

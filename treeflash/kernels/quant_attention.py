@@ -44,6 +44,7 @@ from treeflash.kernels.kv_dequant import DEQ_IDS, DEQ_SPLIT, _columns, _dequant
 from treeflash.kernels.kv_split import _load_k, _out_columns, _split_accumulate, _split_query, _split_scores, _split_zeros
 from treeflash.kernels.kv_quant import Planes, _round_half_away, _safe_inverse
 from treeflash.kernels.norm import _interpreting
+from treeflash.kernels.rotate import rotate_rows
 from treeflash.kernels.scratch import scratch
 
 LOG2E = 1.4426950408889634
@@ -370,9 +371,7 @@ def _launch(q, k, v, vis, start, kv_len, key_mask, scale, num_splits, config, sl
     if k.name == "tq3_0" or k.rotated:
         # rotated in fp32, then rounded to q.k's operand type, as the kernel would round it on load (the same
         # numbers; a 16-bit query is half the bytes). The int8 K path quantizes the query itself: fp32 for it
-        q = formats.rotate(q)
-        if not (cfg.k_int8 and k.name == "q8_0"):
-            q = q.to(dot_torch_k)
+        q = rotate_rows(q, torch.float32 if cfg.k_int8 and k.name == "q8_0" else dot_torch_k)  # one launch
     m = torch.empty(splits, n * num_heads, dtype=torch.float32, device=q.device)
     l = torch.empty_like(m)
     acc = torch.empty(splits, n * num_heads, head_dim, dtype=torch.float32, device=q.device)
@@ -401,7 +400,7 @@ def _launch(q, k, v, vis, start, kv_len, key_mask, scale, num_splits, config, sl
             SKIP_EMPTY=skip_empty or balanced,
             num_warps=4, **pdl.kwargs(q),
         )
-    return formats.unrotate(out).to(in_dtype) if rotated_out else out
+    return rotate_rows(out, in_dtype, inverse=True) if rotated_out else out
 
 
 # ---------------------------------------------------------------- reference

@@ -114,6 +114,11 @@ class QuantizedAttentionCache:
 
     def _stored_keys(self, k: torch.Tensor, start: int | None) -> torch.Tensor:
         """k [N, Hkv, D] as the K rows store it: centered, then rotated (each where the cache does it)."""
+        if self.rotate_keys and self.use_kernels:  # centered and rotated in one launch
+            from treeflash.kernels.rotate import rotate_rows
+
+            self._fix_offset(k, start)
+            return rotate_rows(k, torch.float32, self.key_offset)
         k = self._centered(k, start)
         return formats.rotate(k) if self.rotate_keys else k
 
@@ -128,11 +133,15 @@ class QuantizedAttentionCache:
         """k [N, Hkv, D] -> k - m in fp32 (start: the eager write's first position; None in graphs)."""
         if self.key_offset is None:
             return k
-        if start is not None and not self._offset_fixed:
+        self._fix_offset(k, start)
+        return k.float() - self.key_offset
+
+    def _fix_offset(self, k: torch.Tensor, start: int | None) -> None:
+        """The first eager write sets the key offset: k's mean at position 0 (None: graphs never set it)."""
+        if self.key_offset is not None and start is not None and not self._offset_fixed:
             if start == 0:
                 self.key_offset.copy_(k.float().mean(0))
             self._offset_fixed = True  # rows already written without an offset keep it zero
-        return k.float() - self.key_offset
 
     def attend(self, q, k, v, start, tree_mask, scale):
         # q: [T, H, D], k/v: [T, Hkv, D], tree_mask: [T, T] bool or None -> [T, H, D]

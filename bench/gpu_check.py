@@ -225,12 +225,74 @@ def rotated_keys_check() -> dict:
     return res
 
 
+def kv_write_check() -> dict:
+    """The cache's rotation and tq3_0 writes on CUDA (kernels/rotate.py, kv_quant's tq3_0 kernel, both tiled by
+    32-value column blocks since stop 29): rotate_rows against its fp32 reference (query to fp16, centered keys,
+    an output un-rotated to bf16), quantize_into against the torch quantizer for every format (tq3_0's codes may
+    differ where a value sits on a cut within fp32 rounding: counted), then a tiny qwen3 in fp32 decoding through
+    CUDA graphs over tq3_0 / tq3_0 and q8_0 / tq3_0 caches: speculative tokens equal plain ones."""
+    from treeflash.kernels.kv_quant import quantize_into, quantize_into_reference
+    from treeflash.kernels.kv_formats import get_format
+    from treeflash.kernels.rotate import rotate_rows, rotate_rows_reference
+
+    res: dict = {}
+    torch.manual_seed(0)
+    for name, shape, dtype, out_dtype, offset, inverse in (("q_d256", (1, 24, 256), torch.bfloat16, torch.float16, False, False),
+                                                            ("k_d128_centered", (5, 8, 128), torch.bfloat16, torch.float32, True, False),
+                                                            ("out_d256_inverse", (3, 24, 256), torch.float32, torch.bfloat16, False, True),
+                                                            ("k_d64_prefill", (700, 3, 64), torch.float16, torch.float32, True, False)):
+        x = torch.randn(*shape, device="cuda").to(dtype)
+        off = torch.randn(shape[1], shape[2], device="cuda") if offset else None
+        got, want = rotate_rows(x, out_dtype, off, inverse).float(), rotate_rows_reference(x, out_dtype, off, inverse).float()
+        res[f"rotate_{name}_rel_err"] = ((got - want).abs().max() / want.abs().max()).item()
+    for fmt_name in ("q8_0", "q4_0", "tq3_0"):
+        fmt = get_format(fmt_name)
+        for d in (64, 128, 256):
+            x = torch.randn(300, 4, d, device="cuda") * 3
+            got = (torch.zeros(300, 4, fmt.num_scales(d), dtype=torch.float16, device="cuda"),
+                   torch.zeros(300, 4, fmt.code_bytes(d), dtype=fmt.code_dtype, device="cuda"))
+            want = got[0].clone(), got[1].clone()
+            quantize_into(fmt_name, x, *got, slots=0)
+            quantize_into_reference(fmt_name, x, *want, slots=0)
+            res[f"write_{fmt_name}_d{d}_scale_rel_err"] = ((got[0].float() - want[0].float()).abs().max() / want[0].float().abs().max()).item()
+            res[f"write_{fmt_name}_d{d}_code_bytes_differing"] = (got[1] != want[1]).float().mean().item()
+    _, ours = make_pair("qwen3")
+    ours = ours.cuda()
+    prompt = torch.randint(0, 97, (10,)).tolist()
+    with torch.inference_mode():
+        for kt, vt in (("tq3_0", "tq3_0"), ("q8_0", "tq3_0")):
+            plain = decode(ours, prompt, 60, graphs=True, cache_type_k=kt, cache_type_v=vt)
+            spec = decode(ours, prompt, 60, OracleDrafter(ours, depth=4, width=2, corrupt=0.4), graphs=True,
+                          cache_type_k=kt, cache_type_v=vt)
+            res[f"graph_spec_identical_{kt}_{vt}"] = spec == plain
+    res["ok"] = (all(v < 8e-3 for k, v in res.items() if k.startswith("rotate_"))  # bf16 output: one rounding, 2^-8
+                 and all(v < 1e-3 for k, v in res.items() if k.endswith("_scale_rel_err"))
+                 and all(v < 1e-3 for k, v in res.items() if k.endswith("_code_bytes_differing"))
+                 and all(v for k, v in res.items() if k.startswith("graph_")))
+    return res
+
+
+SECTIONS = {"rotated_keys": rotated_keys_check, "kv_write": kv_write_check}
+
+
 def main() -> None:
-    p = argparse.ArgumentParser()
+    p = argparse.ArgumentParser(description="The CUDA path against transformers and its own references; "
+                                "writes JSON and prints GPU CHECK PASSED / FAILED.")
     p.add_argument("--out", default="bench/results/gpu_check.json")
+    p.add_argument("--only", nargs="+", choices=sorted(SECTIONS), default=None,
+                   help="run only these sections (e.g. --only rotated_keys kv_write); default: everything")
     args = p.parse_args()
     torch.backends.cuda.matmul.allow_tf32 = False
     torch.backends.cudnn.allow_tf32 = False
+    if args.only:
+        res = {name: SECTIONS[name]() for name in args.only}
+        for name in args.only:
+            print(name, res[name], flush=True)
+        res["ok"] = all(res[name]["ok"] for name in args.only)
+        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.out).write_text(json.dumps(res, indent=2))
+        print("GPU CHECK", "PASSED" if res["ok"] else "FAILED", f"(only {' '.join(args.only)})", flush=True)
+        return
     res = {}
     for arch in ("llama", "qwen2", "qwen3", "qwen3_5"):
         hf, ours = make_pair(arch)
@@ -306,6 +368,8 @@ def main() -> None:
     print("folded_decode", res["folded_decode"], flush=True)
     res["rotated_keys"] = rotated_keys_check()
     print("rotated_keys", res["rotated_keys"], flush=True)
+    res["kv_write"] = kv_write_check()
+    print("kv_write", res["kv_write"], flush=True)
     # fp32: exact agreement; bf16: the graph path's logits within bf16 rounding of the eager path's
     # (greedy tokens of flat random tiny models can flip on near-ties, so agreement is reported, not gated)
     ok = all(r["verify_logits_rel_err_graph_vs_eager"] < 2e-2
@@ -318,9 +382,9 @@ def main() -> None:
              and r.get("folded_graph_spec_identical", True)
              and all(v for k, v in r.items() if k.startswith("dflash_"))
              for name, r in res.items() if name not in ("gemv_epilogue", "gemv_prologue", "prefill_attention", "folded_decode",
-                                                        "rotated_keys"))
+                                                        "rotated_keys", "kv_write"))
     ok = ok and res["gemv_epilogue"]["ok"] and res["gemv_prologue"]["ok"] and res["prefill_attention"]["ok"]
-    ok = ok and res["folded_decode"]["ok"] and res["rotated_keys"]["ok"]
+    ok = ok and res["folded_decode"]["ok"] and res["rotated_keys"]["ok"] and res["kv_write"]["ok"]
     res["ok"] = ok
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(res, indent=2))

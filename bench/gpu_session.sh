@@ -27,6 +27,9 @@
 #            and without (:norot), twice interleaved: what the key rotation costs a decode step (<= 200 s)
 # profile_rot  bench/gpu_profile.py: the 27B shape's first 8 layers (2 attention layers) at 128K, kernel by kernel,
 #            q8_0/q8_0 and q4_0/q4_0 with rotated keys and without -> profile_rot_{q8,q4}_{rot,norot}.json (<= 60 s each)
+# rot_fix    bench/gpu_check.py --only rotated_keys kv_write (<= 120 s), then kv_long_decode at 128K (27B shape) for
+#            bf16, q8_0, q4_0 (rotated keys and not), q8_0/tq3_0 and tq3_0 (<= 200 s), and the kernel table of the
+#            tq3_0/tq3_0 and q8_0/q8_0 steps (8 layers, <= 60 s each) -> check_rot.json, kv_long_rot.json, profile_*.json
 # device_steps  bench/device_step_time.py, greedy and sampled steps (<= 180 s); with /tmp/smol.gguf present, the v7 evaluation with
 #            device steps and without (TREEFLASH_DEVICE_STEPS=0), auto / DDTree-32 / DDTree-48 (<= 170 s each)
 # cli_bench  with /tmp/smol.gguf: `treeflash bench` on the default model (chat prompts, 256 tokens, --baseline ar),
@@ -170,6 +173,21 @@ for stage in $STAGES; do
           log "rc=$?"
           grep -v -i warn "$OUT/profile_rot_$tag.log" | head -n 12 | tee -a "$OUT/progress.log"
         done
+      done ;;
+    rot_fix)
+      log "gpu_check --only rotated_keys kv_write"
+      timeout 120 python3 bench/gpu_check.py --only rotated_keys kv_write --out "$OUT/check_rot.json" > "$OUT/check_rot.log" 2>&1
+      log "rc=$? $(grep -E 'GPU CHECK' "$OUT/check_rot.log" || echo 'no verdict: see check_rot.log')"
+      PYTHONPATH=$SITE timeout 200 python3 bench/kv_long_decode.py --shape qwen3.5-27b --contexts 131072 \
+        --types bf16/bf16,q8_0/q8_0,q8_0/q8_0:norot,q4_0/q4_0,q4_0/q4_0:norot,q8_0/tq3_0,tq3_0/tq3_0 --decode-tokens 16 \
+        --out "$OUT/kv_long_rot.json" > "$OUT/kv_long_rot.log" 2>&1
+      log "kv_long rc=$?"
+      tail -n 7 "$OUT/kv_long_rot.log" | tee -a "$OUT/progress.log"
+      for t in tq3_0 q8_0; do
+        timeout 60 python3 bench/gpu_profile.py --shape qwen3.5-27b --layers 8 --cache-type-k $t --cache-type-v $t \
+          --fill 131072 --replays 10 --out "$OUT/profile_${t}_128k.json" > "$OUT/profile_${t}_128k.log" 2>&1
+        log "profile $t rc=$?"
+        grep -v -i warn "$OUT/profile_${t}_128k.log" | head -n 9 | tee -a "$OUT/progress.log"
       done ;;
     device_steps)
       log "device_step_time: SmolLM2-shaped graphs back to back (decode, verify-16, draft, device chain / DDTree-22 / -32 / -48)"

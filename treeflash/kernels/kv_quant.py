@@ -94,41 +94,39 @@ def _tq3_0_kernel(
     B0: tl.constexpr, B1: tl.constexpr, B2: tl.constexpr,  # cuts between them
     SQ: tl.constexpr, D: tl.constexpr, G: tl.constexpr, ROWS: tl.constexpr,
 ):
-    # program (row tile, group): the group's rotation one 32-value block at a time, x [ROWS, G] @ R^T[:, block]
-    # ([G, 32] of R per dot: a whole [128, 128] fp32 R as one operand spilled registers, ~100 us a launch on the H200)
+    # program (row tile, 32-value block): the block's group rotated one block at a time, x [ROWS, G] @ R^T[:, block]
+    # ([G, 32] of R per dot: a whole [128, 128] fp32 R as one operand spilled registers, ~100 us a launch on the
+    # H200), all GB blocks for the group's norm, then this block coded (a program per group: ~23 us a launch)
     NB: tl.constexpr = D // 32
     GB: tl.constexpr = G // 32  # blocks per group
     rows = tl.program_id(0).to(tl.int64) * ROWS + tl.arange(0, ROWS)
-    grp = tl.program_id(1)
+    blk = tl.program_id(1)
+    grp = blk // GB
     ok = rows < num_rows
     gi = tl.arange(0, G)
     bi = tl.arange(0, 32)
     dst = _dest_row(slot_ptr, tl.where(ok, rows, 0), num_kv_heads)  # padding rows: stores are masked
     x = tl.load(x_ptr + rows[:, None] * D + grp * G + gi[None, :], mask=ok[:, None], other=0.0).to(tl.float32)
-    xr = ()  # the rotated group, block by block: [ROWS, 32] each
     sq = tl.zeros((ROWS,), tl.float32)
+    xb = tl.zeros((ROWS, 32), tl.float32)  # this block of the rotated group
     for b in tl.static_range(GB):
         rot_t = tl.load(rot_ptr + (b * 32 + bi)[None, :] * G + gi[:, None])  # R^T[:, block b]: [G, 32]
-        xb = tl.dot(x, rot_t, input_precision="ieee")
-        sq += tl.sum(xb * xb, axis=1)
-        xr = xr + (xb,)
-    inv = _safe_inverse(tl.sqrt(sq)) * SQ  # SQ = sqrt(G / 128)
-    for b in tl.static_range(GB):
-        xb = xr[b]
-        y = xb * inv[:, None]
-        a = tl.abs(y)
-        mag = (a > B0).to(tl.int32) + (a > B1).to(tl.int32) + (a > B2).to(tl.int32)
-        neg = (y < 0).to(tl.int32)
-        c = tl.where(mag == 0, C0, tl.where(mag == 1, C1, tl.where(mag == 2, C2, C3)))
-        s = tl.sqrt(tl.sum(xb * xb, axis=1)) / tl.sqrt(tl.sum(c * c, axis=1))  # [ROWS]
-        blk = grp * GB + b
-        tl.store(scale_ptr + dst * NB + blk, s.to(tl.float16), mask=ok)
-        # magnitudes: byte i holds values 4i + k at bits 2k; signs: byte 8 + i holds values 8i + k at bit k
-        mags = tl.sum(tl.reshape(mag, (ROWS, 8, 4)) << (2 * tl.arange(0, 4))[None, None, :], axis=2)  # [ROWS, 8]
-        signs = tl.sum(tl.reshape(neg, (ROWS, 4, 8)) << tl.arange(0, 8)[None, None, :], axis=2)  # [ROWS, 4]
-        base = dst[:, None] * (NB * 12) + blk * 12
-        tl.store(code_ptr + base + tl.arange(0, 8)[None, :], mags.to(tl.uint8), mask=ok[:, None])
-        tl.store(code_ptr + base + 8 + tl.arange(0, 4)[None, :], signs.to(tl.uint8), mask=ok[:, None])
+        xr = tl.dot(x, rot_t, input_precision="ieee")
+        sq += tl.sum(xr * xr, axis=1)
+        xb = tl.where(blk % GB == b, xr, xb)
+    y = xb * (_safe_inverse(tl.sqrt(sq)) * SQ)[:, None]  # SQ = sqrt(G / 128)
+    a = tl.abs(y)
+    mag = (a > B0).to(tl.int32) + (a > B1).to(tl.int32) + (a > B2).to(tl.int32)
+    neg = (y < 0).to(tl.int32)
+    c = tl.where(mag == 0, C0, tl.where(mag == 1, C1, tl.where(mag == 2, C2, C3)))
+    s = tl.sqrt(tl.sum(xb * xb, axis=1)) / tl.sqrt(tl.sum(c * c, axis=1))  # [ROWS]
+    tl.store(scale_ptr + dst * NB + blk, s.to(tl.float16), mask=ok)
+    # magnitudes: byte i holds values 4i + k at bits 2k; signs: byte 8 + i holds values 8i + k at bit k
+    mags = tl.sum(tl.reshape(mag, (ROWS, 8, 4)) << (2 * tl.arange(0, 4))[None, None, :], axis=2)  # [ROWS, 8]
+    signs = tl.sum(tl.reshape(neg, (ROWS, 4, 8)) << tl.arange(0, 8)[None, None, :], axis=2)  # [ROWS, 4]
+    base = dst[:, None] * (NB * 12) + blk * 12
+    tl.store(code_ptr + base + tl.arange(0, 8)[None, :], mags.to(tl.uint8), mask=ok[:, None])
+    tl.store(code_ptr + base + 8 + tl.arange(0, 4)[None, :], signs.to(tl.uint8), mask=ok[:, None])
 
 
 def _slot_tensor(slots: int | torch.Tensor, n: int, device: torch.device) -> torch.Tensor:
@@ -181,7 +179,7 @@ def quantize_into(
         rot = formats.tq3_rotation(g, x.device)
         c0, c1, c2, c3 = formats.TQ3_CENTROIDS
         b0, b1, b2 = formats.TQ3_BOUNDS
-        grid = (triton.cdiv(num_rows, TQ3_ROWS), d // g)
+        grid = (triton.cdiv(num_rows, TQ3_ROWS), d // 32)
         _tq3_0_kernel[grid](
             x, scales, codes, rot, slot, num_rows, hkv,
             C0=c0, C1=c1, C2=c2, C3=c3, B0=b0, B1=b1, B2=b2, SQ=math.sqrt(g / formats.TQ3_GROUP),

@@ -228,11 +228,12 @@ def rotated_keys_check() -> dict:
 def kv_write_check() -> dict:
     """The cache's rotation and tq3_0 writes on CUDA (kernels/rotate.py, kv_quant's tq3_0 kernel, both tiled by
     32-value column blocks since stop 29): rotate_rows against its fp32 reference (query to fp16, centered keys,
-    an output un-rotated to bf16), quantize_into against the torch quantizer for every format (tq3_0's codes may
-    differ where a value sits on a cut within fp32 rounding: counted), then a tiny qwen3 in fp32 decoding through
+    an output un-rotated to bf16), quantize_into against the torch quantizer for every format and
+    quantize_rotated_into (q8_0 / q4_0 keys centered and rotated in the write) against rotate-then-quantize (codes
+    may differ where a value sits on a cut within fp32 rounding: counted), then a tiny qwen3 in fp32 decoding through
     CUDA graphs over tq3_0 / tq3_0 and q8_0 / tq3_0 caches: speculative tokens equal plain ones."""
-    from treeflash.kernels.kv_quant import quantize_into, quantize_into_reference
     from treeflash.kernels.kv_formats import get_format
+    from treeflash.kernels.kv_quant import quantize_into, quantize_into_reference, quantize_rotated_into, quantize_rotated_into_reference
     from treeflash.kernels.rotate import rotate_rows, rotate_rows_reference
 
     res: dict = {}
@@ -256,6 +257,18 @@ def kv_write_check() -> dict:
             quantize_into_reference(fmt_name, x, *want, slots=0)
             res[f"write_{fmt_name}_d{d}_scale_rel_err"] = ((got[0].float() - want[0].float()).abs().max() / want[0].float().abs().max()).item()
             res[f"write_{fmt_name}_d{d}_code_bytes_differing"] = (got[1] != want[1]).float().mean().item()
+    for fmt_name in ("q8_0", "q4_0"):  # keys centered, rotated and quantized in one launch (a strided view of qkv rows)
+        fmt = get_format(fmt_name)
+        for d in (128, 256):
+            x = (torch.randn(300, 6 * d, device="cuda") * 3).to(torch.bfloat16)[:, d: 5 * d].view(300, 4, d)
+            off = torch.randn(4, d, device="cuda")
+            got = (torch.zeros(300, 4, fmt.num_scales(d), dtype=torch.float16, device="cuda"),
+                   torch.zeros(300, 4, fmt.code_bytes(d), dtype=fmt.code_dtype, device="cuda"))
+            want = got[0].clone(), got[1].clone()
+            quantize_rotated_into(fmt_name, x, *got, slots=0, offset=off)
+            quantize_rotated_into_reference(fmt_name, x, *want, slots=0, offset=off)
+            res[f"write_rotated_{fmt_name}_d{d}_scale_rel_err"] = ((got[0].float() - want[0].float()).abs().max() / want[0].float().abs().max()).item()
+            res[f"write_rotated_{fmt_name}_d{d}_code_bytes_differing"] = (got[1] != want[1]).float().mean().item()
     _, ours = make_pair("qwen3")
     ours = ours.cuda()
     prompt = torch.randint(0, 97, (10,)).tolist()

@@ -88,6 +88,46 @@ def _q4_0_kernel(x_ptr, scale_ptr, code_ptr, slot_ptr, num_kv_heads, D: tl.const
 
 
 @triton.jit
+def _block_rotated_kernel(
+    x_ptr, off_ptr, rot_ptr, scale_ptr, code_ptr, slot_ptr, num_rows, num_kv_heads, stride_xt, stride_xh,
+    FMT: tl.constexpr, D: tl.constexpr, G: tl.constexpr, ROWS: tl.constexpr, HAS_OFFSET: tl.constexpr,
+):
+    # q8_0 (FMT 1) / q4_0 (FMT 2) rows centered and rotated on the way in (keys under CacheSpec.rotate_keys): program
+    # (row tile, 32-value block) takes its block of (x - offset) R^T from the group's G channels, [ROWS, G] @
+    # [G, 32], and codes it as _q8_0_kernel / _q4_0_kernel code a block (the same numbers as kernels/rotate.py's
+    # rows fed to them: one launch instead of two, no contiguous copy of x)
+    NB: tl.constexpr = D // 32
+    rows = tl.program_id(0).to(tl.int64) * ROWS + tl.arange(0, ROWS)
+    blk = tl.program_id(1)
+    g0 = (blk * 32 // G) * G  # the block's group, first channel
+    ok = rows < num_rows
+    t, h = rows // num_kv_heads, rows % num_kv_heads
+    gi = tl.arange(0, G)
+    j = tl.arange(0, 32)
+    x = tl.load(x_ptr + t[:, None] * stride_xt + h[:, None] * stride_xh + (g0 + gi)[None, :], mask=ok[:, None], other=0.0)
+    x = x.to(tl.float32)
+    if HAS_OFFSET:
+        x = x - tl.load(off_ptr + h[:, None] * D + (g0 + gi)[None, :], mask=ok[:, None], other=0.0)
+    rot_t = tl.load(rot_ptr + (blk * 32 - g0 + j)[None, :] * G + gi[:, None])  # R^T[:, block]: [G, 32]
+    xb = tl.dot(x, rot_t, input_precision="ieee")  # [ROWS, 32]
+    dst = _dest_row(slot_ptr, tl.where(ok, rows, 0), num_kv_heads)  # padding rows: stores are masked
+    if FMT == 1:
+        d = tl.max(tl.abs(xb), axis=1) / 127.0
+        q = _round_half_away(xb * _safe_inverse(d)[:, None])
+        tl.store(code_ptr + dst[:, None] * D + blk * 32 + j[None, :], q.to(tl.int8), mask=ok[:, None])
+    else:
+        a = tl.abs(xb)
+        amax = tl.max(a, axis=1)
+        first = tl.min(tl.where(a == amax[:, None], j[None, :], 32), axis=1)  # ggml keeps the first largest
+        d = tl.sum(tl.where(j[None, :] == first[:, None], xb, 0.0), axis=1) / -8.0
+        q = tl.floor(xb * _safe_inverse(d)[:, None] + 8.5)
+        q = tl.minimum(tl.maximum(q, 0.0), 15.0).to(tl.int32)
+        packed = tl.sum(tl.reshape(q, (ROWS, 2, 16)) << (4 * tl.arange(0, 2))[None, :, None], axis=1)  # [ROWS, 16]
+        tl.store(code_ptr + dst[:, None] * (D // 2) + blk * 16 + tl.arange(0, 16)[None, :], packed.to(tl.uint8), mask=ok[:, None])
+    tl.store(scale_ptr + dst * NB + blk, d.to(tl.float16), mask=ok)
+
+
+@triton.jit
 def _tq3_0_kernel(
     x_ptr, scale_ptr, code_ptr, rot_ptr, slot_ptr, num_rows, num_kv_heads,
     C0: tl.constexpr, C1: tl.constexpr, C2: tl.constexpr, C3: tl.constexpr,  # centroids
@@ -135,12 +175,15 @@ def _slot_tensor(slots: int | torch.Tensor, n: int, device: torch.device) -> tor
     return slots
 
 
-def _check(name: str, x: torch.Tensor, scales: torch.Tensor, codes: torch.Tensor, slots: int | torch.Tensor) -> None:
+def _check(name: str, x: torch.Tensor, scales: torch.Tensor, codes: torch.Tensor, slots: int | torch.Tensor,
+           strided: bool = False) -> None:
     fmt = formats.get_format(name)
     if fmt.is_dense:
         raise ValueError(f"quantize_into: {name} is a dense type, nothing to quantize")
-    if x.dim() != 3 or not x.is_contiguous() or x.dtype not in (torch.float32, torch.float16, torch.bfloat16):
-        raise ValueError(f"quantize_into: x must be a contiguous [N, Hkv, D] float tensor, got {x.dtype} {tuple(x.shape)}")
+    laid_out = x.stride(-1) == 1 if strided and x.dim() == 3 else x.is_contiguous()
+    if x.dim() != 3 or not laid_out or x.dtype not in (torch.float32, torch.float16, torch.bfloat16):
+        kind = "[N, Hkv, D] float tensor with a contiguous last axis" if strided else "contiguous [N, Hkv, D] float tensor"
+        raise ValueError(f"quantize_into: x must be a {kind}, got {x.dtype} {tuple(x.shape)}")
     n, hkv, d = x.shape
     fmt.check_head_dim(d)
     if d & (d - 1):
@@ -185,6 +228,39 @@ def quantize_into(
             C0=c0, C1=c1, C2=c2, C3=c3, B0=b0, B1=b1, B2=b2, SQ=math.sqrt(g / formats.TQ3_GROUP),
             D=d, G=g, ROWS=TQ3_ROWS, num_warps=4,
         )
+
+
+def quantize_rotated_into(
+    name: str, x: torch.Tensor, scales: torch.Tensor, codes: torch.Tensor, slots: int | torch.Tensor,
+    offset: torch.Tensor | None = None,
+) -> None:
+    """Triton, q8_0 / q4_0: rows of (x - offset) rotated (kernels/rotate.py's rotation) -> rows `slots`, in one launch.
+    x [N, Hkv, D] needs only a contiguous last axis; offset [Hkv, D] fp32 or None."""
+    if name not in ("q8_0", "q4_0"):
+        raise ValueError(f"quantize_rotated_into: q8_0 or q4_0, got {name} (tq3_0 always rotates: quantize_into)")
+    _check(name, x, scales, codes, slots, strided=True)
+    n, hkv, d = x.shape
+    if offset is not None and (offset.shape != (hkv, d) or offset.dtype != torch.float32 or not offset.is_contiguous()):
+        raise ValueError(f"quantize_rotated_into: offset must be contiguous fp32 [{hkv}, {d}], got {offset.dtype} {tuple(offset.shape)}")
+    if n * hkv == 0:
+        return
+    g = min(formats.TQ3_GROUP, d)
+    rot = formats.tq3_rotation(g, x.device)
+    grid = (triton.cdiv(n * hkv, TQ3_ROWS), d // 32)
+    _block_rotated_kernel[grid](
+        x, offset if offset is not None else rot, rot, scales, codes, _slot_tensor(slots, n, x.device), n * hkv, hkv,
+        x.stride(0), x.stride(1), FMT=1 if name == "q8_0" else 2, D=d, G=g, ROWS=TQ3_ROWS, HAS_OFFSET=offset is not None,
+        num_warps=4,
+    )
+
+
+def quantize_rotated_into_reference(
+    name: str, x: torch.Tensor, scales: torch.Tensor, codes: torch.Tensor, slots: int | torch.Tensor,
+    offset: torch.Tensor | None = None,
+) -> None:
+    """Plain torch, same contract as `quantize_rotated_into`."""
+    x = x.float() if offset is None else x.float() - offset
+    quantize_into_reference(name, formats.rotate(x), scales, codes, slots)
 
 
 def quantize_into_reference(

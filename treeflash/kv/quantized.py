@@ -63,6 +63,12 @@ class _Rows:
             if s is not None:
                 self.scales.index_copy_(0, slots, s)
 
+    def write_rotated(self, slots: int | torch.Tensor, x: torch.Tensor, offset: torch.Tensor | None) -> None:
+        """Kernel path, q8_0 / q4_0: (x - offset) rotated, then quantized, in one launch (keys under rotate_keys)."""
+        from treeflash.kernels.kv_quant import quantize_rotated_into
+
+        quantize_rotated_into(self.fmt.name, x if x.stride(-1) == 1 else x.contiguous(), self.scales, self.codes, slots, offset)
+
     def read(self, length: int, dtype: torch.dtype) -> torch.Tensor:
         """Rows [0, length), dequantized (tq3_0: un-rotated; q8_0 / q4_0 keys under rotate_keys stay
         rotated) -> [length, Hkv, D] in dtype."""
@@ -114,13 +120,15 @@ class QuantizedAttentionCache:
 
     def _stored_keys(self, k: torch.Tensor, start: int | None) -> torch.Tensor:
         """k [N, Hkv, D] as the K rows store it: centered, then rotated (each where the cache does it)."""
-        if self.rotate_keys and self.use_kernels:  # centered and rotated in one launch
-            from treeflash.kernels.rotate import rotate_rows
-
-            self._fix_offset(k, start)
-            return rotate_rows(k, torch.float32, self.key_offset)
         k = self._centered(k, start)
         return formats.rotate(k) if self.rotate_keys else k
+
+    def _write_keys(self, slots: int | torch.Tensor, k: torch.Tensor, start: int | None) -> None:
+        if self.rotate_keys and self.use_kernels:  # centered, rotated and quantized in one launch
+            self._fix_offset(k, start)
+            self.k.write_rotated(slots, k, self.key_offset)
+        else:
+            self.k.write(slots, self._stored_keys(k, start), self.use_kernels)
 
     def _key_planes(self):
         return self.k.planes(rotated=self.rotate_keys)
@@ -146,7 +154,7 @@ class QuantizedAttentionCache:
     def attend(self, q, k, v, start, tree_mask, scale):
         # q: [T, H, D], k/v: [T, Hkv, D], tree_mask: [T, T] bool or None -> [T, H, D]
         n = q.shape[0]
-        self.k.write(start, self._stored_keys(k, start), self.use_kernels)
+        self._write_keys(start, k, start)
         self.v.write(start, v, self.use_kernels)
         if self.use_kernels and n <= MAX_KERNEL_TOKENS:
             from treeflash.kernels.quant_attention import quant_attention
@@ -158,7 +166,7 @@ class QuantizedAttentionCache:
 
     def attend_static(self, q, k, v, slots, key_mask, scale):
         # slots: [T] long, key_mask: [T, max_len] bool; fixed shapes, no host sync on the kernel path
-        self.k.write(slots, self._stored_keys(k, None), self.use_kernels)
+        self._write_keys(slots, k, None)
         self.v.write(slots, v, self.use_kernels)
         if self.use_kernels and q.shape[0] <= MAX_KERNEL_TOKENS:
             from treeflash.kernels.quant_attention import quant_attention_masked

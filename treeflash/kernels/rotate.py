@@ -2,8 +2,8 @@
 
 Rotated keys (tq3_0 always; q8_0 / q4_0 under CacheSpec.rotate_keys) need the query rotated the same
 way, and a tq3_0 V gives the output rotated. In torch each is a cast, a matmul per group and a cast
-back (with the keys' centering, a subtraction first): three or four launches per attention layer and
-step inside a CUDA graph. `rotate_rows` does the lot in one:
+back: three launches per attention layer and step inside a CUDA graph. `rotate_rows` does it in one
+(the keys themselves are rotated inside their write kernels: kv_quant.quantize_rotated_into, tq3_0's):
 
     out[n, h, :] = blockdiag(R, ..., R) (x[n, h, :] - offset[h, :])     (inverse: R^T in place of R)
 

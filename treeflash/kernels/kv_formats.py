@@ -247,7 +247,9 @@ def quantize_tq3_0(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     g = min(TQ3_GROUP, x.shape[-1])
     xr = rotate(x)  # [..., D] fp32
     groups = xr.unflatten(-1, (-1, g))
-    norm = groups.norm(dim=-1, keepdim=True)
+    # the group's norm taken before the rotation (R is orthonormal: the same number to rounding), so the write
+    # kernel needs only its own block's share of the rotation
+    norm = x.float().unflatten(-1, (-1, g)).square().sum(-1, keepdim=True).sqrt()
     y = (groups * _inverse(norm) * math.sqrt(g / TQ3_GROUP)).flatten(-2)
     mag = sum((y.abs() > b).to(torch.uint8) for b in TQ3_BOUNDS)
     neg = (y < 0).to(torch.uint8)

@@ -134,10 +134,11 @@ def _tq3_0_kernel(
     B0: tl.constexpr, B1: tl.constexpr, B2: tl.constexpr,  # cuts between them
     SQ: tl.constexpr, D: tl.constexpr, G: tl.constexpr, ROWS: tl.constexpr,
 ):
-    # program (row tile, 32-value block): the block's group rotated one block at a time, x [ROWS, G] @ R^T[:, block]
-    # ([G, 32] of R per dot: a whole [128, 128] fp32 R as one operand spilled registers, ~100 us a launch on the
-    # H200), all GB blocks for the group's norm, then this block coded. Measured on the H200 (27B shape, 4 rows):
-    # 22 us a launch, a program per group 23 us; the GB fp32 dots in a row set the time
+    # program (row tile, 32-value block): this block of the rotated group, x [ROWS, G] @ R^T[:, block] ([G, 32] of R:
+    # a whole [128, 128] fp32 R as one operand spilled registers, ~100 us a launch on the H200), divided by the
+    # group's norm taken before the rotation (R is orthonormal; formats.quantize_tq3_0 does the same). Measured on
+    # the H200 (27B shape, 4 rows) with the norm from all GB rotated blocks instead: 22 us a launch (a program per
+    # group: 23 us), the GB fp32 dots in a row setting the time; one dot a program since, not yet timed
     NB: tl.constexpr = D // 32
     GB: tl.constexpr = G // 32  # blocks per group
     rows = tl.program_id(0).to(tl.int64) * ROWS + tl.arange(0, ROWS)
@@ -148,13 +149,9 @@ def _tq3_0_kernel(
     bi = tl.arange(0, 32)
     dst = _dest_row(slot_ptr, tl.where(ok, rows, 0), num_kv_heads)  # padding rows: stores are masked
     x = tl.load(x_ptr + rows[:, None] * D + grp * G + gi[None, :], mask=ok[:, None], other=0.0).to(tl.float32)
-    sq = tl.zeros((ROWS,), tl.float32)
-    xb = tl.zeros((ROWS, 32), tl.float32)  # this block of the rotated group
-    for b in tl.static_range(GB):
-        rot_t = tl.load(rot_ptr + (b * 32 + bi)[None, :] * G + gi[:, None])  # R^T[:, block b]: [G, 32]
-        xr = tl.dot(x, rot_t, input_precision="ieee")
-        sq += tl.sum(xr * xr, axis=1)
-        xb = tl.where(blk % GB == b, xr, xb)
+    sq = tl.sum(x * x, axis=1)
+    rot_t = tl.load(rot_ptr + ((blk % GB) * 32 + bi)[None, :] * G + gi[:, None])  # R^T[:, block]: [G, 32]
+    xb = tl.dot(x, rot_t, input_precision="ieee")  # [ROWS, 32]
     y = xb * (_safe_inverse(tl.sqrt(sq)) * SQ)[:, None]  # SQ = sqrt(G / 128)
     a = tl.abs(y)
     mag = (a > B0).to(tl.int32) + (a > B1).to(tl.int32) + (a > B2).to(tl.int32)

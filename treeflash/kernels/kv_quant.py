@@ -20,6 +20,7 @@ import triton
 import triton.language as tl
 
 from treeflash.kernels import kv_formats as formats
+from treeflash.kernels.rotate import rotate_rows_reference
 
 TQ3_ROWS = 16  # rows per program of the tq3_0 kernel (tl.dot needs M >= 16)
 
@@ -257,8 +258,7 @@ def quantize_rotated_into_reference(
     offset: torch.Tensor | None = None,
 ) -> None:
     """Plain torch, same contract as `quantize_rotated_into`."""
-    x = x.float() if offset is None else x.float() - offset
-    quantize_into_reference(name, formats.rotate(x), scales, codes, slots)
+    quantize_into_reference(name, rotate_rows_reference(x, torch.float32, offset), scales, codes, slots)
 
 
 def quantize_into_reference(

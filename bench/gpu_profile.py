@@ -40,6 +40,23 @@ def drafter_pass_graph(model, runner, args):
     return drafter.graphs.passes[1]
 
 
+def step_sequence(prof, replays: int) -> list[dict]:
+    """The last replay's kernels in launch order: name, start (us from the replay's first kernel), duration, and
+    the gap since the previous kernel ended (negative: it started before that one ended, as PDL allows)."""
+    kernels = sorted((e for e in prof.events() if str(getattr(e, "device_type", "")).endswith("CUDA")),
+                     key=lambda e: e.time_range.start)
+    if not kernels or len(kernels) % replays:
+        return []
+    last = kernels[-(len(kernels) // replays):]
+    t0, out, prev_end = last[0].time_range.start, [], None
+    for e in last:
+        start, end = e.time_range.start, e.time_range.end
+        out.append({"name": e.name[:90], "start_us": start - t0, "us": end - start,
+                    "gap_us": 0.0 if prev_end is None else start - prev_end})
+        prev_end = end if prev_end is None else max(prev_end, end)
+    return out
+
+
 @torch.inference_mode()
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -61,6 +78,7 @@ def main() -> None:
     p.add_argument("--drafter-layers", type=int, default=0,
                    help="profile a random DFlash drafter's graphed pass (this many layers, --block-size) instead")
     p.add_argument("--block-size", type=int, default=16)
+    p.add_argument("--show-sequence", type=int, default=24, help="print the last replay's first this many kernels in order")
     p.add_argument("--out", default=None)
     args = p.parse_args()
     if args.fill and (args.drafter_layers or args.bucket != 1):
@@ -96,6 +114,7 @@ def main() -> None:
             continue
         rows.append({"name": e.key[:90], "calls_per_step": e.count / args.replays, "us_per_step": t / args.replays})
     rows.sort(key=lambda r: -r["us_per_step"])
+    sequence = step_sequence(prof, args.replays)
     total = sum(r["us_per_step"] for r in rows)
     calls = sum(r["calls_per_step"] for r in rows)
     print(f"{args.shape} fused_rows={model.fused_rows} folded_decode={model.folded_decode} bucket {args.bucket} cache "
@@ -103,11 +122,20 @@ def main() -> None:
           f"{total:.0f} us of kernels per step, {calls:.0f} kernels")
     for r in rows[:30]:
         print(f"  {r['us_per_step']:8.1f} us  {r['calls_per_step']:6.0f}x  {r['name']}")
+    if sequence:
+        busy = sum(k["us"] for k in sequence)
+        idle = sum(max(k["gap_us"], 0.0) for k in sequence[1:])
+        span = sequence[-1]["start_us"] + sequence[-1]["us"]
+        print(f"last replay in order: {len(sequence)} kernels over {span:.1f} us, {busy:.1f} us inside kernels, "
+              f"{idle:.1f} us idle between them (gaps > 0), {sum(1 for k in sequence[1:] if k['gap_us'] < 0)} overlaps (PDL)")
+        for k in sequence[:args.show_sequence]:
+            print(f"  {k['start_us']:8.1f}  {k['us']:7.2f} us  gap {k['gap_us']:6.2f}  {k['name'][:70]}")
     if args.out:
         Path(args.out).write_text(json.dumps({"shape": args.shape, "fused_rows": model.fused_rows, "folded_decode": model.folded_decode, "bucket": args.bucket,
                                               "layers": args.layers, "cache_type_k": args.cache_type_k, "cache_type_v": args.cache_type_v,
                                               "rotate_keys": args.rotate_keys, "context": cache.seq_len,
-                                              "kernel_us_per_step": total, "kernels_per_step": calls, "rows": rows}, indent=2))
+                                              "kernel_us_per_step": total, "kernels_per_step": calls, "rows": rows,
+                                              "sequence": sequence}, indent=2))
 
 
 if __name__ == "__main__":

@@ -16,7 +16,8 @@
 # folded_ab  bench/gpu_speed.py, decode + verify 1: the 8B shape without and with --folded-decode, twice interleaved
 #            (off on off on), then the SmolLM2 shape the same way -> folded_{off,on}_{8b,smol}_{1,2}.json (<= 60 s each)
 # profile_folded  bench/gpu_profile.py, kernel by kernel, the 8B and SmolLM2 shapes without and with
-#            --folded-decode, with PDL and without -> profile_{default,folded}_{shape}[_nopdl].json (<= 60 s each)
+#            --folded-decode, with PDL and without -> profile_{default,folded}_{shape}[_nopdl].json (<= 60 s each);
+#            PROFILE_PDL ("1 0"), PROFILE_SHAPES ("qwen3-8b smollm2-135m"), PROFILE_MODES ("default folded") narrow it
 # eval_folded  with /tmp/smol.gguf: treeflash.train.evaluate on the default model, budgets 32 and auto, with folded
 #            decode (the default at its size) and without -> eval_folded.json, eval_unfolded.json (<= 170 s each)
 # kv         bench/kv_attention_gpu.py --sweep over the q8_0-K pairs -> kv_attention_sweep.json (<= 170 s)
@@ -103,9 +104,9 @@ for stage in $STAGES; do
       # where the folded step's time goes against the default's: kernel by kernel, both shapes, with PDL
       # (as the model runs) and without it (TREEFLASH_PDL=0: each kernel's own duration, no wait on the one
       # before inside it) (<= 60 s each)
-      for pdl in 1 0; do
-        for shape in qwen3-8b smollm2-135m; do
-          for mode in default folded; do
+      for pdl in ${PROFILE_PDL:-1 0}; do
+        for shape in ${PROFILE_SHAPES:-qwen3-8b smollm2-135m}; do
+          for mode in ${PROFILE_MODES:-default folded}; do
             flag=$([ "$mode" = folded ] && echo --folded-decode || echo --no-folded-decode)
             tag=${mode}_${shape}$([ "$pdl" = 0 ] && echo _nopdl || true)
             log "gpu_profile $shape $mode (TREEFLASH_PDL=$pdl)"

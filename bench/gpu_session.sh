@@ -31,6 +31,8 @@
 # rot_fix    bench/gpu_check.py --only rotated_keys kv_write (<= 120 s), then kv_long_decode at 128K (27B shape) for
 #            bf16, q8_0, q4_0 (rotated keys and not), q8_0/tq3_0 and tq3_0 (<= 200 s), and the kernel table of the
 #            tq3_0/tq3_0 and q8_0/q8_0 steps (8 layers, <= 60 s each) -> check_rot.json, kv_long_rot.json, profile_*.json
+# gemv_graph bench/gemv_in_graph.py: the 8B shape's q/k/v, o_proj and down GEMV configurations, each timed inside the
+#            whole graphed decode step (pipelined tok/s, graph replay), the shipped set between them (<= 300 s)
 # device_steps  bench/device_step_time.py, greedy and sampled steps (<= 180 s); with /tmp/smol.gguf present, the v7 evaluation with
 #            device steps and without (TREEFLASH_DEVICE_STEPS=0), auto / DDTree-32 / DDTree-48 (<= 170 s each)
 # cli_bench  with /tmp/smol.gguf: `treeflash bench` on the default model (chat prompts, 256 tokens, --baseline ar),
@@ -190,6 +192,11 @@ for stage in $STAGES; do
         log "profile $t rc=$?"
         grep -v -i warn "$OUT/profile_${t}_128k.log" | head -n 9 | tee -a "$OUT/progress.log"
       done ;;
+    gemv_graph)
+      log "gemv_in_graph: the 8B decode GEMVs' configurations timed inside the whole graphed step"
+      timeout 300 python3 bench/gemv_in_graph.py --shape qwen3-8b --out "$OUT/gemv_in_graph_8b.json" > "$OUT/gemv_in_graph.log" 2>&1
+      log "gemv_in_graph rc=$?"
+      grep -v -i warn "$OUT/gemv_in_graph.log" | tail -n 24 | tee -a "$OUT/progress.log" ;;
     device_steps)
       log "device_step_time: SmolLM2-shaped graphs back to back (decode, verify-16, draft, device chain / DDTree-22 / -32 / -48)"
       PYTHONPATH=$SITE timeout 180 python3 bench/device_step_time.py --trees 22,32,48 --out "$OUT/device_step_time.json" \

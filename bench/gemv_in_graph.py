@@ -10,6 +10,7 @@ the graph replay alone. The shipped configuration is timed between candidates (d
 
     python bench/gemv_in_graph.py --shape qwen3-8b --out bench/results/gemv_in_graph_8b.json
     python bench/gemv_in_graph.py --shape qwen3-8b --only 6144x4096 --tokens 128
+    python bench/gemv_in_graph.py --base 4096x12288=2,2048,1,4 --candidates 4096x4096=8,1024,1,4   # on top of a change
 
 Candidates are `BN,BK,SPLIT,WARPS` per shape (--candidates 6144x4096=8,512,1,4 4,1024,1,4 ...);
 the defaults below cover the 8B shape's q/k/v, o_proj and down.
@@ -85,6 +86,9 @@ def main() -> None:
     p.add_argument("--only", nargs="*", default=None, help="shapes NxK to vary (default: every shape with candidates)")
     p.add_argument("--candidates", nargs="*", default=None,
                    help="NxK=BN,BK,SPLIT,WARPS entries replacing the default candidates (repeat a shape for several)")
+    p.add_argument("--base", nargs="*", default=[],
+                   help="NxK=BN,BK,SPLIT,WARPS entries applied on top of gemv.TUNED for every run but the shipped ones "
+                        "(candidates then vary one shape of that set; the shipped set and the base are both timed)")
     p.add_argument("--out", default=None)
     args = p.parse_args()
     if not torch.cuda.is_available():
@@ -101,11 +105,15 @@ def main() -> None:
     model.fuse_projections()
     prompt = torch.randint(0, model.config.vocab_size, (args.context,)).tolist()
     shipped = dict(gemv.TUNED)
+    base = dict(shipped)
+    for entry in args.base:
+        shape, _, text = entry.partition("=")
+        base[tuple(int(v) for v in shape.split("x"))] = parse_config(text)
     runs = []
 
-    def run(label: str, shape: str | None, cfg: gemv.GemvConfig | None) -> None:
+    def run(label: str, shape: str | None, cfg: gemv.GemvConfig | None, table: dict | None = None) -> None:
         gemv.TUNED.clear()
-        gemv.TUNED.update(shipped)
+        gemv.TUNED.update(base if table is None else table)
         if shape is not None:
             n, k = (int(v) for v in shape.split("x"))
             gemv.TUNED[(n, k)] = cfg
@@ -116,7 +124,9 @@ def main() -> None:
         print(f"{label:28s} {r['pipelined_tokens_per_s']:7.1f} tok/s ({r['fraction_of_roofline']:.3f} of the roofline), "
               f"graph {r['graph_ms']:.3f} ms", flush=True)
 
-    run("shipped", None, None)
+    run("shipped", None, None, shipped)
+    if args.base:
+        run("base", None, None)
     for shape in shapes:
         n, k = (int(v) for v in shape.split("x"))
         if (n, k) not in shipped:
@@ -124,13 +134,17 @@ def main() -> None:
             continue
         for text in cands.get(shape, []):
             run(f"{shape} {text}", shape, parse_config(text))
-        run("shipped", None, None)
+        run("base" if args.base else "shipped", None, None)
+    if args.base:
+        run("shipped", None, None, shipped)
     gemv.TUNED.clear()
     gemv.TUNED.update(shipped)
     if args.out:
         Path(args.out).write_text(json.dumps({"shape": args.shape, "context": args.context, "bandwidth": bandwidth,
                                               "shipped": {f"{n}x{k}": [c.block_n, c.block_k, c.split_k, c.num_warps]
                                                           for (n, k), c in shipped.items()},
+                                              "base": {f"{n}x{k}": [c.block_n, c.block_k, c.split_k, c.num_warps]
+                                                       for (n, k), c in base.items()},
                                               "runs": runs}, indent=2))
 
 

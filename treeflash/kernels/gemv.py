@@ -245,12 +245,15 @@ def gemv_config(n: int, k: int) -> GemvConfig:
 # bench/results/gpu_gemv*.json, us per call with every weight byte from memory).
 # `projection.linear` and `apply` use gemv only for these shapes; every other one stays on cuBLAS (e.g. gate/up, 96-99% of
 # the bandwidth there already).
+# Since stop 30 the Qwen3-8B o_proj / down and Qwen3.5-27B (5120, 6144) entries are the fastest inside the whole graphed
+# decode step (bench/gemv_in_graph.py; bench/results/s30/gemv_graph_*): alone, 2 x 2048 o_proj and 4 x 1024 down
+# were faster, in the step they were not (8B pipelined 229.9 -> 238.2 tokens/s; 27B 75.9 -> 77.2)
 TUNED: dict[tuple[int, int], GemvConfig] = {  # bench/results/gpu_gemv.json (wide grid), gpu_gemv_focus.json
-    (6144, 4096): GemvConfig(8, 1024, 1, 4),  # Qwen3-8B q/k/v: 13.8 us vs cuBLAS 15.4-15.7
-    (4096, 4096): GemvConfig(2, 2048, 1, 8),  # Qwen3-8B o_proj: 9.6 vs 13.5-13.6
-    (4096, 12288): GemvConfig(4, 1024, 1, 4),  # Qwen3-8B down: 25.2 vs 29.5-29.7
-    (5120, 6144): GemvConfig(16, 1024, 1, 4),  # Qwen3.5-27B linear-attention out_proj, attention o_proj: 16.7 vs 17.5
-    (5120, 17408): GemvConfig(4, 2048, 1, 4),  # Qwen3.5-27B down: 42.8 vs 49.8-50.0
+    (6144, 4096): GemvConfig(8, 1024, 1, 4),  # Qwen3-8B q/k/v: 13.8 us vs cuBLAS 15.4-15.7 (also the best in the step)
+    (4096, 4096): GemvConfig(8, 1024, 1, 4),  # Qwen3-8B o_proj: alone 9.6 us (2 x 2048, 8 warps) vs cuBLAS 13.5-13.6
+    (4096, 12288): GemvConfig(2, 2048, 1, 4),  # Qwen3-8B down: alone 25.2 us (4 x 1024) vs cuBLAS 29.5-29.7
+    (5120, 6144): GemvConfig(8, 2048, 1, 8),  # Qwen3.5-27B linear-attention out_proj, attention o_proj: alone 16.7 (16 x 1024) vs 17.5
+    (5120, 17408): GemvConfig(4, 2048, 1, 4),  # Qwen3.5-27B down: 42.8 vs 49.8-50.0 (also the best in the step)
     # SmolLM2-135M (the embedded default), bench/results/s18/gpu_gemv_smol.json: at these sizes a call
     # is latency, not bytes (0.16-0.9 us of them), and cuBLAS takes 3-5 us
     (960, 576): GemvConfig(4, 512, 1, 8),  # fused q/k/v: 2.05 us vs cuBLAS 3.60

@@ -255,10 +255,12 @@ TUNED: dict[tuple[int, int], GemvConfig] = {  # bench/results/gpu_gemv.json (wid
     (5120, 6144): GemvConfig(8, 2048, 1, 8),  # Qwen3.5-27B linear-attention out_proj, attention o_proj: alone 16.7 (16 x 1024) vs 17.5
     (5120, 17408): GemvConfig(4, 2048, 1, 4),  # Qwen3.5-27B down: 42.8 vs 49.8-50.0 (also the best in the step)
     # SmolLM2-135M (the embedded default), bench/results/s18/gpu_gemv_smol.json: at these sizes a call
-    # is latency, not bytes (0.16-0.9 us of them), and cuBLAS takes 3-5 us
-    (960, 576): GemvConfig(4, 512, 1, 8),  # fused q/k/v: 2.05 us vs cuBLAS 3.60
-    (576, 576): GemvConfig(4, 512, 1, 4),  # o_proj: 1.32 vs 3.11
-    (576, 1536): GemvConfig(4, 1024, 1, 8),  # down: 2.28 vs 4.73
+    # is latency, not bytes (0.16-0.9 us of them), and cuBLAS takes 3-5 us. Since stop 30 the configurations
+    # fastest inside the graphed (folded) decode step: 1,900 -> 2,200 tokens/s together (bench/gemv_in_graph.py,
+    # bench/results/s30/gemv_graph_smol/); alone (s18) 4 x 512 x 8w, 4 x 512 x 4w and 4 x 1024 x 8w were fastest
+    (960, 576): GemvConfig(2, 1024, 1, 4),  # fused q/k/v: alone 2.05 us (4 x 512, 8 warps) vs cuBLAS 3.60
+    (576, 576): GemvConfig(2, 1024, 1, 4),  # o_proj: alone 1.32 (4 x 512) vs 3.11
+    (576, 1536): GemvConfig(4, 2048, 1, 8),  # down: alone 2.28 (4 x 1024, 8 warps) vs 4.73
 }
 
 

@@ -12,8 +12,9 @@ the graph replay alone. The shipped configuration is timed between candidates (d
     python bench/gemv_in_graph.py --shape qwen3-8b --only 6144x4096 --tokens 128
     python bench/gemv_in_graph.py --base 4096x12288=2,2048,1,4 --candidates 4096x4096=8,1024,1,4   # on top of a change
 
-Candidates are `BN,BK,SPLIT,WARPS` per shape (--candidates 6144x4096=8,512,1,4 4,1024,1,4 ...);
-the defaults below cover the 8B shape's q/k/v, o_proj and down.
+Candidates are `BN,BK,SPLIT,WARPS` per shape (--candidates 6144x4096=8,512,1,4 6144x4096=4,1024,1,4 ...);
+"swiglu:NxK" names a gate_up weight of gemv.TUNED_SWIGLU (SPLIT must be 1). The defaults below cover the 8B
+shape's q/k/v, o_proj and down.
 """
 
 from __future__ import annotations
@@ -41,6 +42,18 @@ DEFAULT_CANDIDATES = {
     "4096x4096": ["4,1024,1,4", "8,1024,1,4", "2,1024,1,4", "4,2048,1,8", "8,512,1,4"],
     "4096x12288": ["2,2048,1,4", "8,1024,1,4", "4,2048,1,8", "4,1024,2,4", "2,1024,1,4"],
 }
+
+
+def table_key(shape: str) -> tuple[str, int, int]:
+    """"NxK" (gemv.TUNED) or "swiglu:NxK" (gemv.TUNED_SWIGLU, N = 2I rows of gate_up) -> (table, N, K)."""
+    kind, _, dims = shape.rpartition(":")
+    try:
+        n, k = (int(v) for v in dims.split("x"))
+    except ValueError:
+        raise SystemExit(f"{shape!r} is not NxK or swiglu:NxK") from None
+    if kind not in ("", "swiglu"):
+        raise SystemExit(f"{shape!r}: the only table prefix is 'swiglu:'")
+    return ("swiglu" if kind else "gemv", n, k)
 
 
 def parse_config(text: str) -> gemv.GemvConfig:
@@ -104,19 +117,25 @@ def main() -> None:
     model = build_model(args.shape)
     model.fuse_projections()
     prompt = torch.randint(0, model.config.vocab_size, (args.context,)).tolist()
-    shipped = dict(gemv.TUNED)
+    shipped = {("gemv", n, k): c for (n, k), c in gemv.TUNED.items()}
+    shipped.update({("swiglu", n, k): c for (n, k), c in gemv.TUNED_SWIGLU.items()})
     base = dict(shipped)
     for entry in args.base:
         shape, _, text = entry.partition("=")
-        base[tuple(int(v) for v in shape.split("x"))] = parse_config(text)
+        base[table_key(shape)] = parse_config(text)
     runs = []
 
-    def run(label: str, shape: str | None, cfg: gemv.GemvConfig | None, table: dict | None = None) -> None:
+    def apply(table: dict) -> None:
         gemv.TUNED.clear()
-        gemv.TUNED.update(base if table is None else table)
+        gemv.TUNED_SWIGLU.clear()
+        for (kind, n, k), c in table.items():
+            (gemv.TUNED if kind == "gemv" else gemv.TUNED_SWIGLU)[(n, k)] = c
+
+    def run(label: str, shape: str | None, cfg: gemv.GemvConfig | None, table: dict | None = None) -> None:
+        chosen = dict(base if table is None else table)
         if shape is not None:
-            n, k = (int(v) for v in shape.split("x"))
-            gemv.TUNED[(n, k)] = cfg
+            chosen[table_key(shape)] = cfg
+        apply(chosen)
         r = time_step(model, prompt, args.tokens, args.rounds)
         r.update(label=label, shape=shape, config=None if cfg is None else [cfg.block_n, cfg.block_k, cfg.split_k, cfg.num_warps],
                  fraction_of_roofline=r["pipelined_tokens_per_s"] * r["bytes"] / bandwidth)
@@ -128,24 +147,23 @@ def main() -> None:
     if args.base:
         run("base", None, None)
     for shape in shapes:
-        n, k = (int(v) for v in shape.split("x"))
-        if (n, k) not in shipped:
-            print(f"{shape}: not in gemv.TUNED (cuBLAS in the step); skipped")
+        if table_key(shape) not in shipped:
+            print(f"{shape}: not in gemv.TUNED / TUNED_SWIGLU (cuBLAS in the step); skipped")
             continue
         for text in cands.get(shape, []):
             run(f"{shape} {text}", shape, parse_config(text))
         run("base" if args.base else "shipped", None, None)
     if args.base:
         run("shipped", None, None, shipped)
-    gemv.TUNED.clear()
-    gemv.TUNED.update(shipped)
+    apply(shipped)
+
+    def dump(table: dict) -> dict:
+        return {("swiglu:" if kind == "swiglu" else "") + f"{n}x{k}": [c.block_n, c.block_k, c.split_k, c.num_warps]
+                for (kind, n, k), c in table.items()}
+
     if args.out:
         Path(args.out).write_text(json.dumps({"shape": args.shape, "context": args.context, "bandwidth": bandwidth,
-                                              "shipped": {f"{n}x{k}": [c.block_n, c.block_k, c.split_k, c.num_warps]
-                                                          for (n, k), c in shipped.items()},
-                                              "base": {f"{n}x{k}": [c.block_n, c.block_k, c.split_k, c.num_warps]
-                                                       for (n, k), c in base.items()},
-                                              "runs": runs}, indent=2))
+                                              "shipped": dump(shipped), "base": dump(base), "runs": runs}, indent=2))
 
 
 if __name__ == "__main__":

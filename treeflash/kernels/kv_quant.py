@@ -53,14 +53,32 @@ def _dest_row(slot_ptr, row, num_kv_heads):
 
 
 @triton.jit
+def _q8_0_blocks(x):
+    """x [M, 32] fp32 blocks -> (d [M], codes [M, 32]: integers in -127..127, still fp32)."""
+    d = tl.max(tl.abs(x), axis=1) / 127.0
+    return d, _round_half_away(x * _safe_inverse(d)[:, None])
+
+
+@triton.jit
+def _q4_0_blocks(x, M: tl.constexpr):
+    """x [M, 32] fp32 blocks -> (d [M], packed [M, 16] int32: byte i = q[i] | q[i + 16] << 4)."""
+    j = tl.arange(0, 32)[None, :]
+    a = tl.abs(x)
+    amax = tl.max(a, axis=1)
+    first = tl.min(tl.where(a == amax[:, None], j, 32), axis=1)  # ggml keeps the first largest
+    d = tl.sum(tl.where(j == first[:, None], x, 0.0), axis=1) / -8.0
+    q = tl.floor(x * _safe_inverse(d)[:, None] + 8.5)
+    q = tl.minimum(tl.maximum(q, 0.0), 15.0).to(tl.int32)
+    return d, tl.sum(tl.reshape(q, (M, 2, 16)) << (4 * tl.arange(0, 2))[None, :, None], axis=1)
+
+
+@triton.jit
 def _q8_0_kernel(x_ptr, scale_ptr, code_ptr, slot_ptr, num_kv_heads, D: tl.constexpr):
     # one program = one row (token, kv head): [D / 32, 32] blocks
     NB: tl.constexpr = D // 32
     row = tl.program_id(0).to(tl.int64)
     offs = tl.arange(0, NB)[:, None] * 32 + tl.arange(0, 32)[None, :]
-    x = tl.load(x_ptr + row * D + offs).to(tl.float32)
-    d = tl.max(tl.abs(x), axis=1) / 127.0
-    q = _round_half_away(x * _safe_inverse(d)[:, None])
+    d, q = _q8_0_blocks(tl.load(x_ptr + row * D + offs).to(tl.float32))
     dst = _dest_row(slot_ptr, row, num_kv_heads)
     tl.store(scale_ptr + dst * NB + tl.arange(0, NB), d.to(tl.float16))
     tl.store(code_ptr + dst * D + offs, q.to(tl.int8))
@@ -70,18 +88,8 @@ def _q8_0_kernel(x_ptr, scale_ptr, code_ptr, slot_ptr, num_kv_heads, D: tl.const
 def _q4_0_kernel(x_ptr, scale_ptr, code_ptr, slot_ptr, num_kv_heads, D: tl.constexpr):
     NB: tl.constexpr = D // 32
     row = tl.program_id(0).to(tl.int64)
-    j = tl.arange(0, 32)[None, :]
-    offs = tl.arange(0, NB)[:, None] * 32 + j
-    x = tl.load(x_ptr + row * D + offs).to(tl.float32)
-    a = tl.abs(x)
-    amax = tl.max(a, axis=1)
-    first = tl.min(tl.where(a == amax[:, None], j, 32), axis=1)  # ggml keeps the first largest
-    d = tl.sum(tl.where(j == first[:, None], x, 0.0), axis=1) / -8.0
-    q = tl.floor(x * _safe_inverse(d)[:, None] + 8.5)
-    q = tl.minimum(tl.maximum(q, 0.0), 15.0).to(tl.int32)
-    # byte i = q[i] | q[i + 16] << 4
-    nib = tl.reshape(q, (NB, 2, 16)) << (4 * tl.arange(0, 2))[None, :, None]
-    packed = tl.sum(nib, axis=1)  # [NB, 16]
+    offs = tl.arange(0, NB)[:, None] * 32 + tl.arange(0, 32)[None, :]
+    d, packed = _q4_0_blocks(tl.load(x_ptr + row * D + offs).to(tl.float32), NB)  # packed [NB, 16]
     dst = _dest_row(slot_ptr, row, num_kv_heads)
     tl.store(scale_ptr + dst * NB + tl.arange(0, NB), d.to(tl.float16))
     b_offs = tl.arange(0, NB)[:, None] * 16 + tl.arange(0, 16)[None, :]
@@ -113,17 +121,10 @@ def _block_rotated_kernel(
     xb = tl.dot(x, rot_t, input_precision="ieee")  # [ROWS, 32]
     dst = _dest_row(slot_ptr, tl.where(ok, rows, 0), num_kv_heads)  # padding rows: stores are masked
     if FMT == 1:
-        d = tl.max(tl.abs(xb), axis=1) / 127.0
-        q = _round_half_away(xb * _safe_inverse(d)[:, None])
+        d, q = _q8_0_blocks(xb)
         tl.store(code_ptr + dst[:, None] * D + blk * 32 + j[None, :], q.to(tl.int8), mask=ok[:, None])
     else:
-        a = tl.abs(xb)
-        amax = tl.max(a, axis=1)
-        first = tl.min(tl.where(a == amax[:, None], j[None, :], 32), axis=1)  # ggml keeps the first largest
-        d = tl.sum(tl.where(j[None, :] == first[:, None], xb, 0.0), axis=1) / -8.0
-        q = tl.floor(xb * _safe_inverse(d)[:, None] + 8.5)
-        q = tl.minimum(tl.maximum(q, 0.0), 15.0).to(tl.int32)
-        packed = tl.sum(tl.reshape(q, (ROWS, 2, 16)) << (4 * tl.arange(0, 2))[None, :, None], axis=1)  # [ROWS, 16]
+        d, packed = _q4_0_blocks(xb, ROWS)  # [ROWS, 16]
         tl.store(code_ptr + dst[:, None] * (D // 2) + blk * 16 + tl.arange(0, 16)[None, :], packed.to(tl.uint8), mask=ok[:, None])
     tl.store(scale_ptr + dst * NB + blk, d.to(tl.float16), mask=ok)
 
@@ -137,9 +138,9 @@ def _tq3_0_kernel(
 ):
     # program (row tile, 32-value block): this block of the rotated group, x [ROWS, G] @ R^T[:, block] ([G, 32] of R:
     # a whole [128, 128] fp32 R as one operand spilled registers, ~100 us a launch on the H200), divided by the
-    # group's norm taken before the rotation (R is orthonormal; formats.quantize_tq3_0 does the same). Measured on
-    # the H200 (27B shape, 4 rows) with the norm from all GB rotated blocks instead: 22 us a launch (a program per
-    # group: 23 us), the GB fp32 dots in a row setting the time; one dot a program since, not yet timed
+    # group's norm taken before the rotation (R is orthonormal; formats.quantize_tq3_0 does the same). H200, 27B
+    # shape, 4 rows: 6.8 us a launch (stop 30); with the norm from all GB rotated blocks it was 22 us (a program per
+    # group: 23 us), the GB fp32 dots in a row setting the time
     NB: tl.constexpr = D // 32
     GB: tl.constexpr = G // 32  # blocks per group
     rows = tl.program_id(0).to(tl.int64) * ROWS + tl.arange(0, ROWS)

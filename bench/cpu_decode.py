@@ -1,7 +1,7 @@
 """Decode speed of the embedded default (SmolLM2-135M-Instruct) on this CPU: treeflash against
 transformers' generate on the same GGUF, same prompts, interleaved in one run.
 
-    python bench/cpu_decode.py --threads 1 --out docs/results/cpu_decode.json
+    python -m bench.cpu_decode --threads 1 --out docs/results/cpu_decode.json
 
 Three rows per prompt: treeflash fp32 (the GGUF dequantized, as transformers loads it),
 treeflash `--weights int4` (the GGUF's Q4_1 layers kept at 4 bits, bf16-level precision), and
@@ -22,13 +22,12 @@ from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from treeflash.engine.chat import render_chat  # noqa: E402
-from treeflash.models.default_model import default_model_path  # noqa: E402
-from treeflash.models.loader import load_model  # noqa: E402
-from treeflash.spec.decoder import Decoder  # noqa: E402
-from treeflash.spec.sampling import SamplingParams  # noqa: E402
+from treeflash.engine.chat import render_chat
+from treeflash.models.default_model import default_model_path
+from treeflash.models.loader import load_model
+from treeflash.spec.decoder import Decoder
+from treeflash.spec.sampling import SamplingParams
 
 PROMPTS = [
     "What is the capital of France?",
@@ -135,7 +134,7 @@ def main() -> None:
     med = {k: statistics.median(x[k] for x in rows) for k in rows[0] if k.endswith("_s") and k != "compared_tokens"}
     ours, theirs, q4 = med["treeflash_tok_s"], med["transformers_tok_s"], med["treeflash_int4_tok_s"]
     result = {
-        "command": "python bench/cpu_decode.py " + " ".join(sys.argv[1:]),
+        "command": "python -m bench.cpu_decode " + " ".join(sys.argv[1:]),
         "load_average_1min_at_end": os.getloadavg()[0],
         "machine": {"cpu": platform.processor() or platform.machine(), "cores": os.cpu_count(), "torch_threads": torch.get_num_threads()},
         "torch": torch.__version__, "model": str(path.name), "dtype": "float32", "tokens": args.tokens,

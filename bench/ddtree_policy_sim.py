@@ -22,8 +22,8 @@ tau is reported two ways: averaged over every position, and along the walk a dec
 the first output position, jump by accepted + 1). The step's cost does not depend on the policy
 (the same budget), so tau ratios are speedup ratios.
 
-    python bench/ddtree_policy_sim.py --num-prompts 20 --max-tokens 128 --out ddtree_policy_sim.json
-    python bench/ddtree_policy_sim.py --budgets 32 48 --temps 1.0 --deviation-penalties 0 -0.25 -0.5 -1 \
+    python -m bench.ddtree_policy_sim --num-prompts 20 --max-tokens 128 --out ddtree_policy_sim.json
+    python -m bench.ddtree_policy_sim --budgets 32 48 --temps 1.0 --deviation-penalties 0 -0.25 -0.5 -1 \
         --cache sim_rows.safetensors --out ddtree_policy_sim_dev.json   # the candidates kept for later runs
 """
 
@@ -32,24 +32,22 @@ from __future__ import annotations
 import argparse
 import heapq
 import json
-import sys
 import time
 from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from treeflash.bench.runner import encode_prompt  # noqa: E402
-from treeflash.kernels.ddtree import best_first  # noqa: E402
-from treeflash.models.default_model import default_drafter_path, default_model_path  # noqa: E402
-from treeflash.models.loader import load_model  # noqa: E402
-from treeflash.models.step import StepInput  # noqa: E402
-from treeflash.spec.decoder import Decoder  # noqa: E402
-from treeflash.spec.dflash import DFlashDrafter  # noqa: E402
-from treeflash.spec.dflash_model import load_dflash  # noqa: E402
-from treeflash.spec.sampling import SamplingParams  # noqa: E402
-from treeflash.train.prompts import heldout_prompts  # noqa: E402
+from treeflash.bench.runner import encode_prompt
+from treeflash.kernels.ddtree import best_first
+from treeflash.models.default_model import default_drafter_path, default_model_path
+from treeflash.models.loader import load_model
+from treeflash.models.step import StepInput
+from treeflash.spec.decoder import Decoder
+from treeflash.spec.dflash import DFlashDrafter
+from treeflash.spec.dflash_model import load_dflash
+from treeflash.spec.sampling import SamplingParams
+from treeflash.train.prompts import heldout_prompts
 
 
 def candidates(loaded, draft, prompt_ids: list[int], max_tokens: int, k: int, temps=(1.0,)):

@@ -17,7 +17,7 @@ kernels one replay runs (torch.profiler), so that time / kernels says whether a 
 bytes or by the number of kernels. Written in stop 21, after the device chain took the chain from
 0.87x to 1.03x of plain decoding on the H200 and left ~1.4 ms per pass.
 
-    python bench/device_step_time.py --out device_step_time.json
+    python -m bench.device_step_time --out device_step_time.json
 """
 
 from __future__ import annotations
@@ -25,14 +25,12 @@ from __future__ import annotations
 import argparse
 import os
 import json
-import sys
 import time
 from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from gpu_shapes import DEV, build_model, random_drafter, sync  # noqa: E402
+from bench.gpu_shapes import DEV, build_model, random_drafter, sync
 
 
 def timed(fn, n: int) -> dict:

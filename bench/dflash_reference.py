@@ -11,7 +11,7 @@ training twin, `treeflash.train.features`), its drafter `dflash.model.DFlashDraf
 from the same z-lab-format directory. Prompts alternate the order of the two engines (ABBA).
 On CUDA treeflash runs with its CUDA-graph runner and the reference as published (eager).
 
-    python bench/dflash_reference.py --drafter treeflash/assets/smollm2_dflash --num-prompts 10 \
+    python -m bench.dflash_reference --drafter treeflash/assets/smollm2_dflash --num-prompts 10 \
         --max-tokens 128 --threads 1 --out docs/results/dflash_reference_cpu.json
 
 With `--random-shape qwen3-8b` the target is a random-weight model at that shape (bench/gpu_speed.py)
@@ -20,7 +20,7 @@ the prompts are random token ids and nothing stops early. Acceptance is then ~0 
 every step still drafts a block and verifies `block_size` tokens in both engines: the same work,
 so tokens/s compares the engines (the issue's setting: 5 draft layers, 16-token verify, 8B shape).
 
-    python bench/dflash_reference.py --random-shape qwen3-8b --draft-layers 5 --block-size 16 \
+    python -m bench.dflash_reference --random-shape qwen3-8b --draft-layers 5 --block-size 16 \
         --num-prompts 4 --max-tokens 128 --out bench/results/dflash_reference_gpu.json
 """
 
@@ -35,17 +35,15 @@ from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from treeflash.bench.runner import encode_prompt  # noqa: E402
-from treeflash.models.loader import load_model  # noqa: E402
-from treeflash.models.runner import CudaGraphRunner  # noqa: E402
-from treeflash.spec.dflash import DFlashDrafter  # noqa: E402
-from treeflash.spec.dflash_model import load_dflash  # noqa: E402
-from treeflash.train.evaluate import BUCKETS, Config, decode  # noqa: E402
-from treeflash.train.features import _build_twin  # noqa: E402
-from treeflash.train.prompts import heldout_prompts  # noqa: E402
+from treeflash.bench.runner import encode_prompt
+from treeflash.models.loader import load_model
+from treeflash.models.runner import CudaGraphRunner
+from treeflash.spec.dflash import DFlashDrafter
+from treeflash.spec.dflash_model import load_dflash
+from treeflash.train.evaluate import BUCKETS, Config, decode
+from treeflash.train.features import _build_twin
+from treeflash.train.prompts import heldout_prompts
 
 
 def sync(device: torch.device) -> None:
@@ -166,7 +164,7 @@ def random_setup(args):
     """-> (random target, random drafter directory, random prompts, no end tokens, the temp dir)."""
     import tempfile
 
-    from gpu_shapes import build_model
+    from bench.gpu_shapes import build_model
 
     from treeflash.spec.dflash_model import DFlashModel
     from treeflash.train.export import export_drafter

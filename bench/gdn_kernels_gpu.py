@@ -5,8 +5,8 @@ DDTree-like tree (32 nodes, depth ~6), chain-8/16/64, a 64-node DDTree-like tree
 128-node bucket of 20 real + 108 padding nodes: the walks (chunk=False) against the chunked form.
 A failing variant is recorded, not fatal. Writes JSON to --out and prints a table.
 
-    python bench/gdn_kernels_gpu.py --out gdn_kernels.json                 # the default sweep
-    python bench/gdn_kernels_gpu.py --block-v 16 --warps 4 --no-sweep      # the library default only
+    python -m bench.gdn_kernels_gpu --out gdn_kernels.json                 # the default sweep
+    python -m bench.gdn_kernels_gpu --block-v 16 --warps 4 --no-sweep      # the library default only
 """
 
 from __future__ import annotations
@@ -15,18 +15,16 @@ import argparse
 import itertools
 import json
 import random
-import sys
 import time
 from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from treeflash.kernels import gdn_tree  # noqa: E402
-from treeflash.kernels.gdn_decode import (conv_step, conv_step_ref, decode_step, recurrent_step,  # noqa: E402
+from treeflash.kernels import gdn_tree
+from treeflash.kernels.gdn_decode import (conv_step, conv_step_ref, decode_step, recurrent_step,
                                           recurrent_step_ref)
-from treeflash.kernels.gdn_tree import recurrent_path, tree_recurrent, tree_recurrent_ref  # noqa: E402
+from treeflash.kernels.gdn_tree import recurrent_path, tree_recurrent, tree_recurrent_ref
 
 HK, HV, DK, DV, K = 16, 48, 128, 128, 4
 C = 2 * HK * DK + HV * DV

@@ -8,9 +8,9 @@ each candidate configuration of one projection shape (the others as gemv.TUNED h
 the decode graph again and times the step: the pipelined rate as `generate` runs it (Decoder) and
 the graph replay alone. The shipped configuration is timed between candidates (drift check).
 
-    python bench/gemv_in_graph.py --shape qwen3-8b --out bench/results/gemv_in_graph_8b.json
-    python bench/gemv_in_graph.py --shape qwen3-8b --only 6144x4096 --tokens 128
-    python bench/gemv_in_graph.py --base 4096x12288=2,2048,1,4 --candidates 4096x4096=8,1024,1,4   # on top of a change
+    python -m bench.gemv_in_graph --shape qwen3-8b --out bench/results/gemv_in_graph_8b.json
+    python -m bench.gemv_in_graph --shape qwen3-8b --only 6144x4096 --tokens 128
+    python -m bench.gemv_in_graph --base 4096x12288=2,2048,1,4 --candidates 4096x4096=8,1024,1,4   # on top of a change
 
 Candidates are `BN,BK,SPLIT,WARPS` per shape (--candidates 6144x4096=8,512,1,4 6144x4096=4,1024,1,4 ...);
 "swiglu:NxK" names a gate_up weight of gemv.TUNED_SWIGLU (SPLIT must be 1). The defaults below cover the 8B
@@ -22,20 +22,17 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
-import sys
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-import torch  # noqa: E402
+import torch
 
-from gpu_shapes import build_model, cuda_time, measure_bandwidth, step_bytes, sync  # noqa: E402
-from treeflash.kernels import gemv  # noqa: E402
-from treeflash.models.runner import CudaGraphRunner  # noqa: E402
-from treeflash.spec.decoder import Decoder  # noqa: E402
-from treeflash.spec.sampling import SamplingParams  # noqa: E402
+from bench.gpu_shapes import build_model, cuda_time, measure_bandwidth, step_bytes, sync
+from treeflash.kernels import gemv
+from treeflash.models.runner import CudaGraphRunner
+from treeflash.spec.decoder import Decoder
+from treeflash.spec.sampling import SamplingParams
 
 DEFAULT_CANDIDATES = {
     "6144x4096": ["8,512,1,4", "4,1024,1,4", "16,1024,1,8", "4,2048,1,4", "8,2048,1,8", "8,1024,2,4", "2,2048,1,4"],

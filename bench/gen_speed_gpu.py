@@ -2,8 +2,8 @@
 the same random-weight target, in one run (speed does not depend on the weights; no end token is
 ever produced, so every row runs its full length).
 
-    python bench/gen_speed_gpu.py --out bench/results/gen_speed.json                  # H200, ~2 minutes
-    python bench/gen_speed_gpu.py --shape tiny-dense --batches 8 --new 16 --hf-new 4  # CPU: checks the script
+    python -m bench.gen_speed_gpu --out bench/results/gen_speed.json                  # H200, ~2 minutes
+    python -m bench.gen_speed_gpu --shape tiny-dense --batches 8 --new 16 --hf-new 4  # CPU: checks the script
 
 Reports, per engine and batch: generated tokens/s (rows x new tokens / wall seconds of the call)
 and seconds per decode step; and an exactness check in fp32: the greedy answers of the batched
@@ -15,18 +15,15 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 import time
 from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from gpu_shapes import DEV, build_model, sync  # noqa: E402
-from treeflash.train.batch_gen import BatchGenerator  # noqa: E402
-from treeflash.train.features import TargetTwin  # noqa: E402
+from bench.gpu_shapes import DEV, build_model, sync
+from treeflash.train.batch_gen import BatchGenerator
+from treeflash.train.features import TargetTwin
 
 
 def prompts_for(n: int, lo: int, hi: int, vocab: int, seed: int) -> list[list[int]]:

@@ -2,29 +2,26 @@
 CUDA-graph runner) against transformers in fp32 on random tiny models, and speculative decoding
 through the graph runner token-identical to plain decoding.
 
-    python bench/gpu_check.py --out bench/results/gpu_check.json
+    python -m bench.gpu_check --out bench/results/gpu_check.json
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import sys
 from pathlib import Path
 
 import torch
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
 
-from tests.models.hf_oracle import make_pair  # noqa: E402
-from tests.spec.oracle_drafter import OracleDrafter  # noqa: E402
-from tests.spec.test_dflash_model import random_drafter  # noqa: E402
-from treeflash.models.runner import CudaGraphRunner  # noqa: E402
-from treeflash.models.step import StepInput  # noqa: E402
-from treeflash.spec.decoder import Decoder  # noqa: E402
-from treeflash.spec.dflash import DFlashDrafter  # noqa: E402
-from treeflash.spec.sampling import SamplingParams  # noqa: E402
+from tests.models.hf_oracle import make_pair
+from tests.spec.oracle_drafter import OracleDrafter
+from tests.spec.test_dflash_model import random_drafter
+from treeflash.models.runner import CudaGraphRunner
+from treeflash.models.step import StepInput
+from treeflash.spec.decoder import Decoder
+from treeflash.spec.dflash import DFlashDrafter
+from treeflash.spec.sampling import SamplingParams
 
 
 def decode(model, prompt, n, drafter=None, graphs=False, bind=False, **cache_kwargs):

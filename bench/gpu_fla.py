@@ -2,7 +2,7 @@
 (models/gated_deltanet.py: delta_rule_chunked) on the GPU: parity of outputs and final state, then
 the time of one layer's delta rule at 4K and 32K tokens, then a hybrid model's prefill both ways.
 
-    PYTHONPATH=/tmp/site python bench/gpu_fla.py --out bench/results/gpu_fla.json   # fla + fla-core + einops in /tmp/site
+    PYTHONPATH=/tmp/site python -m bench.gpu_fla --out bench/results/gpu_fla.json   # fla + fla-core + einops in /tmp/site
 
 Parity runs in fp32 state with bf16 q/k/v (what prefill feeds it); the reference gets the same
 bf16-rounded inputs, so the difference is the kernels' arithmetic, not the input rounding.
@@ -19,11 +19,9 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
 
-from treeflash.kernels import gdn_chunk  # noqa: E402
-from treeflash.models.gated_deltanet import delta_rule_chunked, l2norm  # noqa: E402
+from treeflash.kernels import gdn_chunk
+from treeflash.models.gated_deltanet import delta_rule_chunked, l2norm
 
 HK, HV, DK, DV = 16, 48, 128, 128  # Qwen3.5-27B's linear-attention heads
 

@@ -2,12 +2,12 @@
 Qwen3.5-27B shapes: time per call and the fraction of the copy bandwidth, for a sweep of launch
 configurations. Each configuration is first checked against gemv_reference.
 
-    python bench/gpu_gemv.py --out bench/results/gpu_gemv.json
-    python bench/gpu_gemv.py --projections 8b.o,8b.down --max-configs 8
-    python bench/gpu_gemv.py --projections 8b.swiglu,27b.swiglu --out bench/results/gpu_gemv_swiglu.json
-    python bench/gpu_gemv.py --projections smol.qkv,smol.o,smol.down,smol.swiglu --out bench/results/gpu_gemv_smol.json
+    python -m bench.gpu_gemv --out bench/results/gpu_gemv.json
+    python -m bench.gpu_gemv --projections 8b.o,8b.down --max-configs 8
+    python -m bench.gpu_gemv --projections 8b.swiglu,27b.swiglu --out bench/results/gpu_gemv_swiglu.json
+    python -m bench.gpu_gemv --projections smol.qkv,smol.o,smol.down,smol.swiglu --out bench/results/gpu_gemv_smol.json
 
-Timing as bench/gpu_linear.py: CUDA-graph replay (triton.testing.do_bench_cudagraph) of one call on
+Timing: CUDA-graph replay (triton.testing.do_bench_cudagraph) of one call on
 each of several copies of the weight in turn (>= 256 MB per round, 5x the L2), so every byte comes
 from memory and the gaps between kernels count, as inside a decode graph. The configurations are
 those with 132-1,100 programs and 2-16 unrolled steps (the H200 has 132 SMs).
@@ -23,15 +23,42 @@ import sys
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-import torch  # noqa: E402
-import torch.nn.functional as F  # noqa: E402
+import torch
+import torch.nn.functional as F
 
-from bench.gpu_linear import bench, copy_bandwidth, weight_copies  # noqa: E402
-from treeflash.kernels.activation import silu_mul  # noqa: E402
-from treeflash.kernels.gemv import (GemvConfig, TUNED_SWIGLU, gemv, gemv_config, gemv_reference, gemv_swiglu,  # noqa: E402
+from treeflash.kernels.activation import silu_mul
+from treeflash.kernels.gemv import (GemvConfig, gemv, gemv_config, gemv_reference, gemv_swiglu,
                                     gemv_swiglu_reference)
+
+
+def copy_bandwidth() -> float:
+    """The card's device-to-device copy bandwidth, bytes read + written per second (the roofline's figure)."""
+    from triton.testing import do_bench
+
+    n = 2**31
+    src = torch.empty(n, dtype=torch.uint8, device="cuda")
+    dst = torch.empty_like(src)
+    ms = do_bench(lambda: dst.copy_(src), warmup=20, rep=200, return_mode="median")
+    del src, dst
+    return 2 * n / (ms * 1e-3)
+
+
+def weight_copies(n: int, k: int) -> list[torch.Tensor]:
+    """Enough random bf16 [n, k] weights that one round over them streams >= 256 MB (5x the L2): each
+    timed call reads its weight from memory, as a model's layers do, not from a warm L2."""
+    # at most 1024: SmolLM2's 0.7 MB weights need ~400 copies; with too few they stay in the L2 and
+    # every kernel times 25-50% faster than inside a model's step graph
+    copies = max(2, min(1024, -(-256_000_000 // (n * k * 2))))
+    return [torch.randn(n, k, device="cuda", dtype=torch.bfloat16) * k**-0.5 for _ in range(copies)]
+
+
+def bench(fn) -> float:
+    """Seconds per call of fn, CUDA-graph replay (launch overhead excluded, gaps between kernels counted)."""
+    from triton.testing import do_bench_cudagraph
+
+    return do_bench_cudagraph(fn, rep=60, return_mode="median") * 1e-3
+
 
 PROJECTIONS = {  # name: (N, K)
     "8b.qkv": (6144, 4096),

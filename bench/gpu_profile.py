@@ -2,11 +2,11 @@
 model at a real shape, profiled kernel by kernel (torch.profiler / CUPTI sees the kernels inside
 a graph replay). Prints the table and writes it as JSON.
 
-    python bench/gpu_profile.py --shape qwen3-8b --out bench/results/gpu_profile_8b.json
-    python bench/gpu_profile.py --shape qwen3.5-27b --fused-rows 0     # the unfused layers
-    python bench/gpu_profile.py --shape smollm2-135m --drafter-layers 3  # a DFlash drafter's graphed pass
-    python bench/gpu_profile.py --shape qwen3-8b --folded-decode          # norms folded into the projections
-    python bench/gpu_profile.py --shape qwen3.5-27b --layers 8 --cache-type-k q8_0 --cache-type-v q8_0 \
+    python -m bench.gpu_profile --shape qwen3-8b --out bench/results/gpu_profile_8b.json
+    python -m bench.gpu_profile --shape qwen3.5-27b --fused-rows 0     # the unfused layers
+    python -m bench.gpu_profile --shape smollm2-135m --drafter-layers 3  # a DFlash drafter's graphed pass
+    python -m bench.gpu_profile --shape qwen3-8b --folded-decode          # norms folded into the projections
+    python -m bench.gpu_profile --shape qwen3.5-27b --layers 8 --cache-type-k q8_0 --cache-type-v q8_0 \
         --fill 131072 --no-rotate-keys                                      # a compressed cache at 128K, unrotated keys
 """
 
@@ -14,17 +14,15 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-import torch  # noqa: E402
-from torch.profiler import ProfilerActivity, profile  # noqa: E402
+import torch
+from torch.profiler import ProfilerActivity, profile
 
-from bench.gpu_shapes import build_model, random_drafter  # noqa: E402
-from treeflash.models.runner import CudaGraphRunner  # noqa: E402
-from treeflash.models.step import StepInput  # noqa: E402
+from bench.gpu_shapes import build_model, random_drafter
+from treeflash.models.runner import CudaGraphRunner
+from treeflash.models.step import StepInput
 
 
 def drafter_pass_graph(model, runner, args):

@@ -2,22 +2,18 @@
 the bytes a decode step reads from them, and how the GPU benchmarks time work and measure the
 card's copy bandwidth. Shared by bench/gpu_speed.py and the other GPU scripts.
 
-    from gpu_shapes import SHAPES, build_model, cuda_time   # (bench/ on sys.path)
+    from bench.gpu_shapes import SHAPES, build_model, cuda_time   # scripts run as python -m bench.NAME
 """
 
 from __future__ import annotations
 
 import statistics
-import sys
 import time
-from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from treeflash.models.config import ModelConfig  # noqa: E402
-from treeflash.models.transformer import CausalLM  # noqa: E402
+from treeflash.models.config import ModelConfig
+from treeflash.models.transformer import CausalLM
 
 SHAPES = {
     # Qwen3-8B: 36 layers, hidden 4096, 32 q heads / 8 kv heads of 128, MLP 12288, vocab 151936

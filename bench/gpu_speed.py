@@ -6,7 +6,7 @@ measured copy bandwidth (bytes per token = every weight read once + the KV/state
 step time for 1..128 nodes as a ratio to the one-token decode step; prefill tokens/s; and, for the
 dense shape, transformers' generate on the same weights. Writes JSON.
 
-    python bench/gpu_speed.py --shapes qwen3-8b,qwen3.5-27b --out bench/results/gpu_speed.json
+    python -m bench.gpu_speed --shapes qwen3-8b,qwen3.5-27b --out bench/results/gpu_speed.json
 """
 
 from __future__ import annotations
@@ -14,22 +14,19 @@ from __future__ import annotations
 import argparse
 import json
 import platform
-import sys
 import time
 from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from gpu_shapes import (DEV, build_model, cuda_time, measure_bandwidth, random_drafter, step_bytes, sync,  # noqa: E402
+from bench.gpu_shapes import (DEV, build_model, cuda_time, measure_bandwidth, random_drafter, step_bytes, sync,
                         wall_time, weight_bytes)
-from treeflash.models.runner import CudaGraphRunner  # noqa: E402
-from treeflash.models.step import StepInput  # noqa: E402
-from treeflash.models.transformer import CausalLM  # noqa: E402
-from treeflash.spec.decoder import Decoder  # noqa: E402
-from treeflash.spec.sampling import SamplingParams  # noqa: E402
+from treeflash.models.runner import CudaGraphRunner
+from treeflash.models.step import StepInput
+from treeflash.models.transformer import CausalLM
+from treeflash.spec.decoder import Decoder
+from treeflash.spec.sampling import SamplingParams
 
 def ddtree_parents(n: int) -> list[int]:
     """A DDTree-shaped verify tree of n nodes: depth round(2 log2 n) (16 -> 8, 32 -> 10, 64 -> 12,
@@ -301,16 +298,6 @@ def main() -> None:
                    help="steps of up to this many tokens run the fused layers (kernels/linear.py); 0: off; default: the model's (128 on CUDA bf16)")
     p.add_argument("--gemv", action=argparse.BooleanOptionalAction, default=None,
                    help="one-row projections of the tuned shapes through kernels/gemv.py (default: the library's, on); --no-gemv: cuBLAS")
-    p.add_argument("--gemv-table", default=None, help="with --gemv: take gemv's per-shape configurations from this bench/gpu_gemv.py JSON")
-    p.add_argument("--gemv-norm", action=argparse.BooleanOptionalAction, default=None,
-                   help="the residual add + RMSNorm as the epilogue of the decode step's o_proj/out_proj/down GEMVs (default: the library's, off)")
-    p.add_argument("--gemv-rows", type=int, default=None,
-                   help="verify projections of up to this many rows on gemv's tuned shapes, row by row (gemv.ROWS_MAX; 0: cuBLAS)")
-    p.add_argument("--gemv-rows-group", type=int, default=None,
-                   help="rows per program in gemv's rows mode (gemv.ROWS_GROUP; 1: one program column per row)")
-    p.add_argument("--gemv-norm-in", choices=["off", "qkv", "all"], default=None,
-                   help="the residual add + RMSNorm as the prologue of the decode step's fused GEMVs: qkv/in_proj only, "
-                        "or gate_up too (gemv.NORM_PROLOGUE, NORM_PROLOGUE_SWIGLU; default: the library's, off)")
     p.add_argument("--swiglu", action=argparse.BooleanOptionalAction, default=True,
                    help="the decode step's gate_up + SiLU-mul as one GEMV for the shapes in gemv.TUNED_SWIGLU; --no-swiglu: cuBLAS + silu_mul")
     p.add_argument("--pdl", action=argparse.BooleanOptionalAction, default=None,
@@ -318,11 +305,6 @@ def main() -> None:
     p.add_argument("--folded-decode", action=argparse.BooleanOptionalAction, default=None,
                    help="decode steps of a foldable (dense) shape with every RMSNorm folded into the projection after it, "
                         "or (--no-folded-decode) none; default: the model's choice (models.transformer FOLDED_DECODE_ENV)")
-    p.add_argument("--no-static-end", action="store_true", help="graphed attention reads the whole cache buffer under the key mask")
-    p.add_argument("--attn-fused-combine", action="store_true", help="attention: the last split merges the splits (no combine launch)")
-    p.add_argument("--static-split-cap", type=int, default=None, help="graphed attention: at most this many key blocks per split (0: off)")
-    p.add_argument("--gdn-fused-decode", action="store_true",
-                   help="the Gated DeltaNet decode step as one launch (kernels/gdn_decode.py: decode_step) instead of two")
     p.add_argument("--fla", action=argparse.BooleanOptionalAction, default=True,
                    help="Gated DeltaNet prefill through flash-linear-attention when it imports (kernels/gdn_chunk.py); --no-fla: the torch reference")
     p.add_argument("--drafter-layers", type=int, default=5, help="time a random DFlash drafter's pass with this many layers (0: skip)")
@@ -339,44 +321,15 @@ def main() -> None:
     if args.pdl is not None:
         pdl.ENABLED = args.pdl
     args.pdl_used = pdl.ENABLED and DEV == "cuda"
-    if args.gemv_norm is not None:
-        gemv.NORM_EPILOGUE = args.gemv_norm
-    args.gemv_norm_used = gemv.USE_GEMV and gemv.NORM_EPILOGUE
-    if args.gemv_rows is not None:
-        gemv.ROWS_MAX = args.gemv_rows
-    args.gemv_rows_used = gemv.ROWS_MAX if gemv.USE_GEMV else 0
-    if args.gemv_rows_group is not None:
-        if args.gemv_rows_group < 1:
-            p.error("--gemv-rows-group must be >= 1")
-        gemv.ROWS_GROUP = args.gemv_rows_group
-    args.gemv_rows_group_used = gemv.ROWS_GROUP
-    if args.gemv_norm_in is not None:
-        gemv.NORM_PROLOGUE = args.gemv_norm_in != "off"
-        gemv.NORM_PROLOGUE_SWIGLU = args.gemv_norm_in == "all"
-    args.gemv_norm_in_used = {"qkv": gemv.USE_GEMV and gemv.NORM_PROLOGUE,
-                              "gate_up": gemv.USE_GEMV and gemv.NORM_PROLOGUE and gemv.NORM_PROLOGUE_SWIGLU}
     if gemv.USE_GEMV:
-        if args.gemv_table:
-            print("gemv table:", gemv.load_table(args.gemv_table), flush=True)
         if not args.swiglu:
             gemv.TUNED_SWIGLU.clear()
         args.gemv_tuned = {f"{n}x{k}": str(c) for (n, k), c in gemv.TUNED.items()}
         args.gemv_swiglu_tuned = {f"{n}x{k}": str(c) for (n, k), c in gemv.TUNED_SWIGLU.items()}
-    from treeflash.kernels import quant_attention
-    if args.attn_fused_combine:
-        quant_attention.FUSED_COMBINE = True
-    if args.static_split_cap is not None:
-        quant_attention.STATIC_SPLIT_CAP = args.static_split_cap
-    if args.no_static_end:
-        from treeflash.kv import attention_cache
-        attention_cache.STATIC_END = False
     from treeflash.kernels import gdn_chunk
     gdn_chunk.USE_FLA = args.fla
     args.fla_used = DEV == "cuda" and args.fla and gdn_chunk._fla_chunk() is not None
     print("Gated DeltaNet prefill:", "flash-linear-attention" if args.fla_used else "torch reference", flush=True)
-    if args.gdn_fused_decode:
-        from treeflash.kernels import gdn_decode
-        gdn_decode.FUSED_DECODE = True
     bw = measure_bandwidth(4.0 if DEV == "cuda" else 0.25)
     result = {"args": vars(args), "gpu": torch.cuda.get_device_name() if DEV == "cuda" else platform.processor() or "cpu", "torch": torch.__version__, "python": platform.python_version(),
               "copy_bandwidth_gb_s": bw / 1e9, "shapes": {}}

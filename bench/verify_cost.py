@@ -1,7 +1,7 @@
 """Verify cost against the number of tree nodes for a real model on this machine: the input of
 `--budget auto` (which combines it with the measured acceptance per tree rank).
 
-    python bench/verify_cost.py --threads 1 --out docs/results/verify_cost_cpu.json   # embedded default
+    python -m bench.verify_cost --threads 1 --out docs/results/verify_cost_cpu.json   # embedded default
 
 Times the pass the decoder runs (eager on the CPU; the CUDA-graph runner on a GPU) at a
 256-token context, median of 5, with nodes never committed.
@@ -18,12 +18,11 @@ from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from treeflash.models.loader import load_model  # noqa: E402
-from treeflash.models.runner import CudaGraphRunner, EagerRunner  # noqa: E402
-from treeflash.models.step import StepInput  # noqa: E402
-from treeflash.spec.budget import runner_verify_timer  # noqa: E402
+from treeflash.models.loader import load_model
+from treeflash.models.runner import CudaGraphRunner, EagerRunner
+from treeflash.models.step import StepInput
+from treeflash.spec.budget import runner_verify_timer
 
 NODES = (1, 2, 4, 8, 16, 32, 64, 128)
 
@@ -47,7 +46,7 @@ def main() -> None:
     times = runner_verify_timer(runner, NODES, repeats=5)(cache.seq_len)
     one = times[1]
     rows = {n: {"ms": t * 1e3, "ratio_to_one_node": t / one} for n, t in sorted(times.items())}
-    result = {"command": "python bench/verify_cost.py " + " ".join(sys.argv[1:]), "model": loaded.source,
+    result = {"command": "python -m bench.verify_cost " + " ".join(sys.argv[1:]), "model": loaded.source,
               "device": str(model.device), "machine": platform.processor() or platform.machine(), "cores": os.cpu_count(),
               "threads": torch.get_num_threads(), "context": args.context, "dtype": str(model.dtype),
               "load_average_1min": os.getloadavg()[0], "verify": rows}

@@ -14,7 +14,7 @@ ROOT = Path(__file__).resolve().parents[2]
 
 def test_gen_speed_script_on_a_tiny_shape(tmp_path):
     out = tmp_path / "gen.json"
-    cmd = [sys.executable, "bench/gen_speed_gpu.py", "--shape", "tiny-dense", "--batches", "4", "--new", "6",
+    cmd = [sys.executable, "-m", "bench.gen_speed_gpu", "--shape", "tiny-dense", "--batches", "4", "--new", "6",
            "--hf-new", "2", "--check-rows", "3", "--prompt-len", "3,8", "--out", str(out)]
     proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-2000:]

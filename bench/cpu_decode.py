@@ -1,7 +1,7 @@
 """Decode speed of the embedded default (SmolLM2-135M-Instruct) on this CPU: treeflash against
 transformers' generate on the same GGUF, same prompts, interleaved in one run.
 
-    python -m bench.cpu_decode --threads 1 --out docs/results/cpu_decode.json
+    python -m bench.cpu_decode --threads 1 --out bench/results/cpu_decode.json
 
 Three rows per prompt: treeflash fp32 (the GGUF dequantized, as transformers loads it),
 treeflash `--weights int4` (the GGUF's Q4_1 layers kept at 4 bits, bf16-level precision), and
@@ -98,7 +98,7 @@ def main() -> None:
     p.add_argument("--tokens", type=int, default=64)
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--threads", type=int, default=None, help="torch threads for both sides (default: torch's)")
-    p.add_argument("--out", default="docs/results/cpu_decode.json")
+    p.add_argument("--out", default="bench/results/cpu_decode.json")
     args = p.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)

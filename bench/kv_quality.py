@@ -1,6 +1,6 @@
 """Quality of compressed KV caches: next-token distributions against the uncompressed cache over a long text.
 
-    python -m bench.kv_quality --model default --out docs/results/kv_quality_smollm2.json \\
+    python -m bench.kv_quality --model default --out bench/results/kv_quality_smollm2.json \\
         --max-tokens 7400 --eval-last 512 --needle-depth 0.15
 
 The text (default: Python standard library sources, PSF-licensed) is cut to --max-tokens tokens;
@@ -35,7 +35,7 @@ token-varying part. --resume keeps the pairs already in --out (the reference is 
 must reproduce) and runs the others. The perplexity change comes with its standard error over
 the scored positions (paired per-token NLL differences): 512 positions resolve about 0.1%.
 
-    python -m bench.kv_quality --table docs/results/kv_quality_smollm2.json   # markdown tables
+    python -m bench.kv_quality --table bench/results/kv_quality_smollm2.json   # markdown tables
 """
 
 from __future__ import annotations

@@ -12,7 +12,7 @@ throughout (on a shared machine it says how much CPU the server could get). Writ
 
     treeflash serve --port 8000 --threads 1 &
     python -m bench.server_load --url http://127.0.0.1:8000 --pid $! --clients 32 --duration 120 \\
-        --out docs/results/server_load.json
+        --out bench/results/server_load.json
 """
 
 from __future__ import annotations

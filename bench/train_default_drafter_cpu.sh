@@ -20,7 +20,7 @@ set -eu -o pipefail
 cd "$(dirname "$0")/.."
 PY=${PY:-.venv/bin/python}
 WORK=${WORK:-/work/drafter_run/smol}
-OUT=${OUT:-docs/results/default_drafter}
+OUT=${OUT:-out/train_default_drafter_cpu}
 ASSET=treeflash/assets/smollm2_dflash
 TRAIN_S=${TRAIN_S:-2700}
 TRAIN_THREADS=${TRAIN_THREADS:-2}

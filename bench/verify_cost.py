@@ -1,7 +1,7 @@
 """Verify cost against the number of tree nodes for a real model on this machine: the input of
 `--budget auto` (which combines it with the measured acceptance per tree rank).
 
-    python -m bench.verify_cost --threads 1 --out docs/results/verify_cost_cpu.json   # embedded default
+    python -m bench.verify_cost --threads 1 --out bench/results/verify_cost_cpu.json   # embedded default
 
 Times the pass the decoder runs (eager on the CPU; the CUDA-graph runner on a GPU) at a
 256-token context, median of 5, with nodes never committed.
@@ -33,7 +33,7 @@ def main() -> None:
     p.add_argument("--model", default=None)
     p.add_argument("--context", type=int, default=256)
     p.add_argument("--threads", type=int, default=None)
-    p.add_argument("--out", default="docs/results/verify_cost_cpu.json")
+    p.add_argument("--out", default="bench/results/verify_cost_cpu.json")
     args = p.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)

@@ -80,7 +80,7 @@ def test_schemes_split_q8_0_only_under_split8():
     for rows, tq3_side in ((6, False), (6, True), (96, False)):
         cfg = launch_config(256, rows, compressed_kv=True, tq3_side=tq3_side)
         assert not cfg.split_q8 and _schemes(cfg, q8, q8, torch.bfloat16, 256)[0] == "words"
-    # with them, decode splits q8_0 K where the H200 measured it faster (bench/results/s21/kv_sweep_split*.json)
+    # with them, decode splits q8_0 K where the H200 measured it faster (bench/results/kv_attention_sweep_split*.json)
     def default(head_dim, rows, k, v):
         return launch_config(head_dim, rows, compressed_kv=True, tq3_side="tq3_0" in (k, v), formats=(k, v))
 
@@ -89,7 +89,7 @@ def test_schemes_split_q8_0_only_under_split8():
     assert default(128, 4, "q8_0", "q8_0") == variant_config("split8_n64_w4", 128, 4)
     assert not default(256, 6, "q8_0", "q4_0").split_q8  # slower there: split on the q4_0 side only
     assert not default(256, 96, "q8_0", "q8_0").split_q8  # verify: not timed
-    # q4_0/q4_0 and tq3_0/tq3_0 decode at head_dim 256: 64 keys a step (bench/results/s27/kv_sweep_64k.json)
+    # q4_0/q4_0 and tq3_0/tq3_0 decode at head_dim 256: 64 keys a step (bench/results/kv_attention_sweep_64k.json)
     assert default(256, 6, "q4_0", "q4_0") == variant_config("split_n64_w4", 256, 6)
     assert default(256, 6, "tq3_0", "tq3_0") == variant_config("split_n64_w4", 256, 6)
     assert default(256, 6, "q4_0", "tq3_0").block_n == 32  # mixed: not timed

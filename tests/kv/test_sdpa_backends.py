@@ -1,6 +1,6 @@
 """SDPA backend policy on CUDA (kv/attention_cache.py): cuDNN plans every new shape (~40 ms on the
 H200), so small eager calls go without it. The choice is checked here; the timings that set the
-threshold are GPU measurements (bench/results/s20/sdpa_plan.txt)."""
+threshold are GPU measurements (bench/results/sdpa_plan.txt)."""
 
 import torch
 

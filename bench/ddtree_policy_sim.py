@@ -12,7 +12,7 @@ longest prefix of it that is a path of the tree. This script
    treeflash runs), and over log_softmax(logits / T) for other temperatures T (calibration: the
    same candidates, their probabilities sharper or flatter; a constant scale of the log-probs would
    change nothing, since best-first ranks sums), with a bonus per depth (a constant added to every
-   log-prob: deeper prefixes gain), seeded with the top-1 chain or not; and (stop 25) with a penalty
+   log-prob: deeper prefixes gain), seeded with the top-1 chain or not; and with a penalty
    for the nodes below a deviation (`--deviation-penalties`): a block drafter's marginal at depth d is
    conditioned on the context, not on the path, so below a non-top-1 choice its candidates may be
    worth less than their log-probs say. Each step after the path's first non-top-1 choice ("any") or

@@ -14,8 +14,7 @@ drafter (speed does not depend on the weights), each replayed N times back to ba
 Per graph: the host's enqueue time per replay and the elapsed GPU time per replay (CUDA events around
 the N replays; when the host enqueues faster than the GPU runs, this is the GPU's time), and the
 kernels one replay runs (torch.profiler), so that time / kernels says whether a graph is bound by
-bytes or by the number of kernels. Written in stop 21, after the device chain took the chain from
-0.87x to 1.03x of plain decoding on the H200 and left ~1.4 ms per pass.
+bytes or by the number of kernels.
 
     python -m bench.device_step_time --out device_step_time.json
 """
@@ -151,34 +150,15 @@ def main() -> None:
     p.add_argument("--trees", default="22,32", help="DDTree budgets of device steps to time beside the chain")
     p.add_argument("--balanced-splits", type=int, default=None,
                    help="quant_attention.BALANCED_SPLITS for the graphed attention (0: splits over the buffer; default: as shipped)")
-    p.add_argument("--fused-combine", action="store_true", help="quant_attention.FUSED_COMBINE: the last split merges (no combine launch)")
-    p.add_argument("--attn-block-m", type=int, default=None, help="attention_launch.BLOCK_M_MAX (query rows per program over 16 rows)")
-    p.add_argument("--attn-block-n", type=int, default=None, help="keys per inner step of the dense-cache attention (attention_launch.DENSE_OVERRIDE)")
-    p.add_argument("--attn-warps", type=int, default=None, help="warps of the dense-cache attention (DENSE_OVERRIDE)")
-    p.add_argument("--attn-stages", type=int, default=None, help="pipeline stages of the dense-cache attention (DENSE_OVERRIDE)")
     p.add_argument("--greedy-only", action="store_true", help="time only the greedy DDTree steps (not the sampled ones)")
     p.add_argument("--out", default="device_step_time.json")
     args = p.parse_args()
-    from treeflash.kernels import attention_launch
-
-    for field, value in (("block_n", args.attn_block_n), ("num_warps", args.attn_warps), ("num_stages", args.attn_stages)):
-        if value is not None:
-            attention_launch.DENSE_OVERRIDE[field] = value
-    if args.fused_combine:
-        from treeflash.kernels import quant_attention
-
-        quant_attention.FUSED_COMBINE = True
-    if args.attn_block_m is not None:
-        from treeflash.kernels import attention_launch
-
-        attention_launch.BLOCK_M_MAX = args.attn_block_m
     if args.balanced_splits is not None:
         from treeflash.kernels import quant_attention
 
         quant_attention.BALANCED_SPLITS = args.balanced_splits
     res = {"shape": "smollm2-135m", "drafter": "3 layers, block 16", "balanced_splits": args.balanced_splits,
-           "fused_combine": args.fused_combine, "attn_block_m": args.attn_block_m,
-           "dense_override": dict(attention_launch.DENSE_OVERRIDE), "device": torch.cuda.get_device_name() if DEV == "cuda" else "cpu",
+           "device": torch.cuda.get_device_name() if DEV == "cuda" else "cpu",
            "replays": args.replays, "max_len": args.max_len, "context": args.context,
            "env": {k: v for k, v in os.environ.items() if k.startswith(("PYTORCH_TUNABLEOP", "TORCH_BLAS"))}, "runs": []}
     for fr in (None if x == "default" else int(x) for x in args.fused_rows.split(",")):

@@ -2,7 +2,7 @@
 
 bench/gpu_gemv.py times each projection alone (every weight byte from memory); inside the graphed
 decode step the same kernel follows a norm or the attention, with PDL overlap and a cold start,
-and the fastest isolated configuration need not be the fastest there (stop 30: the 8B q/k/v GEMV
+and the fastest isolated configuration need not be the fastest there (the 8B q/k/v GEMV
 took 15.1-15.4 us in the step against 13.8 us alone). This builds one random-weight model, and for
 each candidate configuration of one projection shape (the others as gemv.TUNED has them) captures
 the decode graph again and times the step: the pipelined rate as `generate` runs it (Decoder) and

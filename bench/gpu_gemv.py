@@ -70,7 +70,7 @@ PROJECTIONS = {  # name: (N, K)
     "27b.attn_qkv": (14336, 5120),
     "27b.in_proj": (16480, 5120),  # the Gated DeltaNet layers' fused q/k/v, z, b, a projection
     # SmolLM2-135M (the embedded default): cuBLAS takes ~3.9 us a call here, 464 us of a 0.9 ms decode
-    # step (bench/results/s17/smollm2/prof_decode.json), for 0.16-0.9 us of bytes each
+    # step (a kernel-by-kernel profile, bench/gpu_profile.py), for 0.16-0.9 us of bytes each
     "smol.qkv": (960, 576),
     "smol.o": (576, 576),
     "smol.down": (576, 1536),

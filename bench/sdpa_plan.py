@@ -1,4 +1,4 @@
-"""What a new shape costs SDPA on the GPU, per backend (stop 20): the first call of each new
+"""What a new shape costs SDPA on the GPU, per backend: the first call of each new
 (queries, keys) shape, then the steady time, for cuDNN, flash and memory-efficient attention, at the
 8B shape's heads (32 of 128) and SmolLM2's (9 of 64). cuDNN builds an execution plan per new shape.
 The H200 figures (bench/results/sdpa_plan.txt) set kv/attention_cache.CUDNN_SDPA_MIN. GPU only.

@@ -66,6 +66,9 @@ def max_depth(parents: list[int]) -> int:
 def bench_shape(shape: str, args, bandwidth: float) -> dict:
     dev = DEV
     model = build_model(shape)
+    for m in model.modules():  # --no-fla: every Gated DeltaNet layer prefills through the torch reference
+        if hasattr(m, "use_fla"):
+            m.use_fla = args.fla
     if not args.unfused:
         # --folded-decode: one-token steps through forward_folded where the model is foldable (dense
         # attention-only; the hybrid 27B shape is not): an opt-in measured against the default
@@ -299,25 +302,11 @@ def main() -> None:
     p.add_argument("--unfused", action="store_true", help="skip fusing q/k/v, gate/up and linear-attention projections")
     p.add_argument("--fused-rows", type=int, default=None,
                    help="steps of up to this many tokens run the fused layers (kernels/linear.py); 0: off; default: the model's (128 on CUDA bf16)")
-    p.add_argument("--gemv", action=argparse.BooleanOptionalAction, default=None,
-                   help="one-row projections of the tuned shapes through kernels/gemv.py (default: the library's, on); --no-gemv: cuBLAS")
-    p.add_argument("--gemv-table", default=None, help="with --gemv: take gemv's per-shape configurations from this bench/gpu_gemv.py JSON")
-    p.add_argument("--gemv-norm", action=argparse.BooleanOptionalAction, default=None,
-                   help="the residual add + RMSNorm as the epilogue of the decode step's o_proj/out_proj/down GEMVs (default: the library's, off)")
-    p.add_argument("--gemv-rows", type=int, default=None,
-                   help="verify projections of up to this many rows on gemv's tuned shapes, row by row (gemv.ROWS_MAX; 0: cuBLAS)")
-    p.add_argument("--gemv-rows-group", type=int, default=None,
-                   help="rows per program in gemv's rows mode (gemv.ROWS_GROUP; 1: one program column per row)")
-    p.add_argument("--gemv-norm-in", choices=["off", "qkv", "all"], default=None,
-                   help="the residual add + RMSNorm as the prologue of the decode step's fused GEMVs: qkv/in_proj only, "
-                        "or gate_up too (gemv.NORM_PROLOGUE, NORM_PROLOGUE_SWIGLU; default: the library's, off)")
     p.add_argument("--swiglu", action=argparse.BooleanOptionalAction, default=True,
                    help="the decode step's gate_up + SiLU-mul as one GEMV for the shapes in gemv.TUNED_SWIGLU; --no-swiglu: cuBLAS + silu_mul")
-    p.add_argument("--pdl", action=argparse.BooleanOptionalAction, default=None,
-                   help="launch our Triton kernels with programmatic dependent launch (kernels/pdl.py; default: the library's, on)")
     p.add_argument("--folded-decode", action=argparse.BooleanOptionalAction, default=None,
                    help="decode steps of a foldable (dense) shape with every RMSNorm folded into the projection after it, "
-                        "or (--no-folded-decode) none; default: the model's choice (models.transformer FOLDED_DECODE_ENV)")
+                        "or (--no-folded-decode) none; default: the model's choice (models.transformer folded_decode_default)")
     p.add_argument("--no-static-end", action="store_true", help="graphed attention reads the whole cache buffer under the key mask")
     p.add_argument("--attn-fused-combine", action="store_true", help="attention: the last split merges the splits (no combine launch)")
     p.add_argument("--static-split-cap", type=int, default=None, help="graphed attention: at most this many key blocks per split (0: off)")
@@ -333,35 +322,10 @@ def main() -> None:
     p.add_argument("--out", default="bench/results/gpu_speed.json")
     args = p.parse_args()
     from treeflash.kernels import gemv
-    if args.gemv is not None:
-        gemv.USE_GEMV = args.gemv
-    from treeflash.kernels import pdl
-    if args.pdl is not None:
-        pdl.ENABLED = args.pdl
-    args.pdl_used = pdl.ENABLED and DEV == "cuda"
-    if args.gemv_norm is not None:
-        gemv.NORM_EPILOGUE = args.gemv_norm
-    args.gemv_norm_used = gemv.USE_GEMV and gemv.NORM_EPILOGUE
-    if args.gemv_rows is not None:
-        gemv.ROWS_MAX = args.gemv_rows
-    args.gemv_rows_used = gemv.ROWS_MAX if gemv.USE_GEMV else 0
-    if args.gemv_rows_group is not None:
-        if args.gemv_rows_group < 1:
-            p.error("--gemv-rows-group must be >= 1")
-        gemv.ROWS_GROUP = args.gemv_rows_group
-    args.gemv_rows_group_used = gemv.ROWS_GROUP
-    if args.gemv_norm_in is not None:
-        gemv.NORM_PROLOGUE = args.gemv_norm_in != "off"
-        gemv.NORM_PROLOGUE_SWIGLU = args.gemv_norm_in == "all"
-    args.gemv_norm_in_used = {"qkv": gemv.USE_GEMV and gemv.NORM_PROLOGUE,
-                              "gate_up": gemv.USE_GEMV and gemv.NORM_PROLOGUE and gemv.NORM_PROLOGUE_SWIGLU}
-    if gemv.USE_GEMV:
-        if args.gemv_table:
-            print("gemv table:", gemv.load_table(args.gemv_table), flush=True)
-        if not args.swiglu:
-            gemv.TUNED_SWIGLU.clear()
-        args.gemv_tuned = {f"{n}x{k}": str(c) for (n, k), c in gemv.TUNED.items()}
-        args.gemv_swiglu_tuned = {f"{n}x{k}": str(c) for (n, k), c in gemv.TUNED_SWIGLU.items()}
+    if not args.swiglu:
+        gemv.TUNED_SWIGLU.clear()
+    args.gemv_tuned = {f"{n}x{k}": str(c) for (n, k), c in gemv.TUNED.items()}
+    args.gemv_swiglu_tuned = {f"{n}x{k}": str(c) for (n, k), c in gemv.TUNED_SWIGLU.items()}
     from treeflash.kernels import quant_attention
     if args.attn_fused_combine:
         quant_attention.FUSED_COMBINE = True
@@ -371,7 +335,6 @@ def main() -> None:
         from treeflash.kv import attention_cache
         attention_cache.STATIC_END = False
     from treeflash.kernels import gdn_chunk
-    gdn_chunk.USE_FLA = args.fla
     args.fla_used = DEV == "cuda" and args.fla and gdn_chunk._fla_chunk() is not None
     print("Gated DeltaNet prefill:", "flash-linear-attention" if args.fla_used else "torch reference", flush=True)
     if args.gdn_fused_decode:

@@ -175,7 +175,7 @@ class QuantizedAttentionCache:
                                           slots=slots if attention_cache.STATIC_END else None)
         length = key_mask.shape[-1]
         keys, values = self.k.read(length, q.dtype), self.v.read(length, q.dtype)
-        return attention_reference(self._reference_query(q), keys, values, key_mask, scale)
+        return attention_reference(self._reference_query(q), keys, values, key_mask, scale, static=True)
 
     def commit(self, start: int, path: list[int]) -> None:
         if path == list(range(len(path))):

@@ -30,6 +30,7 @@ class EngineConfig:
     cache_type_v: str = "auto"
     cache_k_exact_layers: int = 0  # the first N attention layers keep K uncompressed (kv.cache.CacheSpec)
     cuda_graphs: bool = True  # on CUDA: decode and verify replay captured graphs
+    device_steps: bool = True  # with CUDA graphs: drafted steps that can run on the device do (False: synchronous)
 
 
 class Engine:
@@ -86,7 +87,8 @@ class Engine:
     def _run(self, req: GenerationRequest, cancelled: threading.Event | None) -> Iterator[TokenEvent]:
         t0 = time.perf_counter()
         gen = req.sampling.generator(self.model.device if self.model.device.type == "cuda" else "cpu")
-        dec = Decoder(self.model, self.cache, req.sampling, self.drafter, generator=gen, want_logprobs=req.logprobs, runner=self.runner)
+        dec = Decoder(self.model, self.cache, req.sampling, self.drafter, generator=gen, want_logprobs=req.logprobs, runner=self.runner,
+                      device_steps=self.config.device_steps)
         detok = Detokenizer(self.tokenizer, req.prompt_ids)
         stops = StopMatcher(req.stop)
         end_ids = set(req.stop_token_ids) | (set() if req.ignore_eos else self.eos_ids)

@@ -97,6 +97,12 @@ class ModelCache:
     def end_plain(self, num_new: int) -> None:
         self.seq_len += num_new
 
+    def advance(self, num_committed: int) -> None:
+        """A device step wrote and committed `num_committed` tokens (its graph kept the path): count them."""
+        if self.pending or self.seq_len + num_committed > self.max_len:
+            raise RuntimeError(f"advance: {num_committed} tokens at {self.seq_len} of {self.max_len} (pending {self.pending})")
+        self.seq_len += num_committed
+
     def commit(self, path: list[int]) -> None:
         """Keep the verify nodes `path` (root first, each the parent of the next) as committed tokens."""
         if not self.pending:

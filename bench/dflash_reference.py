@@ -38,7 +38,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from treeflash.bench.runner import encode_prompt  # noqa: E402
+from treeflash.data.prompts import encode_prompt  # noqa: E402
 from treeflash.models.loader import load_model  # noqa: E402
 from treeflash.models.runner import CudaGraphRunner  # noqa: E402
 from treeflash.spec.dflash import DFlashDrafter  # noqa: E402

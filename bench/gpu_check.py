@@ -20,8 +20,8 @@ sys.path.insert(0, str(ROOT))
 from tests.models.hf_oracle import make_pair  # noqa: E402
 from tests.spec.oracle_drafter import OracleDrafter  # noqa: E402
 from tests.spec.test_dflash_model import random_drafter  # noqa: E402
-from treeflash.models.runner import CudaGraphRunner  # noqa: E402
 from treeflash.models.step import StepInput  # noqa: E402
+from treeflash.engine.stack import build_runner  # noqa: E402
 from treeflash.spec.decoder import Decoder  # noqa: E402
 from treeflash.spec.dflash import DFlashDrafter  # noqa: E402
 from treeflash.spec.sampling import SamplingParams  # noqa: E402
@@ -29,10 +29,8 @@ from treeflash.spec.sampling import SamplingParams  # noqa: E402
 
 def decode(model, prompt, n, drafter=None, graphs=False, bind=False, **cache_kwargs):
     cache = model.new_cache(len(prompt) + n + 64, **cache_kwargs)
-    capture = drafter.capture_layers if drafter is not None else ()
-    runner = CudaGraphRunner(model, cache, capture_layers=capture, buckets=(1, 2, 4, 8, 16, 32)) if graphs else None
-    if bind:
-        drafter.bind_runner(runner)  # DFlash: its passes as CUDA graphs too
+    runner = build_runner(model, cache, drafter, buckets=(1, 2, 4, 8, 16, 32), bind=bind) if graphs else None
+    if bind:  # DFlash: its passes as CUDA graphs too
         assert drafter.graphs is not None and drafter.graphs.use_graphs
     dec = Decoder(model, cache, SamplingParams(), drafter, runner=runner)
     out = [dec.prefill(prompt)]
@@ -59,7 +57,7 @@ def teacher_forced_rel_err(model, prompt) -> float:
     import copy
 
     cache = model.new_cache(len(prompt) + 64)
-    runner = CudaGraphRunner(model, cache, buckets=(1, 2, 4, 8, 16))  # capture first: it scribbles on the cache
+    runner = build_runner(model, cache, buckets=(1, 2, 4, 8, 16))  # capture first: it scribbles on the cache
     runner.forward(StepInput.plain(torch.tensor(prompt, device="cuda"), 0))
     eager_cache = copy.deepcopy(cache)
     ids = torch.randint(0, 97, (8,), device="cuda")

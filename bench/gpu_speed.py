@@ -25,6 +25,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from gpu_shapes import (DEV, build_model, cuda_time, measure_bandwidth, random_drafter, step_bytes, sync,  # noqa: E402
                         wall_time, weight_bytes)
+from treeflash.engine.stack import build_runner  # noqa: E402
 from treeflash.models.runner import CudaGraphRunner  # noqa: E402
 from treeflash.models.step import StepInput  # noqa: E402
 from treeflash.models.transformer import CausalLM  # noqa: E402
@@ -81,7 +82,7 @@ def bench_shape(shape: str, args, bandwidth: float) -> dict:
     need = ctx + 2 * max(args.buckets) + args.decode_tokens + 64
     cache = model.new_cache(max(need, args.cache_len or 0))  # --cache-len: a server-sized buffer (the graphs read only its filled part)
     t0 = time.perf_counter()
-    runner = CudaGraphRunner(model, cache, buckets=tuple(args.buckets))
+    runner = build_runner(model, cache, buckets=tuple(args.buckets))
     res["capture_s"] = time.perf_counter() - t0
     prompt = torch.randint(0, c.vocab_size, (ctx,), device=dev)
     runner.forward(StepInput.plain(prompt, 0), compute_logits=False)

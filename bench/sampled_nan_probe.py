@@ -35,8 +35,8 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from treeflash.bench.prompts import load_prompts  # noqa: E402
-from treeflash.bench.runner import encode_prompt  # noqa: E402
+from treeflash.data.prompts import load_prompts  # noqa: E402
+from treeflash.data.prompts import encode_prompt  # noqa: E402
 from treeflash.models.default_model import default_drafter_path  # noqa: E402
 from treeflash.models.loader import load_model  # noqa: E402
 from treeflash.models.runner import CudaGraphRunner  # noqa: E402

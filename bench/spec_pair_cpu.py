@@ -36,8 +36,8 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from treeflash.bench.machine import machine, versions  # noqa: E402
-from treeflash.bench.prompts import load_prompts  # noqa: E402
-from treeflash.bench.runner import encode_prompt  # noqa: E402
+from treeflash.data.prompts import load_prompts  # noqa: E402
+from treeflash.data.prompts import encode_prompt  # noqa: E402
 from treeflash.models.loader import load_model  # noqa: E402
 from treeflash.spec.decoder import Decoder  # noqa: E402
 from treeflash.spec.draft_model import DraftModelDrafter, check_vocab  # noqa: E402

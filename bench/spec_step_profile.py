@@ -124,7 +124,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.device == "cuda" and not torch.cuda.is_available():
         p.error("--device cuda: CUDA is not available (--device cpu profiles the eager path's host ops only)")
 
-    from treeflash.bench.runner import encode_prompt
+    from treeflash.data.prompts import encode_prompt
     from treeflash.models.loader import load_model
     from treeflash.train.evaluate import build_configs
     from treeflash.train.prompts import heldout_prompts

@@ -46,13 +46,10 @@ class Engine:
                                           k_exact_layers=config.cache_k_exact_layers)
         self.runner = None  # eager on the CPU; CUDA graphs for decode and verify on a GPU
         if self.model.device.type == "cuda" and config.cuda_graphs:
-            from treeflash.models.runner import CudaGraphRunner
+            from treeflash.engine.stack import build_runner
 
             self.model.fuse_projections()
-            capture = self.drafter.capture_layers if self.drafter is not None else ()
-            self.runner = CudaGraphRunner(self.model, self.cache, capture_layers=capture)
-            if self.drafter is not None:
-                self.drafter.bind_runner(self.runner)
+            self.runner = build_runner(self.model, self.cache, self.drafter)
         self.lock = threading.Lock()
         self.totals = SpecStats()
         self.eos_ids = set(loaded.config.eos_token_ids)

@@ -20,7 +20,7 @@ from treeflash.kernels.rotary import norm_rotary, norm_rotary_into_cache
 from treeflash.kernels.commit import RowTable, commit_rows_table
 
 if TYPE_CHECKING:
-    from treeflash.kv.cache import CacheSpec
+    from treeflash.kv.spec import CacheSpec
 
 DENSE_TYPES = {"auto": None, "f32": torch.float32, "f16": torch.float16, "bf16": torch.bfloat16}
 
@@ -53,14 +53,6 @@ class AttentionCache(Protocol):
     def commit_static(self, dest: torch.Tensor, src: torch.Tensor, path_len: torch.Tensor | None = None) -> None: ...  # slots[dest] = slots[src] (the first path_len on the device, or all)
     def reset(self) -> None: ...
     def nbytes(self) -> int: ...
-
-
-def make_attention_cache(num_kv_heads: int, head_dim: int, spec: "CacheSpec") -> AttentionCache:
-    if spec.cache_type_k in DENSE_TYPES and spec.cache_type_v in DENSE_TYPES:
-        return DenseAttentionCache(num_kv_heads, head_dim, spec)
-    from treeflash.kv.quantized import QuantizedAttentionCache  # compressed formats
-
-    return QuantizedAttentionCache(num_kv_heads, head_dim, spec)
 
 
 def build_mask(num_new: int, start: int, tree_mask: torch.Tensor | None, device: torch.device) -> torch.Tensor | None:

@@ -22,7 +22,7 @@ from treeflash.kv import attention_cache
 from treeflash.kv.attention_cache import attention_reference, new_token_attention
 
 if TYPE_CHECKING:
-    from treeflash.kv.cache import CacheSpec
+    from treeflash.kv.spec import CacheSpec
 
 MAX_KERNEL_TOKENS = 128  # steps with more new tokens (prefill) take the dequantize + SDPA path
 ROTATED_KEY_FORMATS = ("q8_0", "q4_0")  # K formats stored rotated under CacheSpec.rotate_keys (tq3_0 always is)

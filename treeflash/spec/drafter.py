@@ -89,11 +89,6 @@ def register(name: str) -> Callable[[DrafterFactory], DrafterFactory]:
     return wrap
 
 
-def drafter_names() -> list[str]:
-    _load_builtin()
-    return sorted(_REGISTRY)
-
-
 def build_drafter(name: str, target: Any, options: DraftOptions) -> Drafter:
     """target: the loaded target (treeflash.models.loader.LoadedModel)."""
     _load_builtin()

@@ -74,7 +74,7 @@ def compile_decode(k_type: str, v_type: str, variant: str, head_dim: int, group:
     consts = dict(KEY_MASK=False, HAS_END=False, DYN_LOOP=True, FUSE_COMBINE=False, NUM_SPLITS=1, DIRECT=False,
                   SKIP_EMPTY=False, GROUP=group, D=head_dim, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCKS_PER_SPLIT=16,
                   FMT_K=fk, FMT_V=fv, DOT=TL[dot_k], PREFETCH=cfg.prefetch, DEQ=DEQ_IDS[deq_k], C0=c0, C1=c1, C2=c2,
-                  C3=c3, PDL=True, K_INT8=cfg.k_int8 and k_type == "q8_0", DEQ_V=DEQ_IDS[deq_v], ASM=True, DOT_V=TL[dot_v])
+                  C3=c3, PDL=True, DEQ_V=DEQ_IDS[deq_v], ASM=True, DOT_V=TL[dot_v])
     sig.update({n: "constexpr" for n in consts})
     div = [n for n in names if n.endswith("_ptr")] + ["stride_qt", "stride_qh"]
     attrs = {(names.index(n),): [["tt.divisibility", 16]] for n in div}

@@ -38,7 +38,7 @@ from pathlib import Path
 import torch
 
 
-from treeflash.bench.runner import encode_prompt
+from treeflash.data.prompts import encode_prompt
 from treeflash.kernels.ddtree import best_first
 from treeflash.models.default_model import default_drafter_path, default_model_path
 from treeflash.models.loader import load_model

@@ -36,7 +36,7 @@ from pathlib import Path
 import torch
 
 
-from treeflash.bench.runner import encode_prompt
+from treeflash.data.prompts import encode_prompt
 from treeflash.models.loader import load_model
 from treeflash.models.runner import CudaGraphRunner
 from treeflash.spec.dflash import DFlashDrafter

@@ -2,7 +2,7 @@
 state): each tree_recurrent variant against the plain-torch reference, the commit path bitwise against
 decode steps, then median times (triton.testing.do_bench) for chain-32, a random 32-node tree, a
 DDTree-like tree (32 nodes, depth ~6), chain-8/16/64, a 64-node DDTree-like tree (depth ~12) and a
-128-node bucket of 20 real + 108 padding nodes: the walks (chunk=False) against the chunked form.
+128-node bucket of 20 real + 108 padding nodes: the plain walks against the out_split walks.
 A failing variant is recorded, not fatal. Writes JSON to --out and prints a table.
 
     python -m bench.gdn_kernels_gpu --out gdn_kernels.json                 # the default sweep
@@ -68,14 +68,14 @@ def main() -> None:
     ap.add_argument("--warps", type=int, nargs="*", default=[1, 2, 4])
     ap.add_argument("--no-sweep", action="store_true", help="time the library default only")
     ap.add_argument("--trees", nargs="*", default=None, help="only these trees (chain32 ddtree32 ...)")
-    ap.add_argument("--variants", nargs="*", default=None, help="only these variants (default walk_default chunk_bv32_w4 ...)")
+    ap.add_argument("--variants", nargs="*", default=None, help="only these variants (default bv32_w2 walk_outsplit_bv16_w1 ...)")
     args = ap.parse_args()
     dev = "cuda"
     torch.manual_seed(0)
     t0 = time.time()
     res: dict = {"shape": dict(hk=HK, hv=HV, dk=DK, dv=DV), "defaults": dict(block_v=gdn_tree.TREE_BLOCK_V,
-                 warps=gdn_tree.TREE_WARPS, kids_split=gdn_tree.TREE_KIDS_SPLIT, chunk_max=gdn_tree.TREE_CHUNK_MAX,
-                 chunk_block_v=gdn_tree.TREE_CHUNK_BLOCK_V, chunk_warps=gdn_tree.TREE_CHUNK_WARPS), "tree": {}, "decode": {}, "errors": {}}
+                 warps=gdn_tree.TREE_WARPS, kids_split=gdn_tree.TREE_KIDS_SPLIT,
+                 out_split=gdn_tree.TREE_OUT_SPLIT), "tree": {}, "decode": {}, "errors": {}}
 
     variants = {"default": {}}
     if not args.no_sweep:
@@ -86,14 +86,11 @@ def main() -> None:
         variants["bv16_w2_ksplit8"] = dict(block_v=16, num_warps=2, kids_split=8)
         variants["bv64_w4"] = dict(block_v=64, num_warps=4)
         variants["bv64_w2"] = dict(block_v=64, num_warps=2)
-        for v in list(variants):  # the walks above; the default is the chunked form up to TREE_CHUNK_MAX nodes
+        for v in list(variants):  # the plain walks above; the default is the out_split walk
             if v != "default":
-                variants[v]["chunk"] = False
-        variants["walk_default"] = dict(chunk=False)
+                variants[v]["out_split"] = False
         for bv, w in ((32, 2), (16, 1), (16, 2)):  # 32 x 1 spills 428 bytes (offline sm_90a compile)
-            variants[f"walk_outsplit_bv{bv}_w{w}"] = dict(block_v=bv, num_warps=w, chunk=False, out_split=True)
-        for bv, w in ((8, 4), (16, 2), (16, 4), (16, 8), (32, 4), (32, 8), (64, 4), (64, 8)):
-            variants[f"chunk_bv{bv}_w{w}"] = dict(block_v=bv, num_warps=w, chunk=True)
+            variants[f"walk_outsplit_bv{bv}_w{w}"] = dict(block_v=bv, num_warps=w, out_split=True)
 
     if args.variants:
         variants = {k: v for k, v in variants.items() if k in args.variants}

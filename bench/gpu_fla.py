@@ -74,7 +74,9 @@ def model_prefill(n: int, res: dict) -> None:
     ids = torch.randint(0, 4096, (n,), device="cuda")
     out = {}
     for use in (False, True):
-        gdn_chunk.USE_FLA = use
+        for m in model.modules():  # each Gated DeltaNet layer's own switch
+            if hasattr(m, "use_fla"):
+                m.use_fla = use
         cache = model.new_cache(n + 8)
         logits = model(StepInput.plain(ids, 0), cache).logits[-1].float()
         states = [c.state.clone() for c in cache.layers if hasattr(c, "state")]

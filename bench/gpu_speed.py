@@ -22,6 +22,7 @@ import torch
 
 from bench.gpu_shapes import (DEV, build_model, cuda_time, measure_bandwidth, random_drafter, step_bytes, sync,
                         wall_time, weight_bytes)
+from treeflash.engine.stack import build_runner
 from treeflash.models.runner import CudaGraphRunner
 from treeflash.models.step import StepInput
 from treeflash.models.transformer import CausalLM
@@ -63,6 +64,9 @@ def max_depth(parents: list[int]) -> int:
 def bench_shape(shape: str, args, bandwidth: float) -> dict:
     dev = DEV
     model = build_model(shape)
+    for m in model.modules():  # --no-fla: every Gated DeltaNet layer prefills through the torch reference
+        if hasattr(m, "use_fla"):
+            m.use_fla = args.fla
     if not args.unfused:
         # --folded-decode: one-token steps through forward_folded where the model is foldable (dense
         # attention-only; the hybrid 27B shape is not): an opt-in measured against the default
@@ -75,7 +79,7 @@ def bench_shape(shape: str, args, bandwidth: float) -> dict:
     need = ctx + 2 * max(args.buckets) + args.decode_tokens + 64
     cache = model.new_cache(max(need, args.cache_len or 0))  # --cache-len: a server-sized buffer (the graphs read only its filled part)
     t0 = time.perf_counter()
-    runner = CudaGraphRunner(model, cache, buckets=tuple(args.buckets))
+    runner = build_runner(model, cache, buckets=tuple(args.buckets))
     res["capture_s"] = time.perf_counter() - t0
     prompt = torch.randint(0, c.vocab_size, (ctx,), device=dev)
     runner.forward(StepInput.plain(prompt, 0), compute_logits=False)
@@ -296,15 +300,11 @@ def main() -> None:
     p.add_argument("--unfused", action="store_true", help="skip fusing q/k/v, gate/up and linear-attention projections")
     p.add_argument("--fused-rows", type=int, default=None,
                    help="steps of up to this many tokens run the fused layers (kernels/linear.py); 0: off; default: the model's (128 on CUDA bf16)")
-    p.add_argument("--gemv", action=argparse.BooleanOptionalAction, default=None,
-                   help="one-row projections of the tuned shapes through kernels/gemv.py (default: the library's, on); --no-gemv: cuBLAS")
     p.add_argument("--swiglu", action=argparse.BooleanOptionalAction, default=True,
                    help="the decode step's gate_up + SiLU-mul as one GEMV for the shapes in gemv.TUNED_SWIGLU; --no-swiglu: cuBLAS + silu_mul")
-    p.add_argument("--pdl", action=argparse.BooleanOptionalAction, default=None,
-                   help="launch our Triton kernels with programmatic dependent launch (kernels/pdl.py; default: the library's, on)")
     p.add_argument("--folded-decode", action=argparse.BooleanOptionalAction, default=None,
                    help="decode steps of a foldable (dense) shape with every RMSNorm folded into the projection after it, "
-                        "or (--no-folded-decode) none; default: the model's choice (models.transformer FOLDED_DECODE_ENV)")
+                        "or (--no-folded-decode) none; default: the model's choice (models.transformer folded_decode_default)")
     p.add_argument("--fla", action=argparse.BooleanOptionalAction, default=True,
                    help="Gated DeltaNet prefill through flash-linear-attention when it imports (kernels/gdn_chunk.py); --no-fla: the torch reference")
     p.add_argument("--drafter-layers", type=int, default=5, help="time a random DFlash drafter's pass with this many layers (0: skip)")
@@ -315,19 +315,11 @@ def main() -> None:
     p.add_argument("--out", default="bench/results/gpu_speed.json")
     args = p.parse_args()
     from treeflash.kernels import gemv
-    if args.gemv is not None:
-        gemv.USE_GEMV = args.gemv
-    from treeflash.kernels import pdl
-    if args.pdl is not None:
-        pdl.ENABLED = args.pdl
-    args.pdl_used = pdl.ENABLED and DEV == "cuda"
-    if gemv.USE_GEMV:
-        if not args.swiglu:
-            gemv.TUNED_SWIGLU.clear()
-        args.gemv_tuned = {f"{n}x{k}": str(c) for (n, k), c in gemv.TUNED.items()}
-        args.gemv_swiglu_tuned = {f"{n}x{k}": str(c) for (n, k), c in gemv.TUNED_SWIGLU.items()}
+    if not args.swiglu:
+        gemv.TUNED_SWIGLU.clear()
+    args.gemv_tuned = {f"{n}x{k}": str(c) for (n, k), c in gemv.TUNED.items()}
+    args.gemv_swiglu_tuned = {f"{n}x{k}": str(c) for (n, k), c in gemv.TUNED_SWIGLU.items()}
     from treeflash.kernels import gdn_chunk
-    gdn_chunk.USE_FLA = args.fla
     args.fla_used = DEV == "cuda" and args.fla and gdn_chunk._fla_chunk() is not None
     print("Gated DeltaNet prefill:", "flash-linear-attention" if args.fla_used else "torch reference", flush=True)
     bw = measure_bandwidth(4.0 if DEV == "cuda" else 0.25)

@@ -37,7 +37,6 @@ from triton.testing import do_bench, do_bench_cudagraph
 
 from treeflash.kernels import attention_launch as launch
 from treeflash.kernels import quant_attention as qa
-from treeflash.kernels import quant_attention_int8k as qa8
 from treeflash.kernels.kv_quant import Planes, quantize_into
 from treeflash.kernels.kv_formats import get_format
 
@@ -176,10 +175,6 @@ def sweep_names(kt: str, vt: str, everything: bool = False) -> list[str]:
             "q8_0" in (kt, vt) if launch.VARIANTS[name].get("split_q8") else {kt, vt} & {"q4_0", "tq3_0"}
         ):
             continue
-        elif launch.VARIANTS[name].get("k_int8") and (  # int8 q.k: q8_0 K only (else it is the plain variant)
-            kt != "q8_0" or (launch.VARIANTS[name]["dequant"] == "flat" and vt in ("q4_0", "tq3_0"))
-        ):
-            continue
         else:
             names.append(name)
     return names
@@ -220,9 +215,6 @@ def sweep_variant(k: Planes, v: Planes, context: int, name: str, args, dtype, ve
 
         row["max_rel_err_decode"] = rel_err(decode(), qa.quant_attention_reference(q1.float(), k, v, context - 1, None, scale))
         errs = [row["max_rel_err_decode"]]
-        if verify and cfg1.k_int8 and k.name == "q8_0":  # int8 q.k against its own numerics (informational, not gated)
-            ref8 = qa8.quant_attention_int8k_reference(q1.float(), k, v, context - 1, None, scale)
-            row["max_rel_err_decode_int8k_ref"] = rel_err(decode(), ref8)
         if verify:  # the first context only: each check compiles one more kernel
             ref = qa.quant_attention_masked_reference(q1.float(), k, v, key_mask, scale)
             row["max_rel_err_static"] = rel_err(decode_static(), ref)

@@ -35,8 +35,8 @@ import torch
 
 
 from treeflash.bench.machine import machine, versions
-from treeflash.bench.prompts import load_prompts
-from treeflash.bench.runner import encode_prompt
+from treeflash.data.prompts import load_prompts
+from treeflash.data.prompts import encode_prompt
 from treeflash.models.loader import load_model
 from treeflash.spec.decoder import Decoder
 from treeflash.spec.draft_model import DraftModelDrafter, check_vocab

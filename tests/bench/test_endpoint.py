@@ -6,7 +6,7 @@ import pytest
 
 from tests.bench.fake_openai import FIRST_DELAY, STEP, Handler
 from treeflash.bench.endpoint import EndpointError, EndpointTarget, api_base
-from treeflash.bench.prompts import BenchPrompt, user
+from treeflash.data.prompts import BenchPrompt, user
 from treeflash.bench.runner import BenchSettings
 from treeflash.cli.main import main
 

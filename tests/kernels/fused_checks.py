@@ -183,11 +183,10 @@ def check_gdn_tree() -> dict:
              ("padded_many", [-1, 0, 1, 2] + [0] * 20, [0, 1, 2, 3]),  # more leaf children than one block (16)
              ("two_roots", [-1, -1, 0, 1, 1, 2], [1, 3]),  # leaf children of the committed prefix
              ("deep40", list(range(-1, 29)) + [3, 3, 30, 10, 33, 0, -1, 36, 37, 28], list(range(0, 29))))  # 64-row chunk tiles
-    # walks (chunk=False) and the chunked form (chunk=True; the default for these sizes)
-    variants = {"walk": dict(chunk=False), "walk_bv8": dict(block_v=8, chunk=False), "walk_w2": dict(num_warps=2, chunk=False),
-                "walk_ksplit2": dict(kids_split=2, chunk=False), "walk_ksplit3": dict(kids_split=3, chunk=False),
-                "walk_outsplit": dict(chunk=False, out_split=True), "walk_outsplit_bv8": dict(chunk=False, out_split=True, block_v=8),
-                "chunk": dict(chunk=True), "chunk_bv16_w2": dict(block_v=16, num_warps=2, chunk=True)}
+    # the walks' launch variants (the default: out_split)
+    variants = {"walk": dict(out_split=False), "walk_bv8": dict(block_v=8, out_split=False), "walk_w2": dict(num_warps=2, out_split=False),
+                "walk_ksplit2": dict(kids_split=2), "walk_ksplit3": dict(kids_split=3),
+                "walk_outsplit": dict(out_split=True), "walk_outsplit_bv8": dict(out_split=True, block_v=8)}
     for name, parents, path in trees:
         t = len(parents)
         par = torch.tensor(parents)
@@ -213,13 +212,13 @@ def check_gdn_tree() -> dict:
             o3 = tree_recurrent(y3, a3, b3, al3, dt3, s3_0, par, tree_mask_of(parents, t), hk, dk, dv)
             out[f"recurrent_{name}_group3"] = (o3 - tree_recurrent_ref(y3, a3, b3, al3, dt3, s3_0, par, hk, dk, dv)).abs().max().item()
 
-        if name == "deep40":  # k heads of 64: the chunked form sums K K^T, Q K^T, K S0, Q S0 over two 32-wide slices
+        if name == "deep40":  # k heads of 64
             dk2, c2 = 64, 2 * hk * 64 + hv * dv
             y2, a2, b2 = torch.randn(t, c2), torch.randn(t, hv), torch.randn(t, hv)
             y2[:, : 2 * hk * dk2] /= dk2**0.5  # unit-ish q, k as the model's normalization gives
             al2, dt2, s2_0 = torch.randn(hv), torch.randn(hv), torch.randn(hv, dk2, dv)
             ref2 = tree_recurrent_ref(y2, a2, b2, al2, dt2, s2_0, par, hk, dk2, dv)
-            for vname, kw in (("chunk", dict(chunk=True)), ("walk", dict(chunk=False))):
+            for vname, kw in (("walk", dict(out_split=False)), ("walk_outsplit", dict(out_split=True))):
                 o2 = tree_recurrent(y2, a2, b2, al2, dt2, s2_0, par, tree_mask_of(parents, t), hk, dk2, dv, **kw)
                 out[f"recurrent_{name}_dk64_{vname}"] = ((o2 - ref2).abs().max() / ref2.abs().max()).item()
 

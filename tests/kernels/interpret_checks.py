@@ -200,93 +200,6 @@ def check_attention_rejects_bad_input() -> None:
         raise AssertionError(f"accepted bad input {list(over)}")
 
 
-INT8K_REL_TOL = 2e-2  # k_int8 against dequantize + SDPA: max |error| / max |reference| (observed <= 0.6e-2 here)
-
-
-def _int8k_errors(out, ref8, ref, tight: float, check_gap: bool = True) -> None:
-    """k_int8 kernel output against its own reference (ref8: tight) and dequantize + SDPA (ref: the
-    query quantization's bound); check_gap: ref8 must differ from ref, or a silent fallback to the
-    dequant path would pass."""
-    err = (out.float() - ref8.float()).abs().max().item()
-    assert err < tight, f"max error {err:.3g} >= {tight} against the int8 q.k reference"
-    rel = ((out.float() - ref.float()).abs().max() / ref.float().abs().max()).item()
-    assert rel < INT8K_REL_TOL, f"max relative error {rel:.3g} >= {INT8K_REL_TOL} against dequantize + SDPA"
-    gap = (ref8.float() - ref.float()).abs().max().item()
-    assert not check_gap or gap > 10 * tight, f"the int8 reference is within {gap:.3g} of the exact one: the check cannot tell them apart"
-
-
-def check_attention_int8k(
-    variant: str, fmt_v: str, head_dim: int = 256, heads: int = 24, kv_heads: int = 4, num_new: int = 1,
-    start: int = 200, parents: list[int] | None = None, splits: int | None = 3, dtype: torch.dtype = torch.float32,
-) -> None:
-    """LaunchConfig.k_int8 on a q8_0 K (dynamic entry point): equals quant_attention_int8k_reference."""
-    from treeflash.kernels import quant_attention as qa
-    from treeflash.kernels import quant_attention_int8k as qa8
-    from treeflash.kernels.attention_launch import variant_config
-
-    length = start + num_new + 5
-    k = _planes("q8_0", torch.randn(length, kv_heads, head_dim))
-    v = _planes(fmt_v, torch.randn(length, kv_heads, head_dim))
-    q = torch.randn(num_new, heads, head_dim).to(dtype)
-    mask = None if parents is None else _tree_mask(parents)
-    scale = head_dim**-0.5
-    config = variant_config(variant, head_dim, num_new * heads // kv_heads)
-    assert config.k_int8
-    out = qa.quant_attention(q, k, v, start, mask, scale, num_splits=splits, config=config)
-    assert out.dtype == dtype and out.shape == q.shape
-    ref8 = qa8.quant_attention_int8k_reference(q.float(), k, v, start, mask, scale)
-    ref = qa.quant_attention_reference(q.float(), k, v, start, mask, scale)
-    if dtype == torch.float32:
-        _int8k_errors(out, ref8, ref, 1e-5)
-    else:  # the fp16 output's rounding: too coarse to tell the references apart (the fp32 checks do)
-        _int8k_errors(out, ref8.to(dtype), ref, 2e-3, check_gap=False)
-
-
-def check_attention_int8k_masked(variant: str, fmt_v: str, num_new: int, head_dim: int = 256, with_slots: bool = False) -> None:
-    """k_int8, static entry point: a [T, S] key mask with holes; with_slots: only [0, slots[-1]] is
-    read (every row past it NaN)."""
-    from treeflash.kernels import quant_attention as qa
-    from treeflash.kernels import quant_attention_int8k as qa8
-    from treeflash.kernels.attention_launch import variant_config
-
-    length, heads, kv_heads, end = 160, 24, 4, 120
-    k = _planes("q8_0", torch.randn(length, kv_heads, head_dim))
-    v = _planes(fmt_v, torch.randn(length, kv_heads, head_dim))
-    q = torch.randn(num_new, heads, head_dim)
-    key_mask = torch.rand(num_new, length) < 0.6
-    key_mask[:, 0] = True
-    slots = None
-    if with_slots:
-        for p in (k, v):
-            (p.scales if p.scales is not None else p.codes)[end:] = float("nan")
-        key_mask[:, end:] = False
-        slots = torch.arange(end - num_new, end)
-    config = variant_config(variant, head_dim, num_new * heads // kv_heads)
-    out = qa.quant_attention_masked(q, k, v, key_mask, head_dim**-0.5, num_splits=2, config=config, slots=slots)
-    if with_slots:
-        assert torch.isfinite(out).all(), "a row past the last slot was read"
-        cut = lambda p: p._replace(scales=None if p.scales is None else p.scales[:end].contiguous(), codes=p.codes[:end].contiguous())  # noqa: E731
-        k, v, key_mask = cut(k), cut(v), key_mask[:, :end].contiguous()
-    ref8 = qa8.quant_attention_masked_int8k_reference(q, k, v, key_mask, head_dim**-0.5)
-    ref = qa.quant_attention_masked_reference(q, k, v, key_mask, head_dim**-0.5)
-    _int8k_errors(out, ref8, ref, 1e-5)
-
-
-def check_attention_int8k_fallback(variant: str, fmt_k: str) -> None:
-    """A k_int8 variant on a K that is not q8_0 runs the dequant path: equals dequantize + SDPA."""
-    from treeflash.kernels import quant_attention as qa
-    from treeflash.kernels.attention_launch import variant_config
-
-    heads, kv_heads, d, start = 24, 4, 128, 100
-    k = _planes(fmt_k, torch.randn(start + 1, kv_heads, d))
-    v = _planes("q8_0", torch.randn(start + 1, kv_heads, d))
-    q = torch.randn(1, heads, d)
-    out = qa.quant_attention(q, k, v, start, None, d**-0.5, num_splits=2, config=variant_config(variant, d, heads // kv_heads))
-    ref = qa.quant_attention_reference(q, k, v, start, None, d**-0.5)
-    err = (out - ref).abs().max().item()
-    assert err < 1e-5, f"max error {err:.3g}"
-
-
 def groups() -> dict[str, dict]:
     quant = {
         f"quantize_{n}_d{d}_{str(t)[6:]}": (check_quantize, (n, d, t))
@@ -357,21 +270,7 @@ def groups() -> dict[str, dict]:
         "cache_kernel_path_static_tq3_0_q4_0": (check_cache_kernel_path, ("tq3_0", "q4_0", 64, True)),
         "cache_kernel_path_static_q8_0_bf16_d128": (check_cache_kernel_path, ("q8_0", "bf16", 128, True)),
     }
-    # int8 q.k on a q8_0 K (LaunchConfig.k_int8): Qwen3.5-27B's GQA (24 query / 4 KV heads, group 6)
-    int8k = {
-        "int8k_decode_gqa6_d256_q8_0": (check_attention_int8k, ("int8k_n32_w4", "q8_0")),
-        "int8k_decode_gqa6_d128_q8_0_n64_w8": (check_attention_int8k, ("int8k_n64_w8", "q8_0", 128, 24, 4, 1, 300)),
-        "int8k_decode_gqa6_d128_tq3_0_prefetch": (check_attention_int8k, ("int8k_n32_w4_pf", "tq3_0", 128)),
-        "int8k_decode_d256_fp16_query": (check_attention_int8k, ("int8k_n32_w4", "q8_0", 256, 24, 4, 1, 150, None, 2, torch.float16)),
-        "int8k_verify_tree_d256_q8_0": (check_attention_int8k, ("int8k_n32_w4", "q8_0", 256, 24, 4, len(tree), 100, tree)),
-        "int8k_verify_tree_d128_q4_0_prefetch": (check_attention_int8k, ("int8k_n32_w4_pf", "q4_0", 128, 24, 4, len(tree), 60, tree, 2)),
-        "int8k_masked_decode_d256": (check_attention_int8k_masked, ("int8k_n32_w4", "q8_0", 1)),
-        "int8k_masked_verify_d128_tq3_0": (check_attention_int8k_masked, ("int8k_n32_w4_pf", "tq3_0", 5, 128)),
-        "int8k_masked_end_decode_d256": (check_attention_int8k_masked, ("int8k_n32_w4", "q8_0", 1, 256, True)),
-        "int8k_fallback_tq3_0_k": (check_attention_int8k_fallback, ("int8k_n32_w4", "tq3_0")),
-        "int8k_fallback_bf16_k": (check_attention_int8k_fallback, ("int8k_n32_w4_pf", "bf16")),
-    }
-    return {"quantize": quant, "attention": attn, "attention_int8k": int8k}
+    return {"quantize": quant, "attention": attn}
 
 
 def run_checks(checks: dict[str, tuple]) -> dict[str, str | None]:

@@ -8,7 +8,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from treeflash.kv.attention_cache import DenseAttentionCache, build_mask, make_attention_cache
+from treeflash.kv.attention_cache import DenseAttentionCache, build_mask
+from treeflash.kv.cache import make_attention_cache
 from treeflash.kv.cache import CacheSpec
 
 

@@ -35,18 +35,20 @@ def test_cpu_reference_is_unchanged_by_the_policy():
 def test_graph_capture_code_keeps_cudnn():
     """What runs for a CUDA graph (warm-ups and capture) repeats one shape: cuDNN plans it once, as before."""
     assert not ac.sdpa_allows_cudnn(120, 136)
-    with ac.static_shapes():
-        assert ac.sdpa_allows_cudnn(120, 136)
-        with ac.static_shapes():
-            assert ac.sdpa_allows_cudnn(1, 1)
-        assert ac.sdpa_allows_cudnn(1, 1)
-    assert not ac.sdpa_allows_cudnn(120, 136)
+    assert ac.sdpa_allows_cudnn(120, 136, static=True)
+    assert ac.sdpa_allows_cudnn(1, 1, static=True)
+    assert not ac.sdpa_allows_cudnn(120, 136)  # no state left behind
 
 
-def test_capture_graph_runs_in_static_shapes(monkeypatch):
-    from treeflash.models import runner
-
+def test_static_steps_call_sdpa_as_static(monkeypatch):
+    """The static-shape (graph) paths that reach SDPA say so: the static fallback of a draft model's
+    attention and a quantized cache's attend_static; the eager path does not."""
     seen = []
-    monkeypatch.setattr(runner, "_capture", lambda fn, pool, warmups: seen.append(ac._static_depth) or ("graph", None))
-    assert runner.capture_graph(lambda: None, None) == ("graph", None)
-    assert seen == [1] and ac._static_depth == 0
+    real = ac.sdpa_allows_cudnn
+    monkeypatch.setattr(ac, "_fused_sdpa", lambda q: True)  # as on CUDA: the policy is consulted
+    monkeypatch.setattr(ac, "sdpa_allows_cudnn", lambda n, s, static=False: seen.append(static) or real(n, s, static))
+    q, k, v = torch.randn(3, 4, 8), torch.randn(6, 2, 8), torch.randn(6, 2, 8)
+    mask = torch.ones(3, 6, dtype=torch.bool)
+    ac.static_attention_reference(q, k, v, mask, 0.3)
+    ac.attention_reference(q, k, v, mask, 0.3)
+    assert seen == [True, False]

@@ -58,15 +58,20 @@ def test_a_failing_fla_falls_back_to_the_reference_with_a_warning(monkeypatch):
     model = tiny_model()
     ids = torch.randint(0, 61, (30,))
 
+    tries = []
+
     def broken(*a, **kw):
+        tries.append(1)
         raise RuntimeError("triton mismatch")
 
     with torch.no_grad():
         ref = model(StepInput.plain(ids, 0), model.new_cache(64)).logits
-        monkeypatch.setattr(gdn_chunk, "USE_FLA", True)
         monkeypatch.setattr(gdn_chunk, "_fla_chunk", lambda: broken)
-        monkeypatch.setattr(gdn_chunk, "available", lambda x: gdn_chunk.USE_FLA)
+        monkeypatch.setattr(gdn_chunk, "available", lambda x: True)
         with pytest.warns(RuntimeWarning, match="falls back"):
             out = model(StepInput.plain(ids, 0), model.new_cache(64)).logits
-    assert gdn_chunk.USE_FLA is False  # once failed, not tried again
+        layers = [l.linear_attn for l in model.model.layers if hasattr(l, "linear_attn")]
+        assert layers and not any(l.use_fla for l in layers) and len(tries) == len(layers)
+        model(StepInput.plain(ids, 0), model.new_cache(64))
+    assert len(tries) == len(layers)  # once failed, not tried again
     torch.testing.assert_close(out, ref, atol=1e-6, rtol=1e-6)

@@ -149,27 +149,22 @@ def test_a_second_fuse_projections_keeps_the_folded_copies_in_place():
     assert target.folded_rows == 0 and all(l.self_attn.qkv_folded is not None for l in layers)
 
 
-@pytest.mark.parametrize("on_gpu,foldable,small,fused_rows,forced,expected", [
-    (True, True, True, 0, None, True),  # the default model on CUDA: folded (stop 28: +14% decode on the H200)
-    (True, True, False, 0, None, False),  # a large model keeps its norm launches (the 8B shape lost 2.6%)
-    (True, True, True, 32, None, False),  # the fused layers need the weights unfolded
-    (True, True, False, 0, "1", True),  # forced on at any size
-    (True, True, True, 0, "0", False),  # forced off
-    (True, True, True, 0, "yes", True),  # an unknown value is not a switch: the size decides
-    (True, False, True, 0, "1", False),  # not foldable (q/k/v bias, hybrid): never
-    (False, True, True, 0, "1", False),  # CPU or fp32: never
+@pytest.mark.parametrize("on_gpu,foldable,small,fused_rows,expected", [
+    (True, True, True, 0, True),  # the default model on CUDA: folded (stop 28: +14% decode on the H200)
+    (True, True, False, 0, False),  # a large model keeps its norm launches (the 8B shape lost 2.6%)
+    (True, True, True, 32, False),  # the fused layers need the weights unfolded
+    (True, False, True, 0, False),  # not foldable (q/k/v bias, hybrid): never
+    (False, True, True, 0, False),  # CPU or fp32: never
 ])
-def test_folded_decode_default(on_gpu, foldable, small, fused_rows, forced, expected):
+def test_folded_decode_default(on_gpu, foldable, small, fused_rows, expected):
+    """The choice when the caller does not make it (fuse_projections(folded_decode=True / False) forces it)."""
     from treeflash.models.transformer import folded_decode_default
 
-    assert folded_decode_default(on_gpu, foldable, small, fused_rows, forced) is expected
+    assert folded_decode_default(on_gpu, foldable, small, fused_rows) is expected
 
 
 def test_fuse_projections_leaves_a_cpu_model_unfolded(monkeypatch):
-    """On the CPU folded decode stays off even when forced (the weights keep their norms' gains apart)."""
-    from treeflash.models.transformer import FOLDED_DECODE_ENV
-
-    monkeypatch.setenv(FOLDED_DECODE_ENV, "1")
+    """On the CPU folded decode stays off by default (the weights keep their norms' gains apart)."""
     _, target = make_pair("llama")
     attn, mlp = target.model.layers[0].self_attn, target.model.layers[0].mlp
     before = attn.q_proj.weight.clone(), mlp.gate_proj.weight.clone()

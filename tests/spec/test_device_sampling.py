@@ -75,7 +75,7 @@ def device_runs(params, tree: bool, seed: int = 0, targets=None, check: bool = T
         counts[tuple(out[:NUM_TOKENS])] = counts.get(tuple(out[:NUM_TOKENS]), 0) + 1
     assert dec._dev is not None and dec._dev.sampled and not verifies
     # top-k / top-p sort in a graph of their own; temperature and min-p draw with kernels/sample.py's sampler
-    assert dec._dev is (drafter.device_step_filtered if needs_order(params) else drafter.device_step_sampled)
+    assert dec._dev is drafter.loops["device_step_filtered" if needs_order(params) else "device_step_sampled"]
     assert dec._dev.filtered == needs_order(params)
     stats = dec.stats
     if check:  # the runs exercised both acceptance and rejection

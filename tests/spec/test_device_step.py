@@ -13,7 +13,7 @@ from tests.spec.test_dflash_model import random_drafter
 from tests.spec.test_lossless_greedy import run
 from treeflash.models.runner import CudaGraphRunner
 from treeflash.spec.decoder import Decoder
-from treeflash.spec.device_step import ENV, DeviceStep
+from treeflash.spec.device_step import DeviceStep
 from treeflash.spec.dflash import DFlashDrafter
 from treeflash.spec.sampling import SamplingParams
 
@@ -30,9 +30,9 @@ def setup(target, model, max_len, budget="chain"):
     return cache, drafter, runner
 
 
-def decode(target, cache, drafter, runner, prompt, n, calls=None):
+def decode(target, cache, drafter, runner, prompt, n, calls=None, device_steps=True):
     """-> (tokens, stats, kinds): kinds[i] is 'device' or 'sync' for step i."""
-    dec = Decoder(target, cache, SamplingParams(), drafter, runner=runner)
+    dec = Decoder(target, cache, SamplingParams(), drafter, runner=runner, device_steps=device_steps)
     out = [dec.prefill(prompt)]
     kinds = []
     while len(out) < n:
@@ -85,8 +85,7 @@ def test_device_steps_equal_the_synchronous_steps(arch, budget, monkeypatch):
     ref, _ = run(target, PROMPT, N)
     calls = count_enqueues(monkeypatch)
     out, stats, kinds, _ = decode(target, *setup(target, model, len(PROMPT) + N + 80, budget), PROMPT, N, calls)
-    monkeypatch.setenv(ENV, "0")
-    sync_out, sync_stats, _, dec = decode(target, *setup(target, model, len(PROMPT) + N + 80, budget), PROMPT, N)
+    sync_out, sync_stats, _, dec = decode(target, *setup(target, model, len(PROMPT) + N + 80, budget), PROMPT, N, device_steps=False)
     assert dec._dev is None
     assert out == sync_out == ref
     # the prompt's 12 rows > B = 8: all but the last went into the draft cache at prefill (DFlashDrafter._absorb_excess),
@@ -182,7 +181,7 @@ def test_auto_budget_drafts_on_the_device_and_falls_back_when_slower(monkeypatch
     """--budget auto: greedy steps run on the device at AUTO_BUDGET nodes; when they commit tokens
     slower than plain decoding would (here: a plain step timed as free), the request decodes plainly
     after AUTO_EARLY_STEPS (losing by a margin) or AUTO_CHECK_STEPS device steps, still token-identical."""
-    from treeflash.spec import device_step
+    from treeflash.spec import device_loop, device_step
 
     _, target = make_pair("qwen3")
     model = random_drafter(target)
@@ -196,13 +195,13 @@ def test_auto_budget_drafts_on_the_device_and_falls_back_when_slower(monkeypatch
     assert drafter.describe()["device_step_budget"] == device_step.AUTO_BUDGET
     assert not dec._dev_off
     # the early check (AUTO_EARLY_STEPS, losing by AUTO_EARLY_MARGIN) trips before AUTO_CHECK_STEPS
-    monkeypatch.setattr(device_step, "AUTO_EARLY_STEPS", 4)
+    monkeypatch.setattr(device_loop, "AUTO_EARLY_STEPS", 4)
     monkeypatch.setattr(DeviceStep, "plain_time", lambda self, n: 1e-9)
     calls.clear()
     out, _, kinds, dec = decode(target, cache, drafter, runner, PROMPT, 30, calls)
     assert out == ref[:30] and dec._dev_off and 4 <= len(calls) <= 6
-    monkeypatch.setattr(device_step, "AUTO_EARLY_STEPS", 8)
-    monkeypatch.setattr(device_step, "AUTO_CHECK_STEPS", 5)
+    monkeypatch.setattr(device_loop, "AUTO_EARLY_STEPS", 8)
+    monkeypatch.setattr(device_loop, "AUTO_CHECK_STEPS", 5)
     calls.clear()
     verifies, ahead = [], []
     forward, enqueue_greedy = runner.forward, runner.enqueue_greedy
@@ -239,11 +238,10 @@ def test_compressed_caches_commit_on_the_device(types, monkeypatch):
         ref.extend(dec.step())
     outs = []
     for device in (True, False):
-        monkeypatch.setenv(ENV, "1" if device else "0")
         cache, drafter, runner = with_types(len(PROMPT) + N + 80, 12)
         if device:
             oracle(drafter, drafter.device_step, PROMPT + ref)
-        out, stats, _, _ = decode(target, cache, drafter, runner, PROMPT, N)
+        out, stats, _, _ = decode(target, cache, drafter, runner, PROMPT, N, device_steps=device)
         outs.append(out)
         if device:
             assert stats.tau > 2.0
@@ -254,14 +252,14 @@ def test_auto_skips_device_steps_after_requests_that_lost(monkeypatch):
     """--budget auto across requests: after AUTO_LOSSES_IN_ROW requests whose device steps lost, the
     next AUTO_SKIP_REQUESTS decode plainly from their first token (no device step, token-identical),
     then one probes with device steps again; a request whose device steps win resets the count."""
-    from treeflash.spec import device_step
+    from treeflash.spec import device_loop
 
     _, target = make_pair("qwen3")
     model = random_drafter(target)
     ref, _ = run(target, PROMPT, 40)
     cache, drafter, runner = setup(target, model, len(PROMPT) + N + 80, "auto")
-    monkeypatch.setattr(device_step, "AUTO_EARLY_STEPS", 3)
-    monkeypatch.setattr(device_step, "AUTO_SKIP_REQUESTS", 2)
+    monkeypatch.setattr(device_loop, "AUTO_EARLY_STEPS", 3)
+    monkeypatch.setattr(device_loop, "AUTO_SKIP_REQUESTS", 2)
     calls = count_enqueues(monkeypatch)
     monkeypatch.setattr(DeviceStep, "plain_time", lambda self, n: 1e-9)  # device steps always lose
     per_request = []
@@ -273,7 +271,7 @@ def test_auto_skips_device_steps_after_requests_that_lost(monkeypatch):
     # two losing requests, two skipped (no device step at all), a probe that loses, a skipped one
     assert [n > 0 for n in per_request] == [True, True, False, False, True, False]
     monkeypatch.setattr(DeviceStep, "plain_time", lambda self, n: 1e9)  # now they win
-    monkeypatch.setattr(device_step, "AUTO_CHECK_STEPS", 4)
+    monkeypatch.setattr(device_loop, "AUTO_CHECK_STEPS", 4)
     calls.clear()
     decode(target, cache, drafter, runner, PROMPT, 40, calls)  # skipped still (the 2nd of 2)
     assert len(calls) == 0
@@ -285,12 +283,12 @@ def test_auto_skips_device_steps_after_requests_that_lost(monkeypatch):
 def test_a_device_step_that_fails_to_build_leaves_synchronous_steps(monkeypatch):
     """Any failure building the device step (a capture, or a kernel that does not compile: triton raises
     its own exception types) warns and keeps the synchronous steps, which stay exact."""
-    import treeflash.spec.device_step as device_step_mod
+    import treeflash.spec.dflash as dflash_mod
 
     def broken(*args, **kwargs):
         raise ValueError("kernel did not compile")
 
-    monkeypatch.setattr(device_step_mod, "DeviceStep", broken)
+    monkeypatch.setattr(dflash_mod, "DeviceStep", broken)
     _, target = make_pair("qwen3")
     model = random_drafter(target)
     with pytest.warns(UserWarning, match="ValueError: kernel did not compile"):

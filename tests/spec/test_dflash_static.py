@@ -13,18 +13,14 @@ from tests.spec.test_lossless_greedy import run
 from treeflash.models.runner import CudaGraphRunner
 from treeflash.models.step import StepInput
 from treeflash.spec.decoder import Decoder
-from treeflash.spec.device_step import ENV
 from treeflash.spec.dflash import DFlashDrafter
 from treeflash.spec.sampling import SamplingParams
 
 NUM_TOKENS = 120
 
 
-@pytest.fixture(autouse=True)
-def synchronous_steps(monkeypatch):
-    """These tests check what `propose` returns; greedy fixed-budget steps would otherwise run on the
-    device past it (tests/spec/test_device_step.py covers those)."""
-    monkeypatch.setenv(ENV, "0")
+# These tests check what `propose` returns: their decoders take device_steps=False, since greedy
+# fixed-budget steps would otherwise run on the device past it (tests/spec/test_device_step.py covers those).
 
 
 class Recorder(DFlashDrafter):
@@ -45,7 +41,7 @@ def decode(target, model, prompt, budget, tree, static: bool, params=None):
         runner = CudaGraphRunner(target, cache, capture_layers=drafter.capture_layers, use_graphs=False)
         drafter.bind_runner(runner)
         assert drafter.graphs is not None and sorted(drafter.graphs.passes) == list(range(1, model.config.block_size + 1))
-    dec = Decoder(target, cache, params or SamplingParams(), drafter, runner=runner)
+    dec = Decoder(target, cache, params or SamplingParams(), drafter, runner=runner, device_steps=False)
     out = [dec.prefill(prompt)]
     while len(out) < NUM_TOKENS:
         out.extend(dec.step())
@@ -139,7 +135,7 @@ def test_budget_zero_steps_take_the_plain_decode_path():
     steps = []
     forward = runner.forward
     runner.forward = lambda step, *a, **k: steps.append(step.is_verify) or forward(step, *a, **k)
-    dec = Decoder(target, cache, SamplingParams(), drafter, runner=runner)
+    dec = Decoder(target, cache, SamplingParams(), drafter, runner=runner, device_steps=False)
     out = [dec.prefill(prompt)]
     while len(out) < 40:
         out.extend(dec.step())
@@ -174,7 +170,7 @@ def test_rows_kept_over_budget_zero_steps_survive_the_next_replay():
     cache = target.new_cache(len(prompt) + 64)
     drafter = DFlashDrafter(target, model, budget=0)
     runner = StaticOutputRunner(target, cache, capture_layers=drafter.capture_layers, use_graphs=False)
-    dec = Decoder(target, cache, SamplingParams(), drafter, runner=runner)
+    dec = Decoder(target, cache, SamplingParams(), drafter, runner=runner, device_steps=False)
     dec.prefill(prompt)
     drafter._pending = []  # keep only what the steps hand over
     for _ in range(6):

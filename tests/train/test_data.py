@@ -103,7 +103,7 @@ class _FakeTwin:
 
 
 def test_extra_passes_answer_the_prompts_again_sampled(monkeypatch):
-    from treeflash.bench.prompts import BenchPrompt
+    from treeflash.data.prompts import BenchPrompt
     from treeflash.train import data as data_mod
 
     monkeypatch.setattr(data_mod, "encode_prompt", lambda loaded, p: [10 + int(p.name.split("/")[1])] * 4)

@@ -219,7 +219,7 @@ def test_time_limit_refits_after_slow_first_steps(trained, tmp_path, monkeypatch
 
 
 def test_decode_evaluation_reports_tau_speedup_and_identity(trained, tmp_path):
-    from treeflash.bench.prompts import user
+    from treeflash.data.prompts import user
     from treeflash.train.evaluate import evaluate
 
     _, out, loaded = trained

@@ -13,7 +13,7 @@ from __future__ import annotations
 import json
 import time
 
-from treeflash.bench.prompts import BenchPrompt
+from treeflash.data.prompts import BenchPrompt
 from treeflash.bench.runner import BenchSettings, RunRecord
 from treeflash.errors import TreeflashError
 

@@ -14,7 +14,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from treeflash.bench.prompts import BenchPrompt
+from treeflash.data.prompts import BenchPrompt, encode_prompt
 
 
 @dataclass(frozen=True)
@@ -132,16 +132,6 @@ class EngineTarget:
         if self.sweep_value is not None:
             d["sweep_value"] = self.sweep_value
         return d
-
-
-def encode_prompt(loaded, prompt: BenchPrompt) -> list[int]:
-    """Chat prompts go through the model's chat template, exactly as `treeflash generate --chat` does."""
-    if not prompt.chat:
-        return list(loaded.tokenizer(prompt.text, add_special_tokens=True)["input_ids"])
-    from treeflash.engine.chat import render_chat
-
-    text = render_chat(loaded.chat_template, list(prompt.messages), add_generation_prompt=True)
-    return list(loaded.tokenizer(text, add_special_tokens=False)["input_ids"])
 
 
 def run_schedule(targets: list[Target], prompts: list[BenchPrompt], settings: BenchSettings,

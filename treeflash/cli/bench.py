@@ -56,7 +56,7 @@ def add_parser(sub) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from treeflash.bench import machine
-    from treeflash.bench.prompts import BenchPrompt, load_prompts
+    from treeflash.data.prompts import BenchPrompt, load_prompts
     from treeflash.bench.report import format_table, plot, write_json
     from treeflash.bench.runner import BenchSettings, run_schedule
     from treeflash.bench.summary import summarize
@@ -177,7 +177,8 @@ def _engine_targets(args, prompts):
     """Load the model once; build one Engine per configuration over it (baseline first)."""
     from treeflash.bench import machine
     from treeflash.bench.endpoint import EndpointTarget
-    from treeflash.bench.runner import EngineTarget, encode_prompt
+    from treeflash.bench.runner import EngineTarget
+    from treeflash.data.prompts import encode_prompt
     from treeflash.bench.sweep import engine_configs, parse_sweep
     from treeflash.engine.engine import Engine, EngineConfig
     from treeflash.spec.drafter import DraftOptions

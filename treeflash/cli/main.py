@@ -9,7 +9,7 @@ import sys
 from treeflash import __version__
 from treeflash.errors import TreeflashError
 
-COMMANDS = ("generate", "serve", "bench", "train_drafter", "fit")
+COMMANDS = ("generate", "serve", "bench", "train_drafter")  # modules of treeflash.cli, each with add_parser
 
 EXAMPLES = """examples:
   treeflash generate --chat "What is the capital of France?"
@@ -26,13 +26,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--version", action="version", version=f"treeflash {__version__}")
     sub = p.add_subparsers(dest="command", metavar="COMMAND")
     for name in COMMANDS:
-        try:
-            mod = importlib.import_module(f"treeflash.cli.{name}")
-        except ModuleNotFoundError as e:
-            if e.name == f"treeflash.cli.{name}":
-                continue  # command not built yet
-            raise
-        mod.add_parser(sub)
+        importlib.import_module(f"treeflash.cli.{name}").add_parser(sub)
     return p
 
 

@@ -30,6 +30,7 @@ class EngineConfig:
     cache_type_v: str = "auto"
     cache_k_exact_layers: int = 0  # the first N attention layers keep K uncompressed (kv.cache.CacheSpec)
     cuda_graphs: bool = True  # on CUDA: decode and verify replay captured graphs
+    device_steps: bool = True  # with CUDA graphs: drafted steps that can run on the device do (False: synchronous)
 
 
 class Engine:
@@ -45,13 +46,10 @@ class Engine:
                                           k_exact_layers=config.cache_k_exact_layers)
         self.runner = None  # eager on the CPU; CUDA graphs for decode and verify on a GPU
         if self.model.device.type == "cuda" and config.cuda_graphs:
-            from treeflash.models.runner import CudaGraphRunner
+            from treeflash.engine.stack import build_runner
 
             self.model.fuse_projections()
-            capture = self.drafter.capture_layers if self.drafter is not None else ()
-            self.runner = CudaGraphRunner(self.model, self.cache, capture_layers=capture)
-            if self.drafter is not None:
-                self.drafter.bind_runner(self.runner)
+            self.runner = build_runner(self.model, self.cache, self.drafter)
         self.lock = threading.Lock()
         self.totals = SpecStats()
         self.eos_ids = set(loaded.config.eos_token_ids)
@@ -86,7 +84,8 @@ class Engine:
     def _run(self, req: GenerationRequest, cancelled: threading.Event | None) -> Iterator[TokenEvent]:
         t0 = time.perf_counter()
         gen = req.sampling.generator(self.model.device if self.model.device.type == "cuda" else "cpu")
-        dec = Decoder(self.model, self.cache, req.sampling, self.drafter, generator=gen, want_logprobs=req.logprobs, runner=self.runner)
+        dec = Decoder(self.model, self.cache, req.sampling, self.drafter, generator=gen, want_logprobs=req.logprobs, runner=self.runner,
+                      device_steps=self.config.device_steps)
         detok = Detokenizer(self.tokenizer, req.prompt_ids)
         stops = StopMatcher(req.stop)
         end_ids = set(req.stop_token_ids) | (set() if req.ignore_eos else self.eos_ids)

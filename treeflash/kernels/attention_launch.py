@@ -37,10 +37,6 @@ class LaunchConfig:
     programs_per_sm: int  # split-K target: splits ~ programs_per_sm * SMs / (m_tiles * kv_heads)
     prefetch: bool = True  # load block i + 1's bytes before block i's math (hides memory latency)
     dequant: str = "blocks_fast"  # a key of DEQ_IDS: how compressed blocks become [BLOCK_N, D] floats
-    # q8_0 K only: q.k on int8 tensor cores (the query quantized per 32 values, raw K codes into
-    # tl.dot(int8, int8) -> int32 per block, both scales applied to the block's partial scores); K is
-    # never dequantized, `dequant` then applies to V alone. Other K types ignore it (the dequant path)
-    k_int8: bool = False
     # V's own scheme (None: `dequant`). "half" / "words" (q8_0, q4_0) dequantize to fp16 and run both
     # dots in fp16 when the query is 16-bit and neither side is dense; an fp32 query takes "flat" instead
     dequant_v: str | None = None
@@ -70,12 +66,6 @@ VARIANTS: dict[str, dict] = {
     # more programs per SM (splits ~ programs_per_sm * SMs / programs per split): no faster so far
     "flat_n32_w4_p4": dict(dequant="flat", block_n=32, num_warps=4, prefetch=False, programs_per_sm=4),
     "fast_n32_w4_pf_p4": dict(dequant="blocks_fast", block_n=32, num_warps=4, prefetch=True, programs_per_sm=4),
-    # q8_0 K: q.k on int8 tensor cores (k_int8; on the H200 no faster than flat, docs/kv.md), V by `dequant`
-    # (flat: q8_0 V's best; blocks_fast + prefetch: tq3_0/q4_0 V's); any other K runs the dequant path.
-    # 64 keys a step take 8 warps: with 4 the sm_90 compile spills at head_dim 256 (offline ptxas)
-    "int8k_n32_w4": dict(k_int8=True, dequant="flat", block_n=32, num_warps=4, prefetch=False),
-    "int8k_n32_w4_pf": dict(k_int8=True, dequant="blocks_fast", block_n=32, num_warps=4, prefetch=True),
-    "int8k_n64_w8": dict(k_int8=True, dequant="flat", block_n=64, num_warps=8, prefetch=False),
     # fp16 dequantization (q8_0 / q4_0; a tq3_0 side keeps its fp32 path): "words" loads 32-bit words
     # and unpacks them with byte permutes (inline PTX on the GPU), which keeps V's tile off byte-wise
     # shared-memory loads; "half" loads bytes. Offline sm_90a compile, q8_0/q8_0, 16 rows, head_dim 256:
@@ -214,7 +204,7 @@ def _schemes(cfg: LaunchConfig, fmt_k: int, fmt_v: int, in_dtype: torch.dtype, h
     """The dequantization schemes K and V run. The fp16 ones ("half", "words") need a 16-bit query
     and no dense side (both dots run in fp16): else the fp32 path, "flat" (q8_0) or "blocks_fast"
     (q4_0). A tq3_0 side under "half" runs blocks_fast (its fp32 values cast to fp16 for the dot),
-    under "words" its own fp16 path; K_INT8 ignores K's. "split" runs on a q4_0 or tq3_0 side where
+    under "words" its own fp16 path. "split" runs on a q4_0 or tq3_0 side where
     `split_fits` and the query is 16-bit, also beside a dense side (its own dot in fp16: _dot_dtypes), and
     on a q8_0 side where cfg.split_q8 too; anywhere else it is "words"."""
     deq_k, deq_v = cfg.dequant, cfg.dequant_v or cfg.dequant

@@ -5,8 +5,8 @@ form, but with a Python loop over 64-token chunks (per layer, 512 iterations of 
 tokens, i.e. host-bound on a slow host). flash-linear-attention's `chunk_gated_delta_rule` runs the
 whole prompt in a handful of Triton launches per layer, with the l2 norms of q and k in the kernel.
 
-It is optional: with `fla` not installed, not on CUDA, or with TREEFLASH_FLA=0, prefill uses the
-reference. Do not install it on a CPU-only machine: transformers then routes its own Gated DeltaNet
+It is optional: with `fla` not installed, not on CUDA, or once it failed in a layer (that layer's
+`use_fla` turns off), prefill uses the reference. Do not install it on a CPU-only machine: transformers then routes its own Gated DeltaNet
 to it and fails there. What is checked where: bench/gpu_fla.py (H200) against the reference, at the
 27B head shapes, for outputs and the final state; the CPU suite checks the dispatch only.
 
@@ -17,13 +17,9 @@ l2norm x * rsqrt(sum x^2 + 1e-6); q scaled by Dk^-0.5 after its norm.
 
 from __future__ import annotations
 
-import os
 from functools import cache
 
 import torch
-
-USE_FLA = os.environ.get("TREEFLASH_FLA", "1") != "0"  # set to False to force the reference (A/B runs)
-
 
 @cache
 def _fla_chunk():
@@ -36,17 +32,15 @@ def _fla_chunk():
 
 
 def available(x: torch.Tensor) -> bool:
-    """Whether prefill of tensors like x goes through fla."""
-    return USE_FLA and x.is_cuda and _fla_chunk() is not None
+    """Whether prefill of tensors like x can go through fla (CUDA, the package imports)."""
+    return x.is_cuda and _fla_chunk() is not None
 
 
-def disable(error: BaseException) -> None:
-    """fla failed (e.g. its kernels do not compile against this triton): warn once and use the
+def warn_failed(error: BaseException) -> None:
+    """fla failed (e.g. its kernels do not compile against this triton): say so; the caller uses the
     reference from now on, rather than failing every prefill."""
-    global USE_FLA
     import warnings
 
-    USE_FLA = False
     warnings.warn(f"flash-linear-attention failed ({type(error).__name__}: {error}); Gated DeltaNet prefill "
                   "falls back to the torch reference", RuntimeWarning, stacklevel=3)
 

@@ -21,7 +21,6 @@ index order, are its root-to-node path.
 
 from __future__ import annotations
 
-import os
 
 import torch
 import triton
@@ -37,24 +36,14 @@ TREE_WARPS = 2  # H200 sweep: 32 x 2 warps fastest (chain-32 35 us, 32-node tree
 # Measured on the H200 and removed (docs/performance.md): the walk without the next node's prefetch
 # (slower), leaf children as [CB, DK] x [DK, BV] dot products (slower but on all-padding buckets),
 # and the one-launch kernel with a walk per leaf (slower on trees and padding).
-# trees of up to this many nodes take the chunked form (_tree_chunk_kernel: a few dots instead of a walk
-# of one dependent step per path node); 0: always the walks. TREEFLASH_TREE_CHUNK overrides. Off: on
-# the H200 (bench/results/s17/gdn_kernels.json, 27B heads) the tf32x3 form at its fastest launch
-# (16 v columns x 4 warps) took 34.4 us on chain-32 (walk 36.8, OUT_SPLIT walk 36.0), 17.3 on chain-16
-# (walk 19.7, 18.5) but 34.2 on DDTree-32 (walk 27.2, 24.4): DDTree's trees are the common case. The
-# ieee fp32 form took 412 us on chain-32 (bench/results/gdn_tree_chunk_ieee.json). In the 27B model
-# with 16 x 8 warps (66 us a call) verify-32 took 18.9 ms against 17.4 (bench/results/s17/ab_chunk.log).
-TREE_CHUNK_MAX = int(os.environ.get("TREEFLASH_TREE_CHUNK", "0"))
-# an offline sm_90 compile (ptxas -v) of the tf32x3 form at 32 nodes: 16 v columns x 8 warps or 8 x 4
-# fit in 255 registers (4 bytes of spill); 32 x 4 spills 260 bytes, 32 x 8 252; 16 nodes: none spill.
-# Measured: 16 x 4 fastest (34.4 us chain-32; 16 x 8: 66.6, 8 x 4: 56.9, 32 x 8: 51.7)
-TREE_CHUNK_BLOCK_V = 16
-TREE_CHUNK_WARPS = 4
+# Also measured and removed: the chunked (WY) form of a tree verify (a few dots instead of a walk): on the
+# H200 its fastest launch took 34.2 us on DDTree-32 against the walks' 24.4, and the 27B verify-32 18.9 ms
+# against 17.4 (docs/journal.md).
 # the walk's output from the decayed old state (one dependent reduction per node instead of two:
 # _walk_step). On: in an interleaved A/B on the H200 (bench/results/s17/ab_trees/) the 27B verify
 # graph took 16.06 ms instead of 16.12 ms (chain-32) and 15.70 instead of 15.92 ms (DDTree-32);
-# gpu_check passed with it. TREEFLASH_TREE_OUT_SPLIT=0 turns it off.
-TREE_OUT_SPLIT = os.environ.get("TREEFLASH_TREE_OUT_SPLIT", "1") == "1"
+# gpu_check passed with it. tree_recurrent(out_split=False) runs the plain walk (benchmarks).
+TREE_OUT_SPLIT = True
 # its launch: H200 (bench/results/s17/gdn_kernels.json) 16 v columns x 1 warp fastest of the OUT_SPLIT
 # variants, and faster than the plain walk's 32 x 2: chain-32 36.0 vs 36.8 us, DDTree-32 24.4 vs 27.2,
 # chain-16 18.5 vs 19.7 (32 x 2 with OUT_SPLIT: 38.7 / 28.0 / 20.6)
@@ -124,10 +113,10 @@ def _tree_conv_kernel(X, WIN, W, PAR, Y, C, sx, K: tl.constexpr, BLOCK: tl.const
 @triton.jit
 def _tree_prep_kernel(Y, A, B, ALOG, DTB, PAR, MASK, QK, GB, PATH, NPATH, KIDS, NKIDS, HV, C, stride_mask, sab,
                       T: tl.constexpr, TP: tl.constexpr, GROUP: tl.constexpr, GP: tl.constexpr, HK: tl.constexpr,
-                      DK: tl.constexpr, PDL: tl.constexpr = False, LAYOUT: tl.constexpr = True):
+                      DK: tl.constexpr, PDL: tl.constexpr = False):
     """Program (j, kh), j in [0, T]: for node j < T and k head kh, the normalized q (scaled) and k, and
     for its GROUP v heads the decay e^g and beta: everything of a step that does not touch the state.
-    With LAYOUT (the walks need it; the chunked form does not), programs (j, 0) also lay out the tree
+    Programs (j, 0) also lay out the tree
     for walk program j, which serves node p = j - 1 (-1: the committed prefix): PATH[j] = p's root ->
     p path (NPATH[j] nodes), KIDS[j] = p's leaf children."""
     pdl.enter(PDL)
@@ -150,7 +139,7 @@ def _tree_prep_kernel(Y, A, B, ALOG, DTB, PAR, MASK, QK, GB, PATH, NPATH, KIDS, 
         b = tl.load(B + j * sab + hs, mask=hm, other=0.0).to(tl.float32)
         tl.store(GB + (j * HV + hs) * 2, tl.exp(g), mask=hm)
         tl.store(GB + (j * HV + hs) * 2 + 1, 1.0 / (1.0 + tl.exp(-b)), mask=hm)
-    if LAYOUT and kh == 0:
+    if kh == 0:
         p = j - 1
         c = tl.arange(0, TP)
         valid = c < T
@@ -266,62 +255,6 @@ def _tree_walk_kernel(QK, GB, Y, S0, PATH, NPATH, KIDS, NKIDS, O, HV, C, TP: tl.
 
 
 @triton.jit
-def _tree_chunk_kernel(QK, GB, Y, S0, MASK, O, T, HV, C, stride_mask, TP: tl.constexpr, LOG2_TP: tl.constexpr,
-                       GROUP: tl.constexpr, HK: tl.constexpr, DK: tl.constexpr, DKC: tl.constexpr, DV: tl.constexpr,
-                       BV: tl.constexpr, PDL: tl.constexpr = False):
-    """Program (h, v block): every node of the tree at once, in the delta rule's chunked (WY) form with
-    the ancestor mask M ([t, i] = i is t or an ancestor of t) in place of the causal one. With
-    G_t = sum of log e^g over t's root -> t path, Gam[t, i] = e^(G_t - G_i) on M:
-        u = (I + A)^-1 diag(beta) (V - e^G K S0),   A = strict(M) * Gam * (K K^T) * beta[:, None]
-        o = e^G Q S0 + (M * Gam * (Q K^T)) u
-    A is strictly lower triangular (parents precede children), so (I + A)^-1 = (I - A)(I + A^2)(I + A^4)...
-    (LOG2_TP factors) exactly. The dots are tf32x3 (three tf32 tensor-core products: about fp32's
-    accuracy; ieee fp32 dots ran on CUDA cores and spilled: chain-32 412 us against the walk's 37 us)."""
-    pdl.enter(PDL)
-    h = tl.program_id(0)
-    kh = h // GROUP
-    it = tl.arange(0, TP)
-    iv = tl.program_id(1) * BV + tl.arange(0, BV)
-    live = it < T
-    dec = tl.load(GB + (it * HV + h) * 2, mask=live, other=1.0)
-    beta = tl.load(GB + (it * HV + h) * 2 + 1, mask=live, other=0.0)
-    anc = tl.load(MASK + it[:, None] * stride_mask + it[None, :], mask=live[:, None] & live[None, :], other=0) != 0
-    # K K^T, Q K^T, K S0, Q S0 over DKC-wide slices of the key dimension (small register tiles)
-    kk = tl.zeros((TP, TP), tl.float32)
-    qk = tl.zeros((TP, TP), tl.float32)
-    ks0 = tl.zeros((TP, BV), tl.float32)
-    qs0 = tl.zeros((TP, BV), tl.float32)
-    for c in range(DK // DKC):  # a loop, not unrolled: one slice live at a time (unrolled, TP 32 spilled)
-        ic = c * DKC + tl.arange(0, DKC)
-        q = tl.load(QK + (it[:, None] * 2 * HK + kh) * DK + ic[None, :], mask=live[:, None], other=0.0)  # [TP, DKC]
-        k = tl.load(QK + (it[:, None] * 2 * HK + HK + kh) * DK + ic[None, :], mask=live[:, None], other=0.0)
-        s0 = tl.load(S0 + h * DK * DV + ic[:, None] * DV + iv[None, :])  # [DKC, BV]
-        kt = tl.trans(k)
-        kk = tl.dot(k, kt, acc=kk, input_precision="tf32x3")
-        qk = tl.dot(q, kt, acc=qk, input_precision="tf32x3")
-        ks0 = tl.dot(k, s0, acc=ks0, input_precision="tf32x3")
-        qs0 = tl.dot(q, s0, acc=qs0, input_precision="tf32x3")
-    # e^g underflowed to 0: a factor of 1e-30 where the walk has 0 (a literal below fp32's normal range
-    # would make this fp64, and the dots fp64 MMAs that do not compile)
-    g = tl.log(tl.maximum(dec, 1e-30)).to(tl.float32)
-    big_g = tl.sum(tl.where(anc, g[None, :], 0.0), axis=1)  # [TP]
-    gam = tl.where(anc, tl.exp(big_g[:, None] - big_g[None, :]), 0.0)  # [TP, TP]
-    eye = it[:, None] == it[None, :]
-    a = tl.where(eye, 0.0, gam * kk) * beta[:, None]
-    inv = tl.where(eye, 1.0, 0.0) - a
-    power = a
-    for _ in tl.static_range(LOG2_TP - 1):
-        power = tl.dot(power, power, input_precision="tf32x3")
-        inv = inv + tl.dot(inv, power, input_precision="tf32x3")
-    v = tl.load(Y + it[:, None] * C + 2 * HK * DK + h * DV + iv[None, :], mask=live[:, None], other=0.0)  # [TP, BV]
-    eg = tl.exp(big_g)
-    w = beta[:, None] * (v - eg[:, None] * ks0)
-    u = tl.dot(inv, w, input_precision="tf32x3")
-    o = eg[:, None] * qs0 + tl.dot(gam * qk, u, input_precision="tf32x3")
-    tl.store(O + (it[:, None] * HV + h) * DV + iv[None, :], o, mask=live[:, None])
-
-
-@triton.jit
 def _recurrent_path_kernel(Y, A, B, ALOG, DTB, S, PATH, LEN, HV, C, sab, P: tl.constexpr, GROUP: tl.constexpr,
                            HK: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr, BV: tl.constexpr, PDL: tl.constexpr = False):
     pdl.enter(PDL)
@@ -369,12 +302,11 @@ def _check_step_inputs(name, y, a, b, state, num_k_heads, k_dim, v_dim) -> int:
 
 def tree_recurrent(y, a, b, a_log, dt_bias, state, parents, tree_mask, num_k_heads: int, k_dim: int, v_dim: int, *,
                    block_v: int | None = None, num_warps: int | None = None, kids_split: int | None = None,
-                   chunk: bool | None = None, out_split: bool | None = None):
+                   out_split: bool | None = None):
     """y: [T, conv_dim] fp32, a, b: [T, Hv], state: [Hv, Dk, Dv] fp32 (unchanged), parents: [T] long,
     tree_mask: [T, T] bool ([i, j] = j is i or an ancestor of i; rows may be strided) -> o [T, Hv, Dv] fp32.
     Two launches: a parallel prep (normalized q, k, gates, each walk's path and leaf children), then the
-    walks, or (chunk: trees of up to TREE_CHUNK_MAX nodes by default) every node at once in the chunked
-    form. The keyword arguments pick a variant (benchmarks); None = the module defaults."""
+    walks. The keyword arguments pick a variant (benchmarks); None = the module defaults."""
     if not (y.is_cuda or _interpreting()):
         return tree_recurrent_ref(y, a, b, a_log, dt_bias, state, parents, num_k_heads, k_dim, v_dim)
     sab = _check_step_inputs("tree_recurrent", y, a, b, state, num_k_heads, k_dim, v_dim)
@@ -394,17 +326,9 @@ def tree_recurrent(y, a, b, a_log, dt_bias, state, parents, tree_mask, num_k_hea
     ints = torch.empty(2 * (t + 1) * tp + 2 * (t + 1), dtype=torch.int32, device=dev)
     path, kids = ints[: (t + 1) * tp], ints[(t + 1) * tp : 2 * (t + 1) * tp]
     npath, nkids = ints[2 * (t + 1) * tp : 2 * (t + 1) * tp + t + 1], ints[2 * (t + 1) * tp + t + 1 :]
-    use_chunk = (chunk if chunk is not None else t <= TREE_CHUNK_MAX) and k_dim >= 16 and k_dim % min(32, k_dim) == 0  # tl.dot: K >= 16
-    _tree_prep_kernel[(t if use_chunk else t + 1, num_k_heads)](
+    _tree_prep_kernel[(t + 1, num_k_heads)](
         y, a, b, a_log, dt_bias, parents, tree_mask, qk, gb, path, npath, kids, nkids, hv, c, tree_mask.stride(0), sab, T=t, TP=tp,
-        GROUP=group, GP=triton.next_power_of_2(group), HK=num_k_heads, DK=k_dim, LAYOUT=not use_chunk, **pdl.kwargs(y))
-    if use_chunk:
-        tpc = max(16, tp)  # tl.dot tiles: 16 rows at least
-        bvc = min(block_v or TREE_CHUNK_BLOCK_V, v_dim)
-        _tree_chunk_kernel[(hv, v_dim // bvc)](qk, gb, y, state, tree_mask, o, t, hv, c, tree_mask.stride(0), TP=tpc,
-                                               LOG2_TP=tpc.bit_length() - 1, GROUP=group, HK=num_k_heads, DK=k_dim,
-                                               DKC=min(32, k_dim), DV=v_dim, BV=bvc, num_warps=num_warps or TREE_CHUNK_WARPS, **pdl.kwargs(y))
-        return o
+        GROUP=group, GP=triton.next_power_of_2(group), HK=num_k_heads, DK=k_dim, **pdl.kwargs(y))
     ksplit = kids_split or TREE_KIDS_SPLIT
     _tree_walk_kernel[(hv, v_dim // bv, (t + 1) * ksplit)](qk, gb, y, state, path, npath, kids, nkids, o, hv, c, TP=tp, GROUP=group,
                                                 HK=num_k_heads, DK=k_dim, DV=v_dim, BV=bv, KSPLIT=ksplit,

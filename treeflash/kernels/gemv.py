@@ -23,7 +23,6 @@ on CUDA or under TRITON_INTERPRET=1, the reference elsewhere.
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
 
 import torch
@@ -34,92 +33,25 @@ import triton.language as tl
 from treeflash.kernels import pdl
 
 from treeflash.kernels.activation import silu_mul_ref
-from treeflash.kernels.gemv_rows import gemv_rows, gemv_swiglu_rows
-from treeflash.kernels.norm import _interpreting, rmsnorm_ref
+from treeflash.kernels.norm import _interpreting
 from treeflash.kernels.scratch import scratch
 
 
-# kernels/projection.py's `linear` and `apply` send one-row projections of the TUNED shapes on
-# CUDA through gemv: on by default (an H200: 8B decode 204 -> 217 tokens/s, 27B 70 -> 73;
-# docs/performance.md); TREEFLASH_GEMV=0 keeps every projection on cuBLAS
-USE_GEMV = os.environ.get("TREEFLASH_GEMV", "1") != "0"
-# the residual add + RMSNorm after a decode step's o_proj / out_proj / down_proj as that GEMV's
-# epilogue (`gemv_add_norm`, `projection.project(..., defer=True)`). Off: exact, but slower on the
-# H200 (8B decode 218.4 -> 213.1-214.7 tokens/s: the last program's serial tail, ~5 us, costs more
-# than the norm's own launch, 2.6 us; docs/performance.md). TREEFLASH_GEMV_NORM=1 turns it on.
-NORM_EPILOGUE = os.environ.get("TREEFLASH_GEMV_NORM", "0") == "1"
-# the residual add + RMSNorm before a decode step's fused qkv / in_proj / gate_up as that GEMV's
-# prologue (`gemv_norm_in`, `projection.PendingNorm`): removes each norm's launch. Off until
-# measured on the H200; TREEFLASH_GEMV_NORM_IN=1 turns it on for all three, =qkv for qkv / in_proj
-# only (bench/gpu_speed.py --gemv-norm-in all|qkv). gate_up is separate: its many 2-row programs
-# (6144 at the 8B shape) each read the row, and with the prologue the residual and the norm weight too.
-_NORM_IN = os.environ.get("TREEFLASH_GEMV_NORM_IN", "0")
-NORM_PROLOGUE = _NORM_IN in ("1", "all", "qkv")
-NORM_PROLOGUE_SWIGLU = _NORM_IN in ("1", "all")
-# up to this many rows (a verify step's nodes) take the GEMVs too (rows mode: `_gemv_rows_kernel`, SwiGLU
-# included): each row's arithmetic is the one-row decode call's, bit for bit, so a
-# verify pass projects exactly as plain decoding does (batch-invariant projections), and at the
-# SmolLM2 shapes cuBLAS's 3-6 us per call is what verify spends most of its time on. 0 (the
-# default) keeps multi-row projections on cuBLAS. TREEFLASH_GEMV_ROWS=32 turns it on.
-# Measured on the H200 with one row per program (ROWS_GROUP 1): verify graphs 1.45 / 2.48 ms at 16 /
-# 32 nodes against cuBLAS's 0.96 / 0.98 (docs/performance.md), each row re-reading the weight from L2.
-ROWS_MAX = int(os.environ.get("TREEFLASH_GEMV_ROWS", "0"))
-# rows per program in rows mode: a program reads its weight tile from L2 once and from L1 for the
-# other rows of its group (not yet timed on the H200 for groups > 1; TREEFLASH_GEMV_ROWS_GROUP)
-ROWS_GROUP = int(os.environ.get("TREEFLASH_GEMV_ROWS_GROUP", "8"))
-# rows mode re-reads the weight once per group: only weights small enough to stay in L2 take it (the
-# H200's L2 is 50 MB; SmolLM2's largest projection is 3.5 MB, an 8B down_proj 100 MB)
-ROWS_WEIGHT_BYTES = 8 << 20
-
-
-@triton.jit
-def _add_norm_tail(Y, R, NW, S, YN, TA, N, eps, NUM_WRITERS: tl.constexpr, UNIT: tl.constexpr, BLOCK_FULL: tl.constexpr):
-    """After this program stored its rows of y: the last of the NUM_WRITERS programs that write y
-    (an atomic ticket) computes s = y + r and yn = rmsnorm(s) over the whole row, with the
-    arithmetic of norm.py's _rmsnorm_kernel (s rounded to the model dtype, fp32 statistics)."""
-    tl.debug_barrier()  # every thread's y stores come before this program's release
-    done = tl.atomic_add(TA, 1, sem="acq_rel")
-    if done == NUM_WRITERS - 1:
-        cols = tl.arange(0, BLOCK_FULL)
-        m = cols < N
-        y = tl.load(Y + cols, mask=m, other=0.0, cache_modifier=".cg").to(tl.float32)
-        h = y + tl.load(R + cols, mask=m, other=0.0).to(tl.float32)
-        h = h.to(S.dtype.element_ty).to(tl.float32)  # the residual stream is kept in the model dtype
-        tl.store(S + cols, h.to(S.dtype.element_ty), mask=m)
-        var = tl.sum(h * h, axis=0) / N
-        w = tl.load(NW + cols, mask=m, other=0.0).to(tl.float32)
-        if UNIT:
-            w = w + 1.0
-        tl.store(YN + cols, (h * tl.rsqrt(var + eps) * w).to(YN.dtype.element_ty), mask=m)
-        tl.atomic_xchg(TA, 0)  # ready for the next call (and the next CUDA-graph replay)
-
-
-@triton.jit
-def _norm_in_step(x, ss, R, NW, S, k, k_ok, write, UNIT: tl.constexpr):
-    """One K step of a norm prologue: s = x + residual rounded to the stream's dtype (as the norm
-    kernel keeps it), written out by the first n-block's program; returns (s * w, ss + s^2): the
-    program's dot takes s * w, and 1 / rms(s) multiplies its result (a per-row constant)."""
-    sv = (x + tl.load(R + k, mask=k_ok, other=0.0).to(tl.float32)).to(S.dtype.element_ty)
-    tl.store(S + k, sv, mask=k_ok & write)
-    sf = sv.to(tl.float32)
-    wn = tl.load(NW + k, mask=k_ok, other=0.0).to(tl.float32)
-    if UNIT:
-        wn = wn + 1.0
-    return sf * wn, ss + sf * sf
+# kernels/projection.py's `linear` and `apply` send one-row projections of the TUNED shapes on CUDA
+# through gemv (an H200: 8B decode 204 -> 217 tokens/s, 27B 70 -> 73; docs/performance.md); every
+# other projection stays on cuBLAS. Measured and removed (docs/journal.md): the residual add + RMSNorm
+# as a GEMV epilogue or prologue, and a verify step's rows through the one-row kernel (rows mode).
 
 
 @triton.jit
 def _gemv_kernel(
     X, W, B, Y, P, T, N,
-    R, NW, S, YN, TA, eps,  # with NORM: residual in, norm weight, stream out, normed out, the ticket
+    R,  # with ADD: the residual stream (Y itself)
     K: tl.constexpr, HAS_BIAS: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-    SPLIT_K: tl.constexpr, K_SPLIT: tl.constexpr,
-    NORM: tl.constexpr = False, UNIT: tl.constexpr = False, N_BLOCKS: tl.constexpr = 1, BLOCK_FULL: tl.constexpr = 1,
-    PDL: tl.constexpr = False, NORM_IN: tl.constexpr = False, ADD: tl.constexpr = False,
+    SPLIT_K: tl.constexpr, K_SPLIT: tl.constexpr, PDL: tl.constexpr = False, ADD: tl.constexpr = False,
 ):
-    """NORM_IN (split 1 only; R, NW, S, eps its residual, norm weight, stream out): x is the norm's
-    input, not yet added: y = W rmsnorm(x + R) (see `gemv_norm_in`). ADD: y = W x + R, one rounding
-    after the add (Y is R: the residual stream updated in place; see `gemv`'s add_into)."""
+    """ADD: y = W x + R, one rounding after the add (Y is R: the residual stream updated in place;
+    see `gemv`'s add_into)."""
     pid_n, s = tl.program_id(0), tl.program_id(1)
     rows = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     row_ok = rows < N
@@ -130,29 +62,22 @@ def _gemv_kernel(
     k0 = s * K_SPLIT + tl.arange(0, BLOCK_K)
     w0 = tl.load(w_rows + k0[None, :], mask=row_ok[:, None] & (k0 < K)[None, :], other=0.0)
     pdl.wait(PDL)
-    ss = tl.zeros((BLOCK_K,), tl.float32)
     for i in tl.static_range(K_SPLIT // BLOCK_K):  # unrolled: every step's loads go out first
         k = s * K_SPLIT + i * BLOCK_K + tl.arange(0, BLOCK_K)
         k_ok = k < K
         x = tl.load(X + k, mask=k_ok, other=0.0).to(tl.float32)
-        if NORM_IN:
-            x, ss = _norm_in_step(x, ss, R, NW, S, k, k_ok, pid_n == 0, UNIT)
         if i == 0:
             w = w0
         else:
             w = tl.load(w_rows + k[None, :], mask=row_ok[:, None] & k_ok[None, :], other=0.0)
         acc += w.to(tl.float32) * x[None, :]
     part = tl.sum(acc, axis=1)  # [BLOCK_N]
-    if NORM_IN:
-        part = part * tl.rsqrt(tl.sum(ss, axis=0) / K + eps)
     if SPLIT_K == 1:
         if HAS_BIAS:
             part += tl.load(B + rows, mask=row_ok, other=0.0).to(tl.float32)
         if ADD:  # this program's rows of the stream: read, then overwritten by the same program
             part += tl.load(R + rows, mask=row_ok, other=0.0).to(tl.float32)
         tl.store(Y + rows, part.to(Y.dtype.element_ty), mask=row_ok)
-        if NORM:
-            _add_norm_tail(Y, R, NW, S, YN, TA, N, eps, N_BLOCKS, UNIT, BLOCK_FULL)
     else:
         tl.store(P + s * N + rows, part, mask=row_ok)
         ticket = tl.atomic_add(T + pid_n, 1, sem="acq_rel")  # release our partials, acquire the others'
@@ -166,14 +91,11 @@ def _gemv_kernel(
                 total += tl.load(R + rows, mask=row_ok, other=0.0).to(tl.float32)
             tl.store(Y + rows, total.to(Y.dtype.element_ty), mask=row_ok)
             tl.atomic_xchg(T + pid_n, 0)  # ready for the next call (and the next CUDA-graph replay)
-            if NORM:
-                _add_norm_tail(Y, R, NW, S, YN, TA, N, eps, N_BLOCKS, UNIT, BLOCK_FULL)
 
 
 @triton.jit
-def _gemv_swiglu_kernel(X, W, Y, I, R, NW, S, eps, K: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-                        STEPS: tl.constexpr, PDL: tl.constexpr = False, NORM_IN: tl.constexpr = False,
-                        UNIT: tl.constexpr = False, FOLD: tl.constexpr = False):
+def _gemv_swiglu_kernel(X, W, Y, I, eps, K: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+                        STEPS: tl.constexpr, PDL: tl.constexpr = False, FOLD: tl.constexpr = False):
     """y[j] = silu(g_j) u_j for j in this program's BLOCK_N rows, g = W[:I] x and u = W[I:] x (W = [gate; up],
     [2I, K]): both tiles of each step in one program, so no [2I] intermediate and no SiLU-mul launch.
     g and u are rounded to the output dtype first, as the unfused path (gemv, then silu_mul) does.
@@ -196,8 +118,6 @@ def _gemv_swiglu_kernel(X, W, Y, I, R, NW, S, eps, K: tl.constexpr, BLOCK_N: tl.
         k = i * BLOCK_K + tl.arange(0, BLOCK_K)
         k_ok = k < K
         x = tl.load(X + k, mask=k_ok, other=0.0).to(tl.float32)
-        if NORM_IN:
-            x, ss = _norm_in_step(x, ss, R, NW, S, k, k_ok, pid == 0, UNIT)
         if FOLD:
             ss += x * x
         if i == 0:
@@ -209,9 +129,6 @@ def _gemv_swiglu_kernel(X, W, Y, I, R, NW, S, eps, K: tl.constexpr, BLOCK_N: tl.
         acc_u += wu.to(tl.float32) * x[None, :]
     g = tl.sum(acc_g, axis=1)
     u = tl.sum(acc_u, axis=1)
-    if NORM_IN:
-        r = tl.rsqrt(tl.sum(ss, axis=0) / K + eps)
-        g, u = g * r, u * r
     g = g.to(Y.dtype.element_ty).to(tl.float32)
     u = u.to(Y.dtype.element_ty).to(tl.float32)
     if FOLD:
@@ -264,14 +181,6 @@ TUNED: dict[tuple[int, int], GemvConfig] = {  # bench/results/gpu_gemv.json (wid
 }
 
 
-# (N, K) -> the configuration with a norm prologue where TUNED's would spill: the prologue's extra
-# loads on top of TUNED's 8 x 1024 x 4-warp qkv tile spill 452 bytes in an offline sm_90a compile
-# (ptxas -v); 8 warps hold it in 219 registers (H200 sweep without the prologue: 15.0 us vs 13.8)
-TUNED_NORM_IN: dict[tuple[int, int], GemvConfig] = {
-    (6144, 4096): GemvConfig(8, 1024, 1, 8),
-}
-
-
 # [2I, K] gate_up weight -> the SwiGLU GEMV's (block_n, block_k, 1, num_warps); block_n rows of gate
 # and of up per program. Shapes not listed keep cuBLAS + silu_mul.
 TUNED_SWIGLU: dict[tuple[int, int], GemvConfig] = {
@@ -281,164 +190,57 @@ TUNED_SWIGLU: dict[tuple[int, int], GemvConfig] = {
 }
 
 
-def load_table(path: str, margin: float = 0.98) -> dict[str, str]:
-    """Replace TUNED's (TUNED_SWIGLU's, for SwiGLU runs) entries with a sweep's results (bench/gpu_gemv.py JSON): per projection, its
-    fastest configuration if that takes under `margin` x cuBLAS's time, else cuBLAS. Returns what
-    was chosen, by (N, K)."""
-    import json
-
-    chosen = {}
-    for run in json.loads(open(path).read())["runs"]:
-        n, k = run["N"], run["K"]
-        table = TUNED_SWIGLU if run.get("swiglu") else TUNED
-        timed = {name.split(" ")[0]: v["us"] for name, v in run.items()
-                 if isinstance(v, dict) and "us" in v and name != "cublas" and v.get("repeatable", True)}
-        best = min(timed, key=timed.get) if timed else None
-        if best is not None and timed[best] < margin * run["cublas"]["us"]:
-            bn, bk, sk, w = (int(part[1:]) for part in best.split("_"))
-            table[(n, k)] = GemvConfig(bn, bk, sk, w)
-            chosen[f"{n}x{k}" + (" swiglu" if run.get("swiglu") else "")] = f"{best} {timed[best]:.1f} us vs cublas {run['cublas']['us']:.1f}"
-        else:
-            table.pop((n, k), None)
-            chosen[f"{n}x{k}" + (" swiglu" if run.get("swiglu") else "")] = f"cublas {run['cublas']['us']:.1f} us"
-    return chosen
-
-
 def gemv_reference(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
     """x [M, K], weight [N, K] -> [M, N] in x.dtype (fp32 accumulation)."""
     y = F.linear(x.float(), weight.float(), None if bias is None else bias.float())
     return y.to(x.dtype)
 
 
-def _norm_stream(name: str, residual: torch.Tensor, norm_weight: torch.Tensor, width: int, x: torch.Tensor) -> torch.Tensor:
-    """A fused norm's inputs checked (a contiguous residual of `width` values, a [width] weight);
-    returns the buffer its stream (x + residual) is written to."""
-    if residual.numel() != width or not residual.is_contiguous() or norm_weight.shape != (width,):
-        raise ValueError(f"{name}: residual must be contiguous with {width} values and the norm weight [{width}]")
-    return torch.empty(width, dtype=x.dtype, device=x.device)
-
-
 def gemv(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None,
-         config: GemvConfig | None = None, norm: tuple | None = None, norm_in: tuple | None = None,
-         add_into: torch.Tensor | None = None):
+         config: GemvConfig | None = None, add_into: torch.Tensor | None = None):
     """y = x W^T (+ bias) for one row: x [1, K] (or [K]), weight [N, K] contiguous -> [1, N] (or [N]).
-    x [M, K] (rows mode: no norm, no split-K): M one-row calls in one launch, each row bit for bit
-    what gemv(x[i:i + 1]) gives.
-    With norm = (residual, norm_weight, eps, unit_offset): (rmsnorm(y + residual), y + residual),
-    the add and norm in the launch's last program (see `gemv_add_norm`). With norm_in = (residual
-    [K], norm_weight [K], eps, unit_offset): (rmsnorm(x + residual) W^T, x + residual), the add and
-    norm as the prologue (see `gemv_norm_in`). With add_into ([1, N] or [N], x's dtype, contiguous):
-    add_into += x W^T (+ bias) in place, one rounding after the add (addmm_ with beta = 1, as
-    gemm_pdl.gemm_ref), returned: a folded layer's residual add in the epilogue."""
+    With add_into ([1, N] or [N], x's dtype, contiguous): add_into += x W^T (+ bias) in place, one
+    rounding after the add (addmm_ with beta = 1), returned: a folded layer's residual add in the epilogue."""
     if add_into is not None:
-        _check_add_into(x, weight, add_into, norm is not None or norm_in is not None)
+        _check_add_into(x, weight, add_into)
     if not (x.is_cuda or _interpreting()):
-        if add_into is not None:  # fp32 product and add, one rounding (gemm_pdl.gemm_ref's numerics, with the bias)
+        if add_into is not None:  # fp32 product and add, one rounding (addmm_'s numerics, with the bias)
             y = F.linear(x.reshape(1, -1).float(), weight.float(), None if bias is None else bias.float())
             return add_into.copy_((add_into.float() + y.reshape(add_into.shape)).to(add_into.dtype))
-        if norm is not None:
-            return gemv_add_norm_reference(x, weight, *norm, bias=bias)
-        if norm_in is not None:
-            return gemv_norm_in_reference(x, weight, *norm_in, bias=bias)
         return gemv_reference(x.reshape(-1, x.shape[-1]), weight, bias).reshape(*x.shape[:-1], weight.shape[0])
     n, k = weight.shape
-    m_rows = x.shape[0] if x.dim() == 2 else 1
-    if x.shape[-1] != k or x.dim() > 2 or m_rows < 1:
-        raise ValueError(f"gemv: x must be [M, {k}] or [{k}], got {tuple(x.shape)}")
-    if m_rows > 1 and (norm is not None or norm_in is not None):
-        raise ValueError("gemv: a norm epilogue or prologue takes one row")
+    if x.shape[-1] != k or x.dim() > 2 or x.numel() != k:
+        raise ValueError(f"gemv: x must be [1, {k}] or [{k}], got {tuple(x.shape)}")
     if not weight.is_contiguous() or weight.device != x.device:
         raise ValueError("gemv: weight must be contiguous and on x's device")
     if bias is not None and (bias.shape != (n,) or not bias.is_contiguous()):
         raise ValueError(f"gemv: bias must be contiguous [{n}]")
-    xv = x.reshape(m_rows * k) if x.is_contiguous() else x.contiguous().reshape(m_rows * k)
+    xv = x.reshape(k) if x.is_contiguous() else x.contiguous().reshape(k)
     cfg = config or gemv_config(n, k)
     n_blocks = triton.cdiv(n, cfg.block_n)
     k_split = triton.cdiv(triton.cdiv(k, cfg.split_k), cfg.block_k) * cfg.block_k  # columns per split
     split = triton.cdiv(k, k_split)
-    if m_rows > 1 and split > 1:
-        raise ValueError("gemv: several rows need a configuration without split-K")
-    y = torch.empty(m_rows * n, dtype=x.dtype, device=x.device)
-    if m_rows > 1:
-        return gemv_rows(xv, weight, bias, y, m_rows, cfg, ROWS_GROUP).reshape(m_rows, n)
+    y = torch.empty(n, dtype=x.dtype, device=x.device) if add_into is None else add_into.view(n)
     if split > 1:
         partials = scratch("gemv.partials", x.device, split * n, torch.float32, minimum=1 << 20)
         tickets = scratch("gemv.tickets", x.device, n_blocks, torch.int32, minimum=1 << 16)
     else:
         partials, tickets = y, y  # unused
-    if norm is not None and norm_in is not None:
-        raise ValueError("gemv: a norm epilogue or a norm prologue, not both")
-    if norm_in is not None:
-        residual, norm_weight, eps, unit_offset = norm_in
-        if split > 1:
-            raise ValueError("gemv_norm_in: configurations without split-K only (every program needs the whole row)")
-        stream = _norm_stream("gemv_norm_in", residual, norm_weight, k, x)
-        normed = ticket = y
-    elif norm is None:  # the NORM arguments are unused (ADD: the residual is the output itself)
-        if add_into is not None:
-            y = add_into.view(n)
-        residual = norm_weight = stream = normed = ticket = y
-        eps, unit_offset = 0.0, False
-    else:
-        residual, norm_weight, eps, unit_offset = norm
-        stream, normed = _norm_stream("gemv_add_norm", residual, norm_weight, n, x), torch.empty_like(y)
-        ticket = scratch("gemv.norm_ticket", x.device, 1, torch.int32, minimum=16)
     _gemv_kernel[(n_blocks, split)](
-        xv, weight, bias if bias is not None else weight, y, partials, tickets, n,
-        residual, norm_weight, stream, normed, ticket, eps,
+        xv, weight, bias if bias is not None else weight, y, partials, tickets, n, y,
         K=k, HAS_BIAS=bias is not None, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, SPLIT_K=split, K_SPLIT=k_split,
-        NORM=norm is not None, UNIT=unit_offset, N_BLOCKS=n_blocks if norm is not None else 1,
-        BLOCK_FULL=triton.next_power_of_2(n) if norm is not None else 1, num_warps=cfg.num_warps,
-        NORM_IN=norm_in is not None, ADD=add_into is not None, **pdl.kwargs(x),
+        num_warps=cfg.num_warps, ADD=add_into is not None, **pdl.kwargs(x),
     )
     if add_into is not None:
         return add_into
-    if norm_in is not None:
-        return y.reshape(*x.shape[:-1], n), stream.reshape(x.shape)
-    if norm is None:
-        return y.reshape(*x.shape[:-1], n)
-    return normed.reshape(*x.shape[:-1], n), stream.reshape(*x.shape[:-1], n)
+    return y.reshape(*x.shape[:-1], n)
 
 
-def _check_add_into(x: torch.Tensor, weight: torch.Tensor, add_into: torch.Tensor, fused_norm: bool) -> None:
+def _check_add_into(x: torch.Tensor, weight: torch.Tensor, add_into: torch.Tensor) -> None:
     n = weight.shape[0]
-    if (fused_norm or x.numel() != weight.shape[1] or add_into.numel() != n or not add_into.is_contiguous()
+    if (x.numel() != weight.shape[1] or add_into.numel() != n or not add_into.is_contiguous()
             or add_into.dtype != x.dtype or add_into.device != x.device):
-        raise ValueError(f"gemv: add_into must be a contiguous [{n}] of x's dtype and device, for one row without a fused norm")
-
-
-def gemv_add_norm_reference(x, weight, residual, norm_weight, eps: float, unit_offset: bool, bias=None):
-    """(rmsnorm(x W^T + residual), x W^T + residual): the projection rounded to x.dtype, then
-    norm.py's fused add + RMSNorm."""
-    y = gemv_reference(x.reshape(1, -1), weight, bias).reshape(*x.shape[:-1], weight.shape[0])
-    return rmsnorm_ref(y, norm_weight, eps, unit_offset, residual.reshape(y.shape))
-
-
-def gemv_add_norm(x: torch.Tensor, weight: torch.Tensor, residual: torch.Tensor, norm_weight: torch.Tensor,
-                  eps: float, unit_offset: bool = False, config: GemvConfig | None = None):
-    """One launch for a decode step's "projection, residual add, RMSNorm": x [1, K], weight [N, K],
-    residual [1, N] -> (normed [1, N], stream = y + residual [1, N]). The programs write y as gemv
-    does; the last of them to finish (a ticket) adds the residual and norms the whole row. Saves
-    the norm's own launch (2.6 us on the H200 for one 4096-wide row) for a ~1 us tail."""
-    return gemv(x, weight, config=config, norm=(residual, norm_weight, eps, unit_offset))
-
-
-def gemv_norm_in_reference(x, weight, residual, norm_weight, eps: float, unit_offset: bool, bias=None):
-    """(rmsnorm(x + residual) W^T, x + residual): norm.py's fused add + RMSNorm, then the projection."""
-    normed, stream = rmsnorm_ref(x.reshape(1, -1), norm_weight, eps, unit_offset, residual.reshape(1, -1))
-    y = gemv_reference(normed, weight, bias).reshape(*x.shape[:-1], weight.shape[0])
-    return y, stream.reshape(x.shape)
-
-
-def gemv_norm_in(x: torch.Tensor, weight: torch.Tensor, residual: torch.Tensor, norm_weight: torch.Tensor,
-                 eps: float, unit_offset: bool = False, bias: torch.Tensor | None = None, config: GemvConfig | None = None):
-    """One launch for a decode step's "residual add, RMSNorm, projection": x, residual [1, K],
-    weight [N, K] -> (y [1, N], stream = x + residual [1, K]). Every program adds and squares the
-    row as it streams it (the sum of squares beside the dot), multiplies each value by the norm
-    weight before the dot, and scales its dot by 1 / rms at the end; the first n-block writes the
-    stream. Removes the norm's launch; the normed row is not rounded to x.dtype before the dot (the
-    unfused path rounds it), so bf16 results differ from that path by that rounding."""
-    return gemv(x, weight, bias, config=config, norm_in=(residual, norm_weight, eps, unit_offset))
+        raise ValueError(f"gemv: add_into must be a contiguous [{n}] of x's dtype and device, for one row")
 
 
 def gemv_swiglu_reference(x: torch.Tensor, gate_up: torch.Tensor) -> torch.Tensor:
@@ -446,47 +248,28 @@ def gemv_swiglu_reference(x: torch.Tensor, gate_up: torch.Tensor) -> torch.Tenso
     return silu_mul_ref(gemv_reference(x.reshape(-1, x.shape[-1]), gate_up))
 
 
-def gemv_swiglu(x: torch.Tensor, gate_up: torch.Tensor, config: GemvConfig | None = None, norm_in: tuple | None = None,
-                rows: tuple | None = None):
-    """The decode step's MLP input half in one launch: x [1, K], gate_up [2I, K] -> [1, I] (x [M, K]
-    without norm_in: M rows, each as its one-row call, -> [M, I]). With
-    norm_in = (residual, norm_weight, eps, unit_offset): the add and RMSNorm before it as the
-    prologue, as in `gemv_norm_in` -> (y, stream). With rows = (x, eps) (one row; the stream must be
-    x itself): a folded norm, silu_mul's `rows` (gate and up times 1 / rms(x) after their rounding)."""
-    if rows is not None and (rows[0] is not x or x.numel() != gate_up.shape[1] or norm_in is not None):
-        raise ValueError("gemv_swiglu: rows must be (x, eps) for one row x without norm_in (the scale comes from x's pass)")
+def gemv_swiglu(x: torch.Tensor, gate_up: torch.Tensor, config: GemvConfig | None = None, rows: tuple | None = None):
+    """The decode step's MLP input half in one launch: x [1, K], gate_up [2I, K] -> [1, I]. With
+    rows = (x, eps) (the stream must be x itself): a folded norm, silu_mul's `rows` (gate and up times
+    1 / rms(x) after their rounding)."""
+    if rows is not None and (rows[0] is not x or x.numel() != gate_up.shape[1]):
+        raise ValueError("gemv_swiglu: rows must be (x, eps) for one row x (the scale comes from x's pass)")
     if not (x.is_cuda or _interpreting()):
         if rows is not None:
             return silu_mul_ref(gemv_reference(x.reshape(1, -1), gate_up), (x.reshape(1, -1), rows[1])).reshape(*x.shape[:-1], -1)
-        if norm_in is not None:
-            normed, stream = rmsnorm_ref(x.reshape(1, -1), norm_in[1], norm_in[2], norm_in[3], norm_in[0].reshape(1, -1))
-            return gemv_swiglu_reference(normed, gate_up), stream.reshape(x.shape)
         return gemv_swiglu_reference(x, gate_up)
     two_i, k = gate_up.shape
-    m_rows = x.numel() // k if x.dim() == 2 else 1
-    if two_i % 2 or x.shape[-1] != k or x.dim() > 2 or not gate_up.is_contiguous() or (m_rows > 1 and norm_in is not None):
-        raise ValueError(f"gemv_swiglu: x [M, {k}] (one row with norm_in) and a contiguous [2I, {k}] weight expected, "
-                         f"got {tuple(x.shape)}")
-    shape = x.shape
-    x = x.reshape(m_rows * k).contiguous()
-    if norm_in is not None:
-        residual, norm_weight, eps, unit_offset = norm_in
-        stream = _norm_stream("gemv_swiglu", residual, norm_weight, k, x)
-    else:
-        residual = norm_weight = stream = x
-        eps, unit_offset = (rows[1] if rows is not None else 0.0), False
+    if two_i % 2 or x.shape[-1] != k or x.dim() > 2 or x.numel() != k or not gate_up.is_contiguous():
+        raise ValueError(f"gemv_swiglu: x [1, {k}] and a contiguous [2I, {k}] weight expected, got {tuple(x.shape)}")
+    x = x.reshape(k).contiguous()
+    eps = rows[1] if rows is not None else 0.0
     cfg = config or TUNED_SWIGLU.get((two_i, k)) or GemvConfig(4, 1024, 1, 4)
     if cfg.split_k != 1:
         raise ValueError("gemv_swiglu: split_k must be 1")
     i = two_i // 2
-    y = torch.empty(m_rows, i, dtype=x.dtype, device=x.device)
-    if m_rows > 1:
-        return gemv_swiglu_rows(x, gate_up, y, m_rows, cfg, ROWS_GROUP)
-    _gemv_swiglu_kernel[(triton.cdiv(i, cfg.block_n),)](x, gate_up, y, i, residual, norm_weight, stream, eps, K=k,
+    y = torch.empty(1, i, dtype=x.dtype, device=x.device)
+    _gemv_swiglu_kernel[(triton.cdiv(i, cfg.block_n),)](x, gate_up, y, i, eps, K=k,
                                                         BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k,
                                                         STEPS=triton.cdiv(k, cfg.block_k), num_warps=cfg.num_warps,
-                                                        NORM_IN=norm_in is not None, UNIT=unit_offset,
                                                         FOLD=rows is not None, **pdl.kwargs(x))
-    if norm_in is not None:
-        return y, stream.reshape(shape)
     return y

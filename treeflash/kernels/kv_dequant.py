@@ -80,21 +80,6 @@ def _load_raw(scale_ptr, code_ptr, keys, kvh, num_kv_heads, ok, FMT: tl.constexp
 
 
 @triton.jit
-def _load_q8_blocks(scale_ptr, code_ptr, keys, kvh, num_kv_heads, ok, D: tl.constexpr):
-    """q8_0 rows `keys` [N] of KV head kvh, for int8 dots (LaunchConfig.k_int8): a tuple of D/32
-    raw code tiles [N, 32] int8 and a tuple of D/32 scale vectors [N] fp16, one per block along
-    head_dim (tuples, because a Triton tensor cannot be sliced by block)."""
-    NB: tl.constexpr = D // 32
-    row = keys * num_kv_heads + kvh
-    codes = ()
-    scales = ()
-    for blk in tl.static_range(NB):
-        codes = codes + (tl.load(code_ptr + row[:, None] * D + blk * 32 + tl.arange(0, 32)[None, :], mask=ok[:, None], other=0),)
-        scales = scales + (tl.load(scale_ptr + row * NB + blk, mask=ok, other=0.0),)
-    return codes, scales
-
-
-@triton.jit
 def _int_to_float(x, BIAS: tl.constexpr):
     """Exact int32 -> fp32 minus BIAS for 0 <= x < 2^22 (x | 2^23's exponent, then subtract):
     two full-rate ops instead of a quarter-rate I2F."""

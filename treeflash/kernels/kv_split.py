@@ -46,7 +46,7 @@ import triton.language as tl
 
 from treeflash.kernels import kv_formats as formats
 from treeflash.kernels.kv_dequant import (
-    DEQ_SPLIT, _columns, _halfword_to_nibble_halves, _load_q8_blocks, _load_raw, _tq3_half, _word_to_halves,
+    DEQ_SPLIT, _columns, _halfword_to_nibble_halves, _load_raw, _tq3_half, _word_to_halves,
 )
 from treeflash.kernels.kv_quant import Planes
 
@@ -207,15 +207,10 @@ def _split_accumulate(acc, alpha, p, a, s, FMT: tl.constexpr, C0: tl.constexpr, 
 
 
 @triton.jit
-def _load_k(scale_ptr, code_ptr, keys, kvh, num_kv_heads, ok, FMT: tl.constexpr, D: tl.constexpr, DEQ: tl.constexpr,
-            K_INT8: tl.constexpr = False):
+def _load_k(scale_ptr, code_ptr, keys, kvh, num_kv_heads, ok, FMT: tl.constexpr, D: tl.constexpr, DEQ: tl.constexpr):
     """The attention kernel's loads of one side's rows `keys` (K's, or V's): (a, b, s) for the dequant path
-    (kv_dequant._load_raw), DEQ_SPLIT's tiles (_split_load; b unused), or (K_INT8) per-block int8 codes
-    and scales."""
-    if K_INT8:
-        a, s = _load_q8_blocks(scale_ptr, code_ptr, keys, kvh, num_kv_heads, ok, D)
-        b = ok
-    elif DEQ == DEQ_SPLIT and FMT != 0:
+    (kv_dequant._load_raw), or DEQ_SPLIT's tiles (_split_load; b unused)."""
+    if DEQ == DEQ_SPLIT and FMT != 0:
         a, s = _split_load(scale_ptr, code_ptr, keys, kvh, num_kv_heads, ok, FMT, D)
         b = ok
     else:

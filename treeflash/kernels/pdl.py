@@ -13,7 +13,7 @@ two launches back has completed once the one before has).
 Kernels opt in with a `PDL: tl.constexpr` argument, call `enter(PDL)` (trigger, then wait) at
 their start or `trigger` / `wait` around their prefetch, and are launched with `**kwargs(x)`.
 Off on the CPU, under the Triton interpreter (it cannot run the inline PTX), before sm_90, with a
-triton older than 3.3 (no griddepcontrol helpers), and with TREEFLASH_PDL=0. A kernel without PDL
+triton older than 3.3 (no griddepcontrol helpers). A kernel without PDL
 (cuBLAS, torch's) after or before one of ours simply serializes as usual.
 """
 
@@ -33,8 +33,7 @@ except ImportError:  # an older triton: PDL stays off (the names below are never
     _HAVE_GDC = False
     gdc_launch_dependents = gdc_wait = None
 
-ENABLED = os.environ.get("TREEFLASH_PDL", "1") != "0"
-_INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
+_INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"  # Triton's own setting: the interpreter cannot run PTX
 
 
 @cache
@@ -44,7 +43,7 @@ def _supported(index: int) -> bool:
 
 def flag(x: torch.Tensor) -> bool:
     """Whether kernels on x's device launch with PDL (the value of their PDL constexpr)."""
-    return ENABLED and _HAVE_GDC and x.is_cuda and not _INTERPRET and _supported(x.device.index or 0)
+    return _HAVE_GDC and x.is_cuda and not _INTERPRET and _supported(x.device.index or 0)
 
 
 def kwargs(x: torch.Tensor) -> dict:

@@ -19,10 +19,8 @@ rotated, so the output is accumulated rotated and un-rotated once at the end.
 Under the "split" scheme (kernels/kv_split.py) a q4_0 or tq3_0 side (q8_0 too with split_q8) is never
 rebuilt as [BLOCK_N, D]: its fp16 parts meet the query's (or the output's) channels, one dot per part.
 
-q8_0 keys under LaunchConfig.k_int8 (opt-in, the int8k_* launch variants) are never dequantized:
-the query is quantized once per program to int8 per 32 values, q.k runs as int8 dots per block
-(int32, exact) with both scales applied to the partial scores; `quant_attention_int8k_reference`
-has these numerics (docs/kv.md).
+Measured and removed (docs/journal.md): q.k on int8 tensor cores for a q8_0 K (no faster than
+"flat" on the H200).
 """
 
 from __future__ import annotations
@@ -42,7 +40,7 @@ from treeflash.kernels.attention_launch import (  # noqa: F401  (FMT_IDS: re-exp
 )
 from treeflash.kernels.kv_dequant import DEQ_IDS, DEQ_SPLIT, _columns, _dequant
 from treeflash.kernels.kv_split import _load_k, _out_columns, _split_accumulate, _split_query, _split_scores, _split_zeros
-from treeflash.kernels.kv_quant import Planes, _round_half_away, _safe_inverse
+from treeflash.kernels.kv_quant import Planes
 from treeflash.kernels.norm import _interpreting
 from treeflash.kernels.rotate import rotate_rows
 from treeflash.kernels.scratch import scratch
@@ -79,36 +77,6 @@ def _dot(a, b, DOT: tl.constexpr):
 
 
 @triton.jit
-def _quantize_query(q_rows, row_ok, scale, D: tl.constexpr):
-    """The query tile [BLOCK_M, D] as D/32 int8 blocks (k_int8): a tuple of code tiles [BLOCK_M, 32]
-    int8 and a tuple of fp32 scales [BLOCK_M] times `scale`. Per row and block d = max|x| / 127,
-    code = round half away (x / d), as the q8_0 cache quantizer does (kv_quant._q8_0_kernel), but d
-    stays fp32. `int8_query_reference` is the plain-torch twin."""
-    NB: tl.constexpr = D // 32
-    codes = ()
-    scales = ()
-    for blk in tl.static_range(NB):
-        x = tl.load(q_rows[:, None] + blk * 32 + tl.arange(0, 32)[None, :], mask=row_ok[:, None], other=0.0).to(tl.float32)
-        d = tl.max(tl.abs(x), axis=1) / 127.0
-        codes = codes + (_round_half_away(x * _safe_inverse(d)[:, None]).to(tl.int8),)
-        scales = scales + (d * scale,)
-    return codes, scales
-
-
-@triton.jit
-def _int8_scores(q_codes, q_scales, k_codes, k_scales, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, D: tl.constexpr):
-    """[BLOCK_M, BLOCK_N] fp32 scores = sum over blocks of int8 dot (int32, exact) * q scale * k scale.
-    The interpreter runs tl.dot(int8, int8, out_dtype=int32) exactly (numpy); on sm_80+ it is
-    mma.sync m16n8k32 s8 (the offline sm_90 compile). int32 -> fp32 is exact: |dot| <= 127^2 * 32."""
-    NB: tl.constexpr = D // 32
-    s = tl.zeros((BLOCK_M, BLOCK_N), tl.float32)
-    for blk in tl.static_range(NB):
-        part = tl.dot(q_codes[blk], tl.trans(k_codes[blk]), out_dtype=tl.int32)
-        s += part.to(tl.float32) * q_scales[blk][:, None] * k_scales[blk].to(tl.float32)[None, :]
-    return s
-
-
-@triton.jit
 def _partial_kernel(
     q_ptr, ks_ptr, kc_ptr, vs_ptr, vc_ptr, mask_ptr, end_ptr, m_ptr, l_ptr, acc_ptr, out_ptr, ticket_ptr,
     start, num_tokens, kv_len, end_idx, num_kv_heads, scale_log2, stride_qt, stride_qh,
@@ -116,14 +84,14 @@ def _partial_kernel(
     FUSE_COMBINE: tl.constexpr, NUM_SPLITS: tl.constexpr, DIRECT: tl.constexpr, SKIP_EMPTY: tl.constexpr, GROUP: tl.constexpr, D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     BLOCKS_PER_SPLIT: tl.constexpr, FMT_K: tl.constexpr, FMT_V: tl.constexpr, DOT: tl.constexpr,
     PREFETCH: tl.constexpr, DEQ: tl.constexpr, C0: tl.constexpr, C1: tl.constexpr, C2: tl.constexpr, C3: tl.constexpr,
-    PDL: tl.constexpr = False, K_INT8: tl.constexpr = False, DEQ_V: tl.constexpr = 0, ASM: tl.constexpr = False,
+    PDL: tl.constexpr = False, DEQ_V: tl.constexpr = 0, ASM: tl.constexpr = False,
     DOT_V: tl.constexpr = None, BALANCED: tl.constexpr = False, ALL_VISIBLE: tl.constexpr = False,
 ):
     pdl.enter(PDL)
     DV: tl.constexpr = DEQ_V if DEQ_V > 0 else DEQ  # V's dequantization scheme (0: K's)
     DOTV: tl.constexpr = DOT if DOT_V is None else DOT_V  # p.v's operand type (DOT: q.k's)
     # DEQ_SPLIT (q4_0 / tq3_0; q8_0 if split_q8): a tuple of parts per side, not one [*, D] tile (kv_split.py)
-    SPLIT_K: tl.constexpr = DEQ == DEQ_SPLIT and FMT_K != 0 and not K_INT8
+    SPLIT_K: tl.constexpr = DEQ == DEQ_SPLIT and FMT_K != 0
     SPLIT_V: tl.constexpr = DV == DEQ_SPLIT and FMT_V != 0
     pid_m, kvh, split = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     num_heads = num_kv_heads * GROUP
@@ -134,9 +102,7 @@ def _partial_kernel(
     # q.k and p.v only need K's (V's) columns in one consistent order: load q in K's unpack
     # order, and store the output from V's unpack order
     q_rows = q_ptr + t * stride_qt + h * stride_qh
-    if K_INT8:  # q8_0 K, scores on int8 tensor cores: the query quantized once, scale_log2 in its scales
-        q_codes, q_scales = _quantize_query(q_rows, row_ok, scale_log2, D)
-    elif SPLIT_K:
+    if SPLIT_K:
         qp = _split_query(q_rows, row_ok, FMT_K, D)  # K's parts of the query: [BLOCK_M, D/4] or [BLOCK_M, D/8] fp16
     else:
         q_cols = _columns(FMT_K, D, DEQ)
@@ -164,7 +130,7 @@ def _partial_kernel(
     # (scores -inf: alpha 1, p 0)
     keys = first + tl.arange(0, BLOCK_N)
     # PREFETCH: the next block's bytes are loaded (into registers) before this block's math
-    ka, kb, ks = _load_k(ks_ptr, kc_ptr, keys, kvh, num_kv_heads, keys < end, FMT_K, D, DEQ, K_INT8)
+    ka, kb, ks = _load_k(ks_ptr, kc_ptr, keys, kvh, num_kv_heads, keys < end, FMT_K, D, DEQ)
     va, vb, vs = _load_k(vs_ptr, vc_ptr, keys, kvh, num_kv_heads, keys < end, FMT_V, D, DV)
     for b in range(0, n_blocks if DYN_LOOP else BLOCKS_PER_SPLIT):
         keys = first + b * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -172,12 +138,10 @@ def _partial_kernel(
         nxt = keys + BLOCK_N
         nxt_ok = (nxt < end) & (b + 1 < n_blocks)
         if PREFETCH:
-            ka2, kb2, ks2 = _load_k(ks_ptr, kc_ptr, nxt, kvh, num_kv_heads, nxt_ok, FMT_K, D, DEQ, K_INT8)
+            ka2, kb2, ks2 = _load_k(ks_ptr, kc_ptr, nxt, kvh, num_kv_heads, nxt_ok, FMT_K, D, DEQ)
         else:
-            ka, kb, ks = _load_k(ks_ptr, kc_ptr, keys, kvh, num_kv_heads, key_ok, FMT_K, D, DEQ, K_INT8)
-        if K_INT8:
-            s = _int8_scores(q_codes, q_scales, ka, ks, BLOCK_M, BLOCK_N, D)  # [BLOCK_M, BLOCK_N], log2 domain
-        elif SPLIT_K:
+            ka, kb, ks = _load_k(ks_ptr, kc_ptr, keys, kvh, num_kv_heads, key_ok, FMT_K, D, DEQ)
+        if SPLIT_K:
             s = _split_scores(qp, ka, ks, FMT_K, C0, C1, C2, C3, ASM) * scale_log2
         else:
             k = _dequant(ka, kb, ks, FMT_K, BLOCK_N, D, C0, C1, C2, C3, DEQ, ASM)
@@ -370,8 +334,8 @@ def _launch(q, k, v, vis, start, kv_len, key_mask, scale, num_splits, config, sl
     dot, dot_v = tl_types[dot_torch_k], tl_types[dot_torch_v]
     if k.name == "tq3_0" or k.rotated:
         # rotated in fp32, then rounded to q.k's operand type, as the kernel would round it on load (the same
-        # numbers; a 16-bit query is half the bytes). The int8 K path quantizes the query itself: fp32 for it
-        q = rotate_rows(q, torch.float32 if cfg.k_int8 and k.name == "q8_0" else dot_torch_k)  # one launch
+        # numbers; a 16-bit query is half the bytes)
+        q = rotate_rows(q, dot_torch_k)  # one launch
     m = torch.empty(splits, n * num_heads, dtype=torch.float32, device=q.device)
     l = torch.empty_like(m)
     acc = torch.empty(splits, n * num_heads, head_dim, dtype=torch.float32, device=q.device)
@@ -390,7 +354,7 @@ def _launch(q, k, v, vis, start, kv_len, key_mask, scale, num_splits, config, sl
         FUSE_COMBINE=fuse, NUM_SPLITS=splits if fuse or balanced else 1, DIRECT=direct, SKIP_EMPTY=skip_empty or balanced,
         GROUP=group, D=head_dim, BLOCK_M=block_m, BLOCK_N=block_n, BLOCKS_PER_SPLIT=per_split,
         FMT_K=fmt_k, FMT_V=fmt_v, DOT=dot, PREFETCH=cfg.prefetch, DEQ=DEQ_IDS[deq_k], C0=c0, C1=c1, C2=c2, C3=c3,
-        num_warps=cfg.num_warps, num_stages=cfg.num_stages, K_INT8=cfg.k_int8 and k.name == "q8_0",
+        num_warps=cfg.num_warps, num_stages=cfg.num_stages,
         DEQ_V=DEQ_IDS[deq_v], ASM=not _interpreting(), DOT_V=dot_v, BALANCED=balanced, ALL_VISIBLE=all_visible, **pdl.kwargs(q),
     )
     if not (fuse or direct):

@@ -6,8 +6,6 @@ kv/quantized.py) can read its own layout with its own kernel.
 
 from __future__ import annotations
 
-import contextlib
-import os
 from typing import TYPE_CHECKING, Protocol
 
 import torch
@@ -22,7 +20,7 @@ from treeflash.kernels.rotary import norm_rotary, norm_rotary_into_cache
 from treeflash.kernels.commit import RowTable, commit_rows_table
 
 if TYPE_CHECKING:
-    from treeflash.kv.cache import CacheSpec
+    from treeflash.kv.spec import CacheSpec
 
 DENSE_TYPES = {"auto": None, "f32": torch.float32, "f16": torch.float16, "bf16": torch.bfloat16}
 
@@ -57,14 +55,6 @@ class AttentionCache(Protocol):
     def nbytes(self) -> int: ...
 
 
-def make_attention_cache(num_kv_heads: int, head_dim: int, spec: "CacheSpec") -> AttentionCache:
-    if spec.cache_type_k in DENSE_TYPES and spec.cache_type_v in DENSE_TYPES:
-        return DenseAttentionCache(num_kv_heads, head_dim, spec)
-    from treeflash.kv.quantized import QuantizedAttentionCache  # compressed formats
-
-    return QuantizedAttentionCache(num_kv_heads, head_dim, spec)
-
-
 def build_mask(num_new: int, start: int, tree_mask: torch.Tensor | None, device: torch.device) -> torch.Tensor | None:
     """[T, start + T] bool: the committed prefix plus causal (or tree-ancestor) visibility of new tokens."""
     if tree_mask is None:
@@ -84,28 +74,16 @@ def build_mask(num_new: int, start: int, tree_mask: torch.Tensor | None, device:
 # calls: 4096 x 8192 saves ~2.7 ms a layer. Every request brings new lengths (its prompt, the
 # drafter's pass over the prompt, the last prefill chunk), so below this many query x key pairs
 # SDPA runs without cuDNN (bench/results/s20/sdpa_plan.txt, docs/performance.md).
-# Code run for a CUDA graph (its warm-up calls and its capture: `static_shapes()`) keeps cuDNN
-# as before: its one shape is planned once. TREEFLASH_CUDNN_SDPA_MIN=0 lets cuDNN take every call.
-CUDNN_SDPA_MIN = int(os.environ.get("TREEFLASH_CUDNN_SDPA_MIN", str(4096 * 8192)))
+# A static-shape call (a CUDA graph's step: `static=True`) keeps cuDNN: its one shape is planned once,
+# in the graph's warm-ups.
+CUDNN_SDPA_MIN = 4096 * 8192
 _NO_CUDNN = [SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]
-_static_depth = 0  # > 0 inside static_shapes()
 
 
-def sdpa_allows_cudnn(num_queries: int, num_keys: int) -> bool:
-    """Whether a CUDA SDPA call of this size may take cuDNN (a plan per new shape) or not."""
-    return _static_depth > 0 or num_queries * num_keys >= CUDNN_SDPA_MIN
-
-
-@contextlib.contextmanager
-def static_shapes():
-    """Calls at shapes that repeat for the life of a CUDA graph (models/runner.capture_graph wraps its
-    warm-ups and capture in this): SDPA may take cuDNN, whose plan is then built once, before capture."""
-    global _static_depth
-    _static_depth += 1
-    try:
-        yield
-    finally:
-        _static_depth -= 1
+def sdpa_allows_cudnn(num_queries: int, num_keys: int, static: bool = False) -> bool:
+    """Whether a CUDA SDPA call of this size may take cuDNN (a plan per new shape) or not; `static`:
+    its shape repeats for the life of a CUDA graph."""
+    return static or num_queries * num_keys >= CUDNN_SDPA_MIN
 
 
 def _fused_sdpa(q: torch.Tensor) -> bool:
@@ -114,12 +92,14 @@ def _fused_sdpa(q: torch.Tensor) -> bool:
 
 
 def attention_reference(
-    q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, mask: torch.Tensor | CausalBias | None, scale: float
+    q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, mask: torch.Tensor | CausalBias | None, scale: float,
+    static: bool = False,
 ) -> torch.Tensor:
     """q: [T, H, D], keys/values: [S, Hkv, D], mask: [T, S] bool, None, or a lower-right causal bias
     (`causal_lower_right(T, S)`: query i sees keys up to S - T + i; SDPA then runs its fused causal
     kernels instead of materializing a [T, S] mask, which also kept it off the flash backend: a
-    32K-token prefill of the 8B shape took 17 s in 4096-token chunks)."""
+    32K-token prefill of the 8B shape took 17 s in 4096-token chunks). static: a CUDA graph's step
+    (see sdpa_allows_cudnn)."""
     # On CUDA [1, H, T, D]: SDPA's fused kernels (flash, memory-efficient, cuDNN) take only 4-D
     # inputs; 3-D ones always ran its math path (fp32 scores materialized: a 32K prefill of the 8B
     # shape, 17.5 s). On the CPU 3-D, which keeps the math path: its rows do not depend on how many
@@ -129,12 +109,17 @@ def attention_reference(
     lead = (None,) if fused else ()
     args = (q.transpose(0, 1)[lead], keys.transpose(0, 1)[lead], values.transpose(0, 1)[lead])
     kw = dict(attn_mask=mask, scale=scale, enable_gqa=keys.shape[1] != q.shape[1])
-    if fused and not sdpa_allows_cudnn(q.shape[0], keys.shape[0]):
+    if fused and not sdpa_allows_cudnn(q.shape[0], keys.shape[0], static):
         with sdpa_kernel(_NO_CUDNN):
             out = F.scaled_dot_product_attention(*args, **kw)
     else:
         out = F.scaled_dot_product_attention(*args, **kw)
     return (out[0] if fused else out).transpose(0, 1)
+
+
+def static_attention_reference(q, keys, values, mask, scale) -> torch.Tensor:
+    """attention_reference for a static-shape (CUDA-graph) step: `static_buffer_attention`'s fallback."""
+    return attention_reference(q, keys, values, mask, scale, static=True)
 
 
 def new_token_attention(

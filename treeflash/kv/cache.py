@@ -15,31 +15,15 @@ from dataclasses import dataclass, replace
 import torch
 
 from treeflash.kernels.commit import RowTable
-from treeflash.kv.attention_cache import AttentionCache, DenseAttentionCache, make_attention_cache
+from treeflash.kv.attention_cache import DENSE_TYPES, AttentionCache, DenseAttentionCache
+from treeflash.kv.quantized import QuantizedAttentionCache
 from treeflash.kv.recurrent_cache import RecurrentCache, RecurrentShape
+from treeflash.kv.spec import CacheSpec
+
+__all__ = ["ATTENTION", "RECURRENT", "CacheLayout", "CacheSpec", "ModelCache", "make_attention_cache"]
 
 ATTENTION = "attention"
 RECURRENT = "recurrent"
-
-
-@dataclass(frozen=True)
-class CacheSpec:
-    max_len: int
-    dtype: torch.dtype  # runtime dtype of activations
-    device: torch.device
-    cache_type_k: str = "auto"  # auto = the runtime dtype; or bf16, f16, f32, q8_0, q4_0, tq3_0
-    cache_type_v: str = "auto"
-    center_keys: bool = True  # compressed K: store keys minus the prompt's mean key (exact for attention)
-    # the first this many attention layers store K at the runtime dtype whatever cache_type_k says
-    # (Qwen2.5's layer-0 keys do not survive 3-4 bits: docs/kv.md, "Exact keys in the first layer")
-    k_exact_layers: int = 0
-    # q8_0 / q4_0 K: store keys after the Hadamard rotation tq3_0 uses (queries are rotated to match:
-    # exact for attention); it spreads each 32-value block's largest value, which sets its scale
-    rotate_keys: bool = True
-
-    def __post_init__(self) -> None:
-        if self.k_exact_layers < 0:
-            raise ValueError(f"k_exact_layers must be >= 0, got {self.k_exact_layers}")
 
 
 @dataclass(frozen=True)
@@ -48,6 +32,13 @@ class CacheLayout:
     num_kv_heads: int
     head_dim: int
     recurrent: RecurrentShape | None = None
+
+
+def make_attention_cache(num_kv_heads: int, head_dim: int, spec: CacheSpec) -> AttentionCache:
+    """One attention layer's cache: dense buffers for the dense types, else compressed blocks."""
+    if spec.cache_type_k in DENSE_TYPES and spec.cache_type_v in DENSE_TYPES:
+        return DenseAttentionCache(num_kv_heads, head_dim, spec)
+    return QuantizedAttentionCache(num_kv_heads, head_dim, spec)
 
 
 class ModelCache:
@@ -96,6 +87,12 @@ class ModelCache:
 
     def end_plain(self, num_new: int) -> None:
         self.seq_len += num_new
+
+    def advance(self, num_committed: int) -> None:
+        """A device step wrote and committed `num_committed` tokens (its graph kept the path): count them."""
+        if self.pending or self.seq_len + num_committed > self.max_len:
+            raise RuntimeError(f"advance: {num_committed} tokens at {self.seq_len} of {self.max_len} (pending {self.pending})")
+        self.seq_len += num_committed
 
     def commit(self, path: list[int]) -> None:
         """Keep the verify nodes `path` (root first, each the parent of the next) as committed tokens."""

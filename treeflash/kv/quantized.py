@@ -22,7 +22,7 @@ from treeflash.kv import attention_cache
 from treeflash.kv.attention_cache import attention_reference, new_token_attention
 
 if TYPE_CHECKING:
-    from treeflash.kv.cache import CacheSpec
+    from treeflash.kv.spec import CacheSpec
 
 MAX_KERNEL_TOKENS = 128  # steps with more new tokens (prefill) take the dequantize + SDPA path
 ROTATED_KEY_FORMATS = ("q8_0", "q4_0")  # K formats stored rotated under CacheSpec.rotate_keys (tq3_0 always is)
@@ -175,7 +175,7 @@ class QuantizedAttentionCache:
                                           slots=slots if attention_cache.STATIC_END else None)
         length = key_mask.shape[-1]
         keys, values = self.k.read(length, q.dtype), self.v.read(length, q.dtype)
-        return attention_reference(self._reference_query(q), keys, values, key_mask, scale)
+        return attention_reference(self._reference_query(q), keys, values, key_mask, scale, static=True)
 
     def commit(self, start: int, path: list[int]) -> None:
         if path == list(range(len(path))):

@@ -90,20 +90,15 @@ class Attention(nn.Module):
             return cache.attend_static(q, k, v, step.slots, step.key_mask, self.scale).reshape(n, -1)
         return cache.attend(q, k, v, step.start, step.tree_mask, self.scale).reshape(n, -1)
 
-    def takes_pending_norm(self) -> bool:
-        """Whether forward takes a projection.PendingNorm x (the fused qkv projection runs it)."""
-        return self.qkv_weight is not None and self.qkv_int4 is None
-
     def forward(
         self,
-        x: torch.Tensor,  # [T, hidden] (or a projection.PendingNorm: takes_pending_norm)
+        x: torch.Tensor,  # [T, hidden]
         rope: tuple[torch.Tensor, torch.Tensor],  # cos, sin: [T, rotary_dim]
         step: StepInput,
         cache: AttentionCache,
         norm: RMSNorm | None = None,  # fused path: x is the residual stream, normed inside the qkv GEMV
         residual: torch.Tensor | None = None,  # fused path: returns residual + o_proj(...)
-        defer: bool = False,  # o_proj may come back as a projection.Deferred (for the norm after it)
-    ) -> torch.Tensor | projection.Deferred:  # [T, hidden]
+    ) -> torch.Tensor:  # [T, hidden]
         n = x.shape[0]
         if norm is not None and not QKV_NORM_PROLOGUE:  # fused layers: the norm, then one projection
             q, k, v = projection.linear(norm(x), self.qkv_weight, self.qkv_bias).split(
@@ -130,4 +125,4 @@ class Attention(nn.Module):
             out = sigmoid_gate(out, gate)
         if residual is not None:
             return linear_fused(out, self.o_proj.weight, residual=residual)
-        return projection.project(self.o_proj, out, defer)
+        return projection.apply(self.o_proj, out)

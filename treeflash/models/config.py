@@ -6,7 +6,7 @@ Built from a Hugging Face config.json (`from_hf_dict`) or from GGUF metadata
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import Any
 
 from treeflash.errors import ModelLoadError
@@ -80,9 +80,6 @@ class ModelConfig:
     @property
     def is_hybrid(self) -> bool:
         return LINEAR_ATTENTION in self.layer_types
-
-    def with_(self, **changes: Any) -> "ModelConfig":
-        return replace(self, **changes)
 
     @staticmethod
     def from_hf_dict(cfg: dict[str, Any], source: str = "config.json") -> "ModelConfig":

@@ -177,6 +177,7 @@ class GatedDeltaNet(nn.Module):
         self.in_proj_b = nn.Linear(c.hidden_size, self.num_v_heads, bias=False)
         self.in_proj_a = nn.Linear(c.hidden_size, self.num_v_heads, bias=False)
         self.register_buffer("in_proj", None, persistent=False)  # [conv_dim + value_dim + 2 Hv, hidden] once fused
+        self.use_fla = True  # prefill through flash-linear-attention where available; off once it failed here
 
     def fuse(self) -> None:
         """One GEMV for the four input projections (they become views of one weight)."""
@@ -188,16 +189,11 @@ class GatedDeltaNet(nn.Module):
             lin.weight = nn.Parameter(part, requires_grad=False)
         self.in_proj = fused  # a registered buffer: .to() carries it
 
-    def takes_pending_norm(self) -> bool:
-        """Whether forward takes a projection.PendingNorm x (the fused input projection runs it)."""
-        return self.in_proj is not None
-
     def forward(
-        self, x: torch.Tensor, step: StepInput, cache: RecurrentCache,  # x: or a projection.PendingNorm (takes_pending_norm)
+        self, x: torch.Tensor, step: StepInput, cache: RecurrentCache,
         norm: RMSNorm | None = None,  # fused path: x is the residual stream, normed inside the input GEMV
         residual: torch.Tensor | None = None,  # fused path: returns residual + out_proj(...)
-        defer: bool = False,  # out_proj may come back as a projection.Deferred (for the norm after it)
-    ) -> torch.Tensor | projection.Deferred:
+    ) -> torch.Tensor:
         # x: [T, hidden] -> [T, hidden]
         n = x.shape[0]
         if norm is not None:
@@ -212,7 +208,7 @@ class GatedDeltaNet(nn.Module):
         out = self.norm(o, z, x.dtype).reshape(n, self.value_dim)  # o: fp32, rounded to x.dtype inside
         if residual is not None:
             return linear_fused(out, self.out_proj.weight, residual=residual)
-        return projection.project(self.out_proj, out, defer)
+        return projection.apply(self.out_proj, out)
 
     def _mix(self, mixed, a, b, step: StepInput, cache: RecurrentCache) -> torch.Tensor:
         """Short conv + gated delta rule: fused kernels on CUDA, their plain-torch references elsewhere."""
@@ -235,7 +231,7 @@ class GatedDeltaNet(nn.Module):
         conv_out, window = causal_conv(mixed, cache.conv, weight)
         cache.conv.copy_(window)
         o = None
-        if gdn_chunk.available(conv_out):  # flash-linear-attention's chunked kernels
+        if self.use_fla and gdn_chunk.available(conv_out):  # flash-linear-attention's chunked kernels
             q, k, v = conv_out.split([self.key_dim, self.key_dim, self.value_dim], dim=-1)
             n = conv_out.shape[0]
             try:
@@ -243,7 +239,8 @@ class GatedDeltaNet(nn.Module):
                     q.reshape(n, self.num_k_heads, self.k_head_dim), k.reshape(n, self.num_k_heads, self.k_head_dim),
                     v.reshape(n, self.num_v_heads, self.v_head_dim), *self._gates(a, b), cache.state, mixed.dtype)
             except Exception as e:  # noqa: BLE001 - a third-party kernel: fall back, say so once
-                gdn_chunk.disable(e)
+                self.use_fla = False
+                gdn_chunk.warn_failed(e)
         if o is None:
             o, state = delta_rule_chunked(*self._heads(conv_out), *self._gates(a, b), cache.state)
         cache.state.copy_(state)

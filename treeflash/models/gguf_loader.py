@@ -27,7 +27,7 @@ from gguf import GGML_QUANT_SIZES, GGMLQuantizationType, GGUFReader
 from treeflash.errors import ModelLoadError
 from treeflash.models.config import ModelConfig
 from treeflash.models.gguf_dequant import BLOCK_LAYOUT, dequantize, type_name
-from treeflash.models.loader import Checkpoint, TensorRef
+from treeflash.models.checkpoint import Checkpoint, TensorRef
 
 ARCH_MODEL_TYPE = {"llama": "llama", "qwen2": "qwen2", "qwen3": "qwen3", "qwen35": "qwen3_5_text"}
 TOP_NAMES = {"token_embd": "model.embed_tokens", "output_norm": "model.norm", "output": "lm_head"}

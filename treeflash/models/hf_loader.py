@@ -14,7 +14,7 @@ import torch
 
 from treeflash.errors import ModelLoadError
 from treeflash.models.config import ModelConfig
-from treeflash.models.loader import Checkpoint, TensorRef
+from treeflash.models.checkpoint import Checkpoint, TensorRef
 
 INDEX_FILE = "model.safetensors.index.json"
 LANGUAGE_MODEL_PREFIX = "model.language_model."

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import math
-import os
 
 import torch
 import torch.nn.functional as F
@@ -12,7 +11,7 @@ from torch import nn
 from treeflash.kernels.activation import silu_mul
 from treeflash.kernels.linear import linear_fused
 from treeflash.kernels.norm import rmsnorm
-from treeflash.kernels import gemv, projection
+from treeflash.kernels import projection
 from treeflash.models.config import ModelConfig
 
 
@@ -48,25 +47,14 @@ class RMSNorm(nn.Module):
         """linear(norm(x), weight, bias) as one kernel (kernels/linear.py): x [T, dim] -> [T, out]."""
         return linear_fused(x, weight, bias, self.weight, self.eps, self.unit_offset)
 
-    def add_forward(self, x: torch.Tensor | projection.Deferred, residual: torch.Tensor | None,
-                    prologue: bool = False, out: torch.Tensor | None = None) -> tuple[torch.Tensor | projection.PendingNorm, torch.Tensor | None]:
-        """s = x + residual (x alone when residual is None); returns (norm(s), s) in one pass. A
-        Deferred x (a one-row projection not yet computed) runs with the add and norm as its epilogue.
-        prologue (the caller's next projection takes a projection.PendingNorm): on one row with
-        gemv.NORM_PROLOGUE on, returns (PendingNorm, None); s is its `stream` once projected. `out`
-        (a plain tensor x only): contiguous rows that receive norm(s)."""
-        if (prologue and gemv.NORM_PROLOGUE and residual is not None and isinstance(x, torch.Tensor)
-                and x.dim() == 2 and x.shape[0] == 1):
-            return projection.PendingNorm(x, residual, self.weight, self.eps, self.unit_offset), None
-        if isinstance(x, projection.Deferred):
-            if residual is not None:
-                return gemv.gemv_add_norm(x.x, x.weight, residual, self.weight, self.eps, self.unit_offset)
-            x = x.value()
+    def add_forward(self, x: torch.Tensor, residual: torch.Tensor | None,
+                    out: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """s = x + residual (x alone when residual is None); returns (norm(s), s) in one pass. `out`:
+        contiguous rows that receive norm(s)."""
         return rmsnorm(x, self.weight, self.eps, self.unit_offset, residual, out=out)
 
 
 TABLE_MAX_POSITIONS = 1 << 20  # a longer context computes cos/sin per step (the table would take 2 * n * rotary_dim values)
-TABLE_ENV = "TREEFLASH_ROPE_TABLE"  # "0": no table, cos/sin computed in every forward (for A/B runs)
 
 
 class Rotary(nn.Module):
@@ -88,7 +76,7 @@ class Rotary(nn.Module):
         launch instead of computing them in seven: each forward of a CUDA graph pays per launch. Same
         formula, so the same values (up to the CPU's vectorized-vs-scalar last bit)."""
         t = self.table
-        if n > TABLE_MAX_POSITIONS or (t is not None and t.dtype == dtype and t.shape[1] >= n) or os.environ.get(TABLE_ENV) == "0":
+        if n > TABLE_MAX_POSITIONS or (t is not None and t.dtype == dtype and t.shape[1] >= n):
             return
         cos, sin = self._compute(torch.arange(n, device=self.inv_freq.device), dtype)
         if t is not None:  # kept alive: CUDA graphs captured over it still read it (a runner of a shorter cache)
@@ -189,16 +177,10 @@ class MLP(nn.Module):
         act = linear_fused(s, self.gate_up, None, norm.weight, norm.eps, norm.unit_offset, swiglu=True)  # [T, inner]
         return linear_fused(act, self.down_proj.weight, residual=s)
 
-    def takes_pending_norm(self) -> bool:
-        """Whether forward takes a projection.PendingNorm (the fused gate_up's GEMV runs it)."""
-        return self.gate_up is not None and self.gate_up_int4 is None
-
-    def forward(self, x: torch.Tensor | projection.PendingNorm, defer: bool = False) -> torch.Tensor | projection.Deferred:
-        """defer: the down projection may come back as a projection.Deferred (for the norm after it). x may
-        be a projection.PendingNorm where takes_pending_norm()."""
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.gate_up_int4 is not None:
             return self.down_proj(silu_mul(self.gate_up_int4(x)))
         if self.gate_up is not None:
-            return projection.project(self.down_proj, projection.swiglu(x, self.gate_up), defer)
+            return projection.apply(self.down_proj, projection.swiglu(x, self.gate_up))
         act = F.silu(projection.apply(self.gate_proj, x)) * projection.apply(self.up_proj, x)  # apply: CPU row padding
         return projection.apply(self.down_proj, act)

@@ -11,42 +11,20 @@ from __future__ import annotations
 
 import contextlib
 import warnings
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import torch
 from torch import nn
 
 from treeflash.errors import InvalidRequestError, ModelLoadError
+from treeflash.models.checkpoint import Checkpoint
 from treeflash.models.config import ModelConfig
 from treeflash.models.layers import Rotary
 from treeflash.models.transformer import CausalLM
 
 MTP_PREFIX = "mtp."
-
-
-@dataclass
-class TensorRef:
-    """One checkpoint tensor, not yet read."""
-
-    shape: tuple[int, ...]  # as our model expects it (after any layout fix-up)
-    read: Callable[[torch.device, torch.dtype], torch.Tensor]  # -> tensor of `shape` on device, dtype
-    origin: str  # the tensor's name in the file, for error messages
-
-
-@dataclass
-class Checkpoint:
-    """What a format reader hands to `load_model`."""
-
-    source: str  # the file or directory, for messages
-    config: ModelConfig
-    tensors: dict[str, TensorRef]  # our names (model.*, lm_head.*, mtp.*)
-    load_tokenizer: Callable[[], Any]
-    chat_template: str | None
-    file_name: Callable[[str], str] = lambda name: name  # our name -> the name this format would use
-    rope_freq_factors: TensorRef | None = None  # llama.cpp `rope_freqs`: inv_freq is divided by these
-    skipped: list[str] = field(default_factory=list)  # tensors deliberately unused (vision tower, ...)
 
 
 @dataclass

@@ -14,7 +14,6 @@ import numpy as np
 import torch
 
 from treeflash.kernels.commit import commit_rows_table
-from treeflash.kv.attention_cache import static_shapes
 from treeflash.kv.cache import ModelCache
 from treeflash.kv.recurrent_cache import RecurrentCache
 from treeflash.models.step import StepInput
@@ -43,11 +42,6 @@ def capture_graph(fn, pool, warmups: int = 2):
     """Run `fn` `warmups` times on a side stream (kernel selection, cuBLAS handles, allocations stay
     out of the graph), then capture one call into a CUDA graph drawing on `pool`.
     Returns (graph, what the captured call returned: its static outputs)."""
-    with static_shapes():  # SDPA keeps cuDNN here, planned in the warm-ups (kv/attention_cache.py)
-        return _capture(fn, pool, warmups)
-
-
-def _capture(fn, pool, warmups: int):
     stream = torch.cuda.Stream()
     stream.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(stream):
@@ -81,6 +75,25 @@ class PendingToken:
         if self.event is not None:
             self.event.synchronize()
         return int(self.host[0])
+
+
+@dataclass(frozen=True)
+class StaticInputs:
+    """A graph runner's static inputs for a step of t nodes, as views of its packed device buffers."""
+
+    ids: torch.Tensor  # [t] long: node tokens
+    depths: torch.Tensor  # [t] long
+    parents: torch.Tensor  # [t] long, -1 for the root
+    start: torch.Tensor  # [1] long: the committed length before the step
+    tree_mask: torch.Tensor  # [max_nodes, max_nodes] bool: the verify's [:t, :t] (row-contiguous)
+    # the commit's inputs packed: src at [0:t], dest at [max_nodes:], path_len at [2 max_nodes], then
+    # the conv rows (kernels/accept.tree_accept writes the first three in one launch)
+    commit: torch.Tensor  # [2 max_nodes + 1 + k1] long
+    max_nodes: int  # the largest bucket: the stride of `commit`'s parts
+    commit_src: torch.Tensor  # [t] long: cache slots of the kept path (start + node), padded with its end
+    commit_dest: torch.Tensor  # [t] long: where they go (start + 0 .. t-1)
+    path_len: torch.Tensor  # [1] long
+    conv_rows: torch.Tensor  # [k1] long: the recurrent conv window's rows after the commit (stage_conv_rows)
 
 
 @dataclass
@@ -127,6 +140,7 @@ class CudaGraphRunner(EagerRunner):
         self.tree_mask = torch.zeros(tmax, tmax, dtype=torch.bool, device=dev)
         self.key_pos = torch.arange(self.max_len, device=dev)
         self.node_pos = torch.arange(tmax, device=dev)
+        self._conv_taps = torch.arange(self.k1, device=dev)
         # enqueue_greedy's own pinned buffers (a ring of 2: step k + 1 is enqueued before step k is read)
         self.ahead_start = [torch.zeros(1, dtype=torch.long, pin_memory=pin) for _ in range(2)]
         self.ahead_token = [torch.zeros(1, dtype=torch.long, pin_memory=pin) for _ in range(2)]
@@ -138,20 +152,21 @@ class CudaGraphRunner(EagerRunner):
         self._last_bucket: int | None = None
         self._capture_all(decode_graph)
 
-    # -- views into the packed static inputs --
-    def _views(self, t: int):
+    # -- the static inputs, by name (what a device loop writes before run_static / commit_static) --
+    def static_inputs(self, t: int) -> StaticInputs:
+        """Views of the packed static inputs for a step of t nodes (one host-to-device copy fills them all)."""
         tm = self.buckets[-1]
         ints = self.ints
-        ids, depths, parents = ints[:t], ints[tm : tm + t], ints[2 * tm : 2 * tm + t]
-        start = ints[3 * tm : 3 * tm + 1]
         o = 3 * tm + 1
-        src, dest = ints[o : o + t], ints[o + tm : o + tm + t]
-        path_len = ints[o + 2 * tm : o + 2 * tm + 1]
-        conv_idx = ints[o + 2 * tm + 1 : o + 2 * tm + 1 + self.k1]
-        return ids, depths, parents, start, src, dest, path_len, conv_idx
+        return StaticInputs(
+            ids=ints[:t], depths=ints[tm : tm + t], parents=ints[2 * tm : 2 * tm + t], start=ints[3 * tm : 3 * tm + 1],
+            tree_mask=self.tree_mask, commit=ints[o:], max_nodes=tm, commit_src=ints[o : o + t],
+            commit_dest=ints[o + tm : o + tm + t], path_len=ints[o + 2 * tm : o + 2 * tm + 1],
+            conv_rows=ints[o + 2 * tm + 1 : o + 2 * tm + 1 + self.k1])
 
     def _static_step(self, t: int, verify: bool) -> StepInput:
-        ids, depths, parents, start, *_ = self._views(t)
+        v = self.static_inputs(t)
+        ids, depths, parents, start = v.ids, v.depths, v.parents, v.start
         slots = start + self.node_pos[:t]
         if verify:
             tm = self.tree_mask[:t, :t]
@@ -161,24 +176,44 @@ class CudaGraphRunner(EagerRunner):
         key_mask = (self.key_pos[None, :] <= start).expand(t, -1)
         return StepInput(ids, start + depths, -1, None, None, None, slots, key_mask)
 
-    def _run_static(self, t: int, verify: bool):
+    def run_static(self, t: int, verify: bool = True) -> ForwardOutput:
+        """The static-shape step over the static inputs (what a graph captures; a device loop calls it
+        inside its own graph): logits [t, vocab] fp32, captured rows, and the argmax [t] long."""
         out = self.model.forward_layers(self._static_step(t, verify), self.cache, self.capture_layers)
         out.argmax = out.logits.argmax(-1)  # in the graph: a greedy step reads back tokens, not a launch more
         return out
+
+    def stage_conv_rows(self, path: torch.Tensor, path_len: torch.Tensor) -> None:
+        """The recurrent conv window's rows for a commit along `path` ([t] long node ids on the device,
+        padded past `path_len` [1]): rows 0 .. k1-1 are the committed window, k1 + i node i; the last
+        k1 of the window-then-path sequence (graph-safe: no host value)."""
+        if not self.k1:
+            return
+        idx = self._conv_taps + path_len
+        self.static_inputs(0).conv_rows.copy_(torch.where(idx < self.k1, idx, self.k1 + path.gather(0, (idx - self.k1).clamp_min(0))))
+
+    def stage_commit(self, t: int, path: torch.Tensor, path_len: torch.Tensor) -> None:
+        """All of commit_static's inputs from a device path ([t] long node ids, padded with its last
+        node past path_len [1]): the kept rows' sources and destinations and the conv window's rows."""
+        v = self.static_inputs(t)
+        v.commit_src.copy_(v.start + path)
+        v.commit_dest.copy_(v.start + self.node_pos[:t])
+        v.path_len.copy_(path_len)
+        self.stage_conv_rows(path, path_len)
 
     def _capture(self, t: int, verify: bool) -> _Graph:
         if not self.use_graphs:
             g = _Graph(None, None, None, [])
 
             def replay():
-                out = self._run_static(t, verify)
+                out = self.run_static(t, verify)
                 g.logits, g.captured, g.argmax = out.logits, out.captured, out.argmax
                 g.pending = [l.pending for l in self.cache.layers if isinstance(l, RecurrentCache)]
 
             g.replay = replay
-            g.commit = lambda: self._commit_static(t)
+            g.commit = lambda: self.commit_static(t)
             return g
-        graph, out = capture_graph(lambda: self._run_static(t, verify), self.pool)
+        graph, out = capture_graph(lambda: self.run_static(t, verify), self.pool)
         pending = []
         for layer in self.cache.layers:
             if isinstance(layer, RecurrentCache):
@@ -189,8 +224,10 @@ class CudaGraphRunner(EagerRunner):
             g.commit = self._capture_commit(t, g)
         return g
 
-    def _commit_static(self, t: int) -> None:
-        _, _, _, start, src, dest, path_len, conv_idx = self._views(t)
+    def commit_static(self, t: int) -> None:
+        """Keep the staged path of the last static step of t nodes (static_inputs' commit views)."""
+        v = self.static_inputs(t)
+        start, src, dest, path_len, conv_idx = v.start, v.commit_src, v.commit_dest, v.path_len, v.conv_rows
         path = src - start  # [t] node ids, padded past path_len
         for i, layer in enumerate(self.cache.layers):
             if isinstance(layer, RecurrentCache):
@@ -203,7 +240,7 @@ class CudaGraphRunner(EagerRunner):
     def _capture_commit(self, t: int, g: _Graph):
         self._install(g)
 
-        graph, _ = capture_graph(lambda: self._commit_static(t), self.pool, warmups=1)
+        graph, _ = capture_graph(lambda: self.commit_static(t), self.pool, warmups=1)
         return graph.replay
 
     def _install(self, g: _Graph) -> None:

@@ -6,7 +6,6 @@ safetensors checkpoint loads by name and the transformers oracle can be copied i
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
 
 import torch
@@ -36,7 +35,6 @@ FUSED_WEIGHT_BYTES = 8 << 20
 # the norm launches: not timed folded. (Stop 23's sampled NaN was not the folded math: a second Engine's
 # fuse_projections freed the folded copies under the first one's graphs; fixed in stop 24, fold_into.)
 FOLDED_ROWS = 64
-FOLDED_ENV = "TREEFLASH_FOLDED_ROWS"  # overrides FOLDED_ROWS where fuse_projections chooses ("0": off; for A/B runs)
 # Folded everywhere: every step of a foldable model on CUDA, plain one-token steps and prefill included, runs
 # forward_folded, with the norms' gains folded into the fused q/k/v and gate/up weights in place (no copy). On
 # a one-token step the qkv and gate/up GEMVs read the raw stream, o_proj and down add into it in their epilogue,
@@ -45,22 +43,17 @@ FOLDED_ENV = "TREEFLASH_FOLDED_ROWS"  # overrides FOLDED_ROWS where fuse_project
 # (stop 28, bench/results/s28/), the SmolLM2 shape decodes at 2,078-2,081 tokens/s pipelined against
 # 1,813-1,823 unfolded (the real default model: 2,061 against 1,831), while the Qwen3-8B shape lost (229.6
 # against 235.9-236.2; where, is not separated: docs/performance.md "Stop 28"), so larger models keep it off.
-# "1" / "0" force it on / off for any foldable model. Irreversible for a loaded model (fuse_projections refuses to unfold).
-FOLDED_DECODE_ENV = "TREEFLASH_FOLDED_DECODE"
+# fuse_projections(folded_decode=True / False) forces it on / off for any foldable model. Irreversible for a
+# loaded model (fuse_projections refuses to unfold).
 # new_cache reserves the rotary table this far past max_len: positions stay below max_len by construction,
 # and an index past the table would be a device-side assert inside a CUDA graph
 ROPE_MARGIN = 256
 
 
-def folded_decode_default(on_gpu: bool, foldable: bool, small: bool, fused_rows: int, forced: str | None) -> bool:
+def folded_decode_default(on_gpu: bool, foldable: bool, small: bool, fused_rows: int) -> bool:
     """fuse_projections' choice of folded decode when the caller does not make it: on CUDA (bf16 / fp16)
-    for a foldable model, FOLDED_DECODE_ENV ("1" / "0") if set, else small models only, and never
-    beside the fused layers (fused_rows > 0 needs the weights unfolded)."""
-    if not (on_gpu and foldable):
-        return False
-    if forced in ("0", "1"):
-        return forced == "1"
-    return small and not fused_rows
+    for a small foldable model, never beside the fused layers (fused_rows > 0 needs the weights unfolded)."""
+    return on_gpu and foldable and small and not fused_rows
 
 
 @dataclass
@@ -126,36 +119,20 @@ class DecoderLayer(nn.Module):
         self.self_attn.fold_norm(self.input_layernorm)
         self.mlp.fold_norm(self.post_attention_layernorm)
 
-    def forward_residual(self, x, residual, rope, step: StepInput, cache, defer: bool = False):
+    def forward_residual(self, x, residual, rope, step: StepInput, cache):
         """The layer with the residual add fused into each norm: the stream is x + residual.
-        (x, residual) -> (mlp output, residual); with defer the mlp output may be a projection.Deferred,
-        for the next norm's add_forward. The mixer's output projection is always deferrable: the
-        norm right after it takes it (on a decode step, both run in the projection's launch)."""
-        mixer = self.self_attn if self.layer_type == FULL_ATTENTION else self.linear_attn
-        h, residual = self.input_layernorm.add_forward(x, residual, prologue=mixer.takes_pending_norm())
-        pending = h if isinstance(h, projection.PendingNorm) else None
+        (x, residual) -> (mlp output, residual)."""
+        h, residual = self.input_layernorm.add_forward(x, residual)
         if self.layer_type == FULL_ATTENTION:
-            h = self.self_attn(h, rope, step, cache, defer=True)
+            h = self.self_attn(h, rope, step, cache)
         else:
-            h = self.linear_attn(h, step, cache, defer=True)
-        if pending is not None:  # the norm ran in the mixer's input projection (or alone, first)
-            residual = _stream(pending)
-        h, residual = self.post_attention_layernorm.add_forward(h, residual, prologue=self.mlp.takes_pending_norm())
-        pending = h if isinstance(h, projection.PendingNorm) else None
-        out = self.mlp(h, defer=defer)
-        if pending is not None:
-            residual = _stream(pending)
-        return out, residual
+            h = self.linear_attn(h, step, cache)
+        h, residual = self.post_attention_layernorm.add_forward(h, residual)
+        return self.mlp(h), residual
 
     def fuse(self) -> None:
         (self.self_attn if self.layer_type == FULL_ATTENTION else self.linear_attn).fuse()
         self.mlp.fuse()
-
-
-def _stream(pending: projection.PendingNorm) -> torch.Tensor:
-    if pending.stream is None:  # a consumer that says it takes a PendingNorm must project or materialize it
-        raise RuntimeError("a pending norm was not run by the projection after it")
-    return pending.stream
 
 
 class Backbone(nn.Module):
@@ -181,7 +158,7 @@ class CausalLM(nn.Module):
         # projections); 0 = off. fuse_projections chooses it (FUSED_ROWS for small bf16/fp16 models on CUDA).
         self.fused_rows = 0
         self.folded_rows = 0  # steps of 2..folded_rows tokens run forward_folded (fuse_projections chooses it)
-        self.folded_decode = False  # every step runs forward_folded, the weights folded in place (FOLDED_DECODE_ENV)
+        self.folded_decode = False  # every step runs forward_folded, the weights folded in place (fuse_projections' folded_decode)
 
     def fuse_projections(self, fused_rows: int | None = None, folded_rows: int | None = None,
                          folded_decode: bool | None = None) -> "CausalLM":
@@ -191,8 +168,8 @@ class CausalLM(nn.Module):
         bf16/fp16 weights on CUDA whose largest projection is at most FUSED_WEIGHT_BYTES, else 0)
         and the folded-norm path (None: FOLDED_ROWS under the same condition, for the models
         foldable() accepts; a positive value needs foldable()), and whether one-token steps take it
-        too, the weights folded in place (None: on CUDA for a small foldable model, FOLDED_DECODE_ENV "1" / "0"
-        forcing it for any foldable one; True needs foldable(); once on it stays on: every path then runs folded).
+        too, the weights folded in place (None: on CUDA for a small foldable model; True / False force it for any
+        foldable one; True needs foldable(); once on it stays on: every path then runs folded).
         Call after the weights are placed on their device."""
         for layer in self.model.layers:
             layer.fuse()
@@ -204,10 +181,9 @@ class CausalLM(nn.Module):
             fused_rows = FUSED_ROWS if small else 0
         foldable = self.foldable()
         if folded_rows is None:
-            folded_rows = int(os.environ.get(FOLDED_ENV, FOLDED_ROWS)) if small and foldable else 0
+            folded_rows = FOLDED_ROWS if small and foldable else 0
         if folded_decode is None:
-            folded_decode = self.folded_decode or folded_decode_default(
-                on_gpu, foldable, small, fused_rows, os.environ.get(FOLDED_DECODE_ENV))
+            folded_decode = self.folded_decode or folded_decode_default(on_gpu, foldable, small, fused_rows)
         if (folded_rows or folded_decode) and not foldable:
             raise ValueError(f"fuse_projections: folded norms need a dense attention-only model without q/k/v bias, "
                              f"output gate or int4 projections ({self.config.arch})")
@@ -316,7 +292,7 @@ class CausalLM(nn.Module):
         else:
             residual = None
             for i, layer in enumerate(self.model.layers):
-                x, residual = layer.forward_residual(x, residual, rope, step, cache.layers[i], defer=i not in capture_layers)
+                x, residual = layer.forward_residual(x, residual, rope, step, cache.layers[i])
                 if i in capture_layers:
                     captured.append(x + residual)  # the layer's output stream
             hidden, _ = self.model.norm.add_forward(x, residual)

@@ -1,14 +1,16 @@
 """Decoder: runs one sequence through the target, plainly or speculatively.
 
-`prefill` commits the prompt and samples the first token (the root). Each `step` then reads:
-propose a draft tree, build the verify batch, run the target once, accept, commit the KV cache
-and recurrent state, emit the committed tokens (accepted drafts + bonus).
+`prefill` commits the prompt and samples the first token (the root). Each `step` is one of three:
+- plain: one token through the target (no drafter, or drafting off for this request);
+- device: the drafter's DeviceLoop (spec/device_loop.py) ran the whole drafted step on the device;
+  the host reads what it committed and keeps the books;
+- drafted: propose a draft tree, build the verify batch, run the target once, accept, commit the
+  KV cache and recurrent state, emit the committed tokens (accepted drafts + bonus).
 """
 
 from __future__ import annotations
 
 import time
-import warnings
 
 import torch
 
@@ -16,6 +18,8 @@ from treeflash.kv.cache import ModelCache
 from treeflash.models.runner import EagerRunner
 from treeflash.models.step import StepInput
 from treeflash.models.transformer import CausalLM
+from treeflash.spec import device_loop
+from treeflash.spec.device_loop import DeviceLoop, PendingStep
 from treeflash.spec.drafter import DraftContext, Drafter
 from treeflash.spec.sampling import SamplingParams, pick
 from treeflash.spec.stats import SpecStats
@@ -33,19 +37,23 @@ class Decoder:
         generator: torch.Generator | None = None,
         want_logprobs: int | None = None,
         runner: EagerRunner | None = None,
+        device_steps: bool = True,
     ):
+        """device_steps: drafted steps run on the device where the drafter and runner can (False: the
+        synchronous steps, the A/B baseline; exact either way)."""
         self.target, self.cache, self.params, self.drafter = target, cache, params, drafter
         self.runner = runner if runner is not None else EagerRunner(target, cache)
         self.want_logprobs = want_logprobs  # None = off; k = also the top k alternatives
+        self.device_steps = device_steps
         self.last_logprobs: list[tuple[int, float, list[tuple[int, float]]]] | None = None
         self.generator = generator if generator is not None else params.generator()
         self.stats = SpecStats()
         self.tokens: list[int] = []  # committed tokens (prompt + output, root excluded)
         self.root: int | None = None
         self._ahead = None  # PendingToken of a plain step enqueued before its input was read back
-        self._dev = None  # DeviceStep: greedy drafted steps run on the device (device_step.py)
-        self._dev_cur = None  # its PendingStep enqueued, not read yet
-        self._dev_off = False  # --budget auto: device steps lost to plain decoding; plain steps from here
+        self._dev: DeviceLoop | None = None  # the drafter's device loop for this request (None: synchronous steps)
+        self._dev_cur: PendingStep | None = None  # its step enqueued, not read yet
+        self._dev_off = False  # the loop's guard: device steps lost to plain decoding; plain steps from here
         self._dev_run = (0.0, 0, 0, 0.0)  # since entering: start time, steps, tokens, plain decoding's s/token
 
     @property
@@ -56,9 +64,12 @@ class Decoder:
     def prefill(self, prompt_ids: list[int], chunk: int = 2048) -> int:
         """Commit the prompt; return the first sampled token (the root of the first step)."""
         self._ahead = None  # a step left enqueued by an earlier sequence is reset with the cache
-        self._dev, self._dev_cur = self._device_step(), None  # built (captured) before the reset below
-        # --budget auto: plain from the first token after requests of this kind kept losing (DeviceStep.skip_request)
-        self._dev_off = self._dev is not None and self.drafter.tuner is not None and self._dev.skip_request()
+        self._dev_cur = None
+        self._dev = None  # built (captured) before the reset below
+        if self.drafter is not None and self.device_steps:
+            self._dev = self.drafter.device_loop(self.runner, self.params, self.want_logprobs)
+        # a guarded loop: plain from the first token after requests of this kind kept losing (skip_request)
+        self._dev_off = self._dev is not None and self._dev.guarded and self._dev.skip_request()
         self._dev_run = (0.0, 0, 0, 0.0)
         self.cache.reset()
         if self.drafter is not None:
@@ -90,9 +101,12 @@ class Decoder:
         if self.drafter is None:
             return self._plain_step()
         if self._dev_cur is not None or self._device_ready():
-            return self._device_step_run()
-        if self._dev_off:  # --budget auto, drafting lost to plain decoding in this request
+            return self._device_step()
+        if self._dev_off:  # the loop's guard: drafting lost to plain decoding in this request
             return self._plain_step()
+        return self._drafted_step()
+
+    def _drafted_step(self) -> list[int]:
         t0 = time.perf_counter()
         room = self.cache.max_len - self.cache.seq_len
         ctx = DraftContext(self.tokens, self.root, self.params, self.generator, max_nodes=room)
@@ -107,8 +121,7 @@ class Decoder:
         t2 = time.perf_counter()
         committed = [self.root, *result.tokens[:-1]]
         self.tokens.extend(committed)
-        if self.drafter is not None:
-            self.drafter.observe(committed, _rows(out.captured, result.path))
+        self.drafter.observe(committed, _rows(out.captured, result.path))
         self.root = result.tokens[-1]
         if self.want_logprobs is not None:
             self._logprobs(out.logits[torch.tensor(result.path, device=out.logits.device)], result.tokens)
@@ -119,87 +132,55 @@ class Decoder:
         self.stats.record(max(tree.depths()), result.num_accepted, tree.budget)
         return result.tokens  # emit
 
-    # -- greedy drafted steps on the device (spec/device_step.py) --
-
-    def _device_step(self):
-        """The drafter's DeviceStep for this runner when this decoder can use one, else None."""
-        from treeflash.spec.device_step import DeviceStep, supported
-        from treeflash.spec.sampling import needs_order
-
-        t = supported(self.runner, self.drafter, self.params, self.want_logprobs) if self.drafter is not None else 0
-        if not t:
-            return None
-        sampled = not self.params.greedy
-        filtered = sampled and needs_order(self.params)  # top-k / top-p: a sort per node, in a graph of its own
-        name = "device_step_filtered" if filtered else "device_step_sampled" if sampled else "device_step"  # greedy: captured at bind_runner
-        failed = self.drafter.device_step_failed  # kinds whose build failed: not retried
-        if name in failed:
-            return None
-        dev = getattr(self.drafter, name, None)
-        if dev is None or dev.runner is not self.runner or dev.t != t or dev.tree != self.drafter.tree:
-            try:
-                dev = DeviceStep(self.runner, self.drafter, t, sampled=sampled, filtered=filtered)
-            except Exception as e:  # a capture or a kernel compile: the synchronous steps are exact
-                warnings.warn(f"{name}: building the device step failed ({type(e).__name__}: {e}); synchronous steps")
-                failed.add(name)
-                return None  # (prefill resets the caches the failed capture's warm-ups wrote)
-            setattr(self.drafter, name, dev)
-        return dev
+    # -- drafted steps on the device (the drafter's DeviceLoop) --
 
     def _device_ready(self) -> bool:
-        """Entering needs the drafter's pending rows to fit one pass (not the prompt's) and room."""
         if self._dev is None or self._dev_off:
             return False
-        n = sum(r.shape[0] for r in self.drafter._pending)
-        return 1 <= n <= self._dev.drafter.graphs.block_size and self._dev.room(self.cache.seq_len, self.cache.max_len)
+        return self._dev.ready(self.cache.seq_len, self.cache.max_len)
 
-    def _device_step_run(self) -> list[int]:
+    def _device_step(self) -> list[int]:
         """Read the step enqueued last, after enqueueing the next one; the host only keeps the books.
         Without room for another step the loop ends and the drafter takes its state back."""
         t0 = time.perf_counter()
-        dev = self._dev
-        if self._dev_cur is None:
-            plain_s = dev.plain_time(self.cache.seq_len) if self.drafter.tuner is not None else 0.0  # nothing in flight
-            rows, draft_len = self.drafter.hand_over()
+        loop = self._dev
+        if self._dev_cur is None:  # entering: load the state, enqueue the first step
+            plain_s = loop.plain_time(self.cache.seq_len) if loop.guarded else 0.0  # nothing in flight
             seed = 0
-            if dev.sampled:  # the device draws from a hash of (seed, step, node): the seed comes from the request's generator
+            if loop.sampled:  # the device draws from a hash of (seed, step, node): the seed comes from the request's generator
                 seed = int(torch.randint(0, 2**31 - 1, (1,), generator=self.generator, device=self.generator.device))
-            dev.begin(self.root, self.cache.seq_len, rows, draft_len, self.params, seed)
+            loop.start(self.root, self.cache.seq_len, self.params, seed)
             self._dev_run = (time.perf_counter(), 0, 0, plain_s)
-            self._dev_cur = dev.enqueue()
+            self._dev_cur = loop.enqueue()
         cur = self._dev_cur
-        go_on = dev.room(self.cache.seq_len, self.cache.max_len) and not self._device_losing()
-        self._dev_cur = dev.enqueue() if go_on else None
-        accepted, depth, drafted, tokens = cur.read()
+        go_on = loop.room(self.cache.seq_len, self.cache.max_len) and not self._device_losing()
+        self._dev_cur = loop.enqueue() if go_on else None  # the next step, before this one is read
+        got = loop.read(cur)
         start, steps, made, plain_s = self._dev_run
-        self._dev_run = (start, steps + 1, made + accepted + 1, plain_s)
-        self.tokens.extend([self.root, *tokens[:-1]])
-        self.cache.seq_len += accepted + 1
-        dev.draft_len += dev.count
-        dev.count = accepted + 1
-        self.root = tokens[-1]
+        self._dev_run = (start, steps + 1, made + got.accepted + 1, plain_s)
+        self.tokens.extend([self.root, *got.tokens[:-1]])
+        self.cache.advance(got.accepted + 1)
+        self.root = got.tokens[-1]
         if self._dev_cur is None:
-            self.drafter.take_back(dev.rows(accepted + 1), dev.draft_len, len(self.tokens))
+            loop.stop(len(self.tokens))
         self.stats.verify_s += time.perf_counter() - t0  # one graph: drafting is inside it
-        self.stats.record(depth, accepted, drafted)
-        return tokens
+        self.stats.record(got.depth, got.accepted, got.drafted)
+        return got.tokens
 
     def _device_losing(self) -> bool:
-        """--budget auto: after AUTO_CHECK_STEPS device steps, are they slower per token than plain
-        decoding (the runner's one-node verify time), or after AUTO_EARLY_STEPS already AUTO_EARLY_MARGIN
+        """A guarded loop (--budget auto): after AUTO_CHECK_STEPS device steps, are they slower per token
+        than plain decoding (the loop's plain_time), or after AUTO_EARLY_STEPS already AUTO_EARLY_MARGIN
         times slower? Then this request decodes plainly from here, and the verdict is recorded for the
-        next requests (DeviceStep.skip_request)."""
-        from treeflash.spec.device_step import AUTO_CHECK_STEPS, AUTO_EARLY_MARGIN, AUTO_EARLY_STEPS
-
+        next requests (DeviceLoop.skip_request)."""
         start, steps, made, plain_s = self._dev_run
-        early = min(AUTO_EARLY_STEPS, AUTO_CHECK_STEPS)
-        if self.drafter.tuner is None or steps < early or made == 0:
+        early = min(device_loop.AUTO_EARLY_STEPS, device_loop.AUTO_CHECK_STEPS)
+        if not self._dev.guarded or steps < early or made == 0:
             return False
         per_token = (time.perf_counter() - start) / made
-        if per_token > plain_s * (1.0 if steps >= AUTO_CHECK_STEPS else AUTO_EARLY_MARGIN):
+        if per_token > plain_s * (1.0 if steps >= device_loop.AUTO_CHECK_STEPS else device_loop.AUTO_EARLY_MARGIN):
             self._dev_off = True
             self._dev.record(lost=True)
-        elif steps >= AUTO_CHECK_STEPS:
+        elif steps >= device_loop.AUTO_CHECK_STEPS:
             self._dev.record(lost=False)
         return self._dev_off
 

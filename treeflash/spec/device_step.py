@@ -1,4 +1,5 @@
-"""DeviceStep: DFlash steps (chain or DDTree, greedy or sampled) that never wait for the host.
+"""DeviceStep: the DFlash drafter's DeviceLoop (spec/device_loop.py): chain or DDTree steps, greedy or
+sampled, that never wait for the host.
 
 A synchronous speculative step reads back twice (the drafts, then the target's tokens), and on the
 H200's slow host every read-back leaves the GPU idle while the host launches the next graph: the
@@ -8,7 +9,7 @@ decision of a step can be made on the device, so one CUDA graph holds it all:
     draft    the DraftGraphs pass over the rows the last step committed (their count is known
              on the device only: the pass is padded to the block, see DFlashModel.forward_static)
     tree     the chain of top-1 drafts, or DDTree's best-first search in one program (kernels/ddtree.py)
-    verify   the target over the t nodes (the runner's static verify code)
+    verify   the target over the t nodes (the runner's `run_static`, over its `static_inputs`)
     target   the target's token at every node: its argmax (greedy), or one draw from the request's
              processed distribution (sampled: spec/sampling.processed_probs_static, and a
              counter-based hash for randomness, so the graph replays without generator state;
@@ -18,7 +19,7 @@ decision of a step can be made on the device, so one CUDA graph holds it all:
              Sampled, this is sample-and-match (spec/verify.py): each node's draw is independent,
              so drawing at every node and reading the visited ones is the same walk, and the
              output has the target's distribution for any tree
-    commit   the runner's commit code along the path (a chain on an attention-only target skips
+    commit   the runner's `commit_static` along the path (a chain on an attention-only target skips
              it: its path is a prefix, already in place)
     next     root = bonus, start += a + 1, the drafter's new rows = the verify's captured rows on the path
 
@@ -37,19 +38,17 @@ the same exactness.
 
 from __future__ import annotations
 
-import os
-from dataclasses import dataclass
 
 import torch
 
 from treeflash.kernels.accept import tree_accept
 from treeflash.kernels.ddtree import ddtree
+from treeflash.kernels.sample import sample_rows, sample_static
 from treeflash.kv.recurrent_cache import RecurrentCache
 from treeflash.models.runner import CudaGraphRunner, capture_graph
-from treeflash.kernels.sample import sample_rows, sample_static
+from treeflash.spec.device_loop import DeviceLoop, LossRecord, PendingStep, StepRead
 from treeflash.spec.sampling import OFF_TOP_P, needs_order, processed_probs_static, static_params
 
-ENV = "TREEFLASH_DEVICE_STEPS"  # "0": synchronous steps (the A/B baseline)
 # --budget auto on the device: one tree size for the whole request, not the tuner's per-step choice
 # (a graph per budget). 32 since stop 26 (docs/performance.md, "Stop 26"): on the default model 32 and 48
 # are even on identical text (H200 step 1.104 against 1.144 ms, 3.6% more; fp32 tau 3.73 against 3.86,
@@ -57,45 +56,14 @@ ENV = "TREEFLASH_DEVICE_STEPS"  # "0": synchronous steps (the A/B baseline)
 # on larger targets a 49-node verify costs more than a 33-node one (Qwen3.5-27B shape: verify-64 1.47x of
 # the decode step against 1.32x at 32; Qwen3-8B 1.27x against 1.19x).
 AUTO_BUDGET = 32
-# ... and the guard the tuner's budget 0 gives: after this many device steps, a request whose device
-# steps commit tokens slower than plain decoding would decodes plainly from there (synchronous
-# drafting, the same drafts with more overhead, would be slower still).
-AUTO_CHECK_STEPS = 32
-# ... and earlier, after this many steps, if they are already AUTO_EARLY_MARGIN times slower: a sampled request at
-# temperature 1 on the default model (tau ~1.2, a 2 ms sampled step) spent ~40 ms of its 256 tokens in 32 losing
-# steps (treeflash bench on the H200: 0.86x of plain decoding, bench/results/s22/final/cli_bench_sampled.json)
-AUTO_EARLY_STEPS = 8
-AUTO_EARLY_MARGIN = 1.5
-# ... and across requests of one kind (greedy / sampled, one DeviceStep each): after AUTO_LOSSES_IN_ROW requests in a
-# row whose device steps lost, the next AUTO_SKIP_REQUESTS decode plainly from their first token; then one probes again
-# (a server whose requests sample at temperature 1 would otherwise pay the losing steps on every request)
-AUTO_LOSSES_IN_ROW = 2
-AUTO_SKIP_REQUESTS = 8
 HEAD = 3
 MAX_NODES = 63  # ancestor sets are int64 bitmasks
 
 
-@dataclass
-class PendingStep:
-    host: torch.Tensor  # [HEAD + t] long, pinned on a GPU
-    event: torch.cuda.Event | None
-
-    def read(self) -> tuple[int, int, int, list[int]]:
-        """-> (accepted drafts a, tree depth, draft nodes, the a + 1 emitted tokens)."""
-        if self.event is not None:
-            self.event.synchronize()
-        vals = self.host.tolist()
-        a = vals[0]
-        return a, vals[1], vals[2], vals[HEAD : HEAD + a + 1]
-
-
-def supported(runner, drafter, params, want_logprobs) -> int:
-    """The step's node count (budget + 1) when this decoder can run device steps, else 0."""
-    from treeflash.spec.dflash import DFlashDrafter
-
-    if os.environ.get(ENV, "1") == "0" or want_logprobs is not None:
-        return 0
-    if not isinstance(runner, CudaGraphRunner) or not isinstance(drafter, DFlashDrafter):
+def supported(runner, drafter, want_logprobs) -> int:
+    """The step's node count (budget + 1) when a DFlash drafter (`drafter`) can run device steps beside
+    this runner, else 0."""
+    if want_logprobs is not None or not isinstance(runner, CudaGraphRunner):
         return 0
     if drafter.graphs is None or tuple(runner.capture_layers) != tuple(drafter.capture_layers):
         return 0
@@ -110,17 +78,19 @@ def supported(runner, drafter, params, want_logprobs) -> int:
     return t if 2 <= t <= limit else 0
 
 
-class DeviceStep:
+class DeviceStep(LossRecord, DeviceLoop):
     def __init__(self, runner: CudaGraphRunner, drafter, nodes: int, sampled: bool = False, filtered: bool = True):
-        """Captures the step (a CUDA graph on a GPU). Its warm-ups write scratch rows and advance
-        recurrent state: build it before a prefill, which resets the caches. A sampled step with
-        `filtered` applies top-k and top-p (a sort per node); without, it serves only requests that set
-        neither (sampling.needs_order), and draws in one launch."""
-        self.runner, self.drafter, self.t, self.sampled = runner, drafter, nodes, sampled
+        """Captures the step (a CUDA graph on a GPU) for `drafter`, the DFlashDrafter that owns it. Its
+        warm-ups write scratch rows and advance recurrent state: build it before a prefill, which resets
+        the caches. A sampled step with `filtered` applies top-k and top-p (a sort per node); without,
+        it serves only requests that set neither (sampling.needs_order), and draws in one launch."""
+        LossRecord.__init__(self)
+        self.runner, self.drafter, self.t, self.nodes, self.sampled = runner, drafter, nodes, nodes, sampled
+        self.guarded = drafter.tuner is not None  # --budget auto: the guard against plain decoding
         self.filtered = sampled and filtered
         self.tree, self.seed_chain = drafter.tree, drafter.seed_chain
         g = drafter.graphs
-        dev = runner.ints.device
+        dev = runner.model.device
         t = nodes
         self.state = torch.zeros(3, dtype=torch.long, device=dev)
         vocab = runner.model.config.vocab_size
@@ -143,8 +113,6 @@ class DeviceStep:
         self.events = [torch.cuda.Event() if pin else None for _ in range(2)]
         self._slot = 0
         self._plain_timer = None  # --budget auto's guard: the runner's one-node verify, timed per context bucket
-        self.losses = 0  # --budget auto: requests in a row whose device steps lost to plain decoding
-        self.skipped = 0  # requests decoded plainly since then
         self.draft_len = 0  # the draft cache length the host knows (the device runs ahead of it)
         self.count = 0  # rows the next read step's draft pass consumed
         saved = [layer.pending for layer in self.recurrent]
@@ -176,41 +144,38 @@ class DeviceStep:
         start, root, count = self.state[0:1], self.state[1:2], self.state[2:3]
         g.ints[1:2].copy_(root)
         top_lp, top_ids = g.device_pass(count)  # [D, K]
-        r = self.runner
-        tm = r.buckets[-1]
-        # the tree straight into the verify's inputs: ids, parents and depths as the runner's ints, the
-        # ancestor sets as its tree mask (one launch, no copies)
-        bufs = (r.ints[:t], r.ints[2 * tm : 2 * tm + t], r.ints[tm : tm + t], *self.tree_bufs)
-        ids, parents, depths, anc, real = ddtree(top_lp, top_ids, root, t - 1, self.seed_chain, out=bufs, mask=r.tree_mask)
-        r.ints[3 * tm : 3 * tm + 1].copy_(start)
-        out = r._run_static(t, verify=True)
+        v = self.runner.static_inputs(t)
+        # the tree straight into the verify's inputs: ids, parents and depths, the ancestor sets as its
+        # tree mask (one launch, no copies)
+        bufs = (v.ids, v.parents, v.depths, *self.tree_bufs)
+        ids, parents, depths, anc, real = ddtree(top_lp, top_ids, root, t - 1, self.seed_chain, out=bufs, mask=v.tree_mask)
+        v.start.copy_(start)
+        out = self.runner.run_static(t, verify=True)
         self._accept(out, ids, parents, depths, anc, real, commit=True)
 
     def _accept(self, out, ids, parents, depths, anc, real, commit: bool) -> None:
         """After the verify: acceptance, the commit's inputs, the result row and the next state in one
         launch (kernels/accept.py), then the runner's commit and the next pass's context rows."""
         g, r, t = self.drafter.graphs, self.runner, self.t
-        tm = r.buckets[-1]
-        tree_accept(ids, parents, depths, anc, real, self._targets(out), self.state, self.result, r.ints[3 * tm + 1 :],
-                    self.path, tm, HEAD)
+        v = r.static_inputs(t)
+        # the commit's sources, destinations and path length straight into the runner's commit inputs
+        tree_accept(ids, parents, depths, anc, real, self._targets(out), self.state, self.result, v.commit,
+                    self.path, v.max_nodes, HEAD)
         if commit:
-            if r.k1:  # the conv window's rows: [0 .. k1-1] then k1 + each path node; the last k1 of them
-                idx = self.node_ids[: r.k1] + self.result[0:1] + 1
-                conv = r.ints[3 * tm + 1 + 2 * tm + 1 :][: r.k1]
-                conv.copy_(torch.where(idx < r.k1, idx, r.k1 + self.path.gather(0, (idx - r.k1).clamp_min(0))))
-            r._commit_static(t)
+            r.stage_conv_rows(self.path, v.path_len)
+            r.commit_static(t)
         m = min(t, g.block_size)
         torch.index_select(out.captured, 0, self.path[:m], out=g.ctx_in[:m])  # the next pass's context rows
 
     def _verify(self, ids, depths, parents, mask, start):
-        r, t = self.runner, self.t
-        tm = r.buckets[-1]
-        r.ints[:t].copy_(ids)
-        r.ints[tm : tm + t].copy_(depths)
-        r.ints[2 * tm : 2 * tm + t].copy_(parents)
-        r.ints[3 * tm : 3 * tm + 1].copy_(start)
-        r.tree_mask[:t, :t].copy_(mask)
-        return r._run_static(t, verify=True)
+        t = self.t
+        v = self.runner.static_inputs(t)
+        v.ids.copy_(ids)
+        v.depths.copy_(depths)
+        v.parents.copy_(parents)
+        v.start.copy_(start)
+        v.tree_mask[:t, :t].copy_(mask)
+        return self.runner.run_static(t, verify=True)
 
     def _targets(self, out) -> torch.Tensor:
         """[t] long: the target's token at each node (argmax, or a draw of the processed distribution)."""
@@ -224,10 +189,16 @@ class DeviceStep:
         self.iparams[2:3].add_(1)  # the next step's draws
         return tokens
 
-    # -- the host's side --
-    def begin(self, root: int, start: int, rows: list[torch.Tensor], draft_len: int, params=None, seed: int = 0) -> None:
-        """Load the state: the committed length, the root, the drafter's pending rows (<= B), and for
-        a sampled step the request's SamplingParams and a seed for its draws."""
+    # -- the host's side: the DeviceLoop protocol --
+    def ready(self, seq_len: int, max_len: int) -> bool:
+        """Entering needs the drafter's pending rows to fit one pass (not the prompt's) and room."""
+        return 1 <= self.drafter.pending_rows() <= self.drafter.graphs.block_size and self.room(seq_len, max_len)
+
+    def start(self, root: int, seq_len: int, params=None, seed: int = 0) -> None:
+        """Load the state: the committed length, the root, the drafter's pending rows (<= B; it hands
+        them over with its draft cache length), and for a sampled step the request's SamplingParams and
+        a seed for its draws."""
+        rows, draft_len = self.drafter.hand_over()
         g = self.drafter.graphs
         n = 0
         for row in rows:
@@ -236,7 +207,7 @@ class DeviceStep:
         if not 1 <= n <= g.block_size:
             raise RuntimeError(f"device steps: {n} pending draft rows, expected 1 .. {g.block_size}")
         hs = self.host_state.numpy()  # pinned: numpy writes, then non-blocking copies
-        hs[:4] = start, root, n, draft_len
+        hs[:4] = seq_len, root, n, draft_len
         dev = self.state.device
         self.state.copy_(self.host_state[:3].to(dev, non_blocking=True))
         g.ints[0:1].copy_(self.host_state[3:4].to(dev, non_blocking=True))
@@ -259,29 +230,6 @@ class DeviceStep:
         b = g.block_size
         return seq_len + b + self.t <= max_len and self.draft_len + 3 * b + 1 < g.capacity - 1
 
-    def plain_time(self, seq_len: int) -> float:
-        """Seconds of one plain step at this context (the runner's one-node verify graph, a few replays
-        per context bucket and process). Call with nothing in flight: the replays overwrite buffers."""
-        from treeflash.spec.budget import runner_verify_timer
-
-        if self._plain_timer is None:
-            self._plain_timer = runner_verify_timer(self.runner, node_counts=(1,))
-        self.drafter._own_pending()  # the observed rows may view the buffers the replays overwrite
-        return self._plain_timer(seq_len).get(1, 0.0)
-
-    def skip_request(self) -> bool:
-        """--budget auto, at a request's start: whether it decodes plainly from its first token, after
-        AUTO_LOSSES_IN_ROW losing requests in a row (then AUTO_SKIP_REQUESTS such requests, then a probe)."""
-        if self.losses >= AUTO_LOSSES_IN_ROW and self.skipped < AUTO_SKIP_REQUESTS:
-            self.skipped += 1
-            return True
-        self.skipped = 0
-        return False
-
-    def record(self, lost: bool) -> None:
-        """A request's verdict from the guard: its device steps lost (or, after AUTO_CHECK_STEPS, did not)."""
-        self.losses = self.losses + 1 if lost else 0
-
     def enqueue(self) -> PendingStep:
         self.replay()
         host, event = self.ring[self._slot], self.events[self._slot]
@@ -291,6 +239,26 @@ class DeviceStep:
         self._slot ^= 1
         return PendingStep(host, event)
 
-    def rows(self, n: int) -> torch.Tensor:
-        """The draft rows the last read step left for the next pass (a copy)."""
-        return self.drafter.graphs.ctx_in[:n].clone()
+    def read(self, pending: PendingStep) -> StepRead:
+        """Wait for that step; the draft cache grew by the rows its pass consumed, and the next read
+        step's pass consumes the accepted + 1 rows this one committed."""
+        vals = pending.wait()
+        a = vals[0]
+        self.draft_len += self.count
+        self.count = a + 1
+        return StepRead(accepted=a, depth=vals[1], drafted=vals[2], tokens=vals[HEAD : HEAD + a + 1])
+
+    def stop(self, observed: int) -> None:
+        """The drafter takes back the rows the last read step left for the next pass (a copy), its
+        draft cache length and the tokens observed."""
+        self.drafter.take_back(self.drafter.graphs.ctx_in[: self.count].clone(), self.draft_len, observed)
+
+    def plain_time(self, seq_len: int) -> float:
+        """Seconds of one plain step at this context (the runner's one-node verify graph, a few replays
+        per context bucket and process). Call with nothing in flight: the replays overwrite buffers."""
+        from treeflash.spec.budget import runner_verify_timer
+
+        if self._plain_timer is None:
+            self._plain_timer = runner_verify_timer(self.runner, node_counts=(1,))
+        self.drafter.own_pending()  # the observed rows may view the buffers the replays overwrite
+        return self._plain_timer(seq_len).get(1, 0.0)

@@ -30,9 +30,11 @@ from treeflash.models.default_model import default_drafter_path, is_default_mode
 from treeflash.models.transformer import CausalLM
 from treeflash.spec.budget import BudgetTuner, measure_verify_times, runner_verify_timer
 from treeflash.spec.ddtree import build_tree, tree_from_top
+from treeflash.spec.device_loop import DeviceLoop
+from treeflash.spec.device_step import DeviceStep, supported
 from treeflash.spec.dflash_model import DFlashModel, load_dflash
 from treeflash.spec.drafter import DraftContext, Drafter, DraftOptions, register
-from treeflash.spec.sampling import sample, target_probs
+from treeflash.spec.sampling import SamplingParams, needs_order, sample, target_probs
 from treeflash.spec.tree import DraftTree
 
 AUTO_MAX_BUDGET = 64
@@ -61,10 +63,10 @@ class DFlashDrafter(Drafter):
             self.fixed_budget = min(int(budget), limit) if not tree else int(budget)
         self.cache = model.new_cache()
         self.graphs = None  # DraftGraphs once bound to a static-shape runner
-        self.device_step = None  # DeviceStep (device_step.py) once bound, for greedy requests
-        self.device_step_sampled = None  # the sampled one, captured at the first sampled request
-        self.device_step_filtered = None  # the same with top-k / top-p, at the first request that sets them
-        self.device_step_failed: set[str] = set()  # device-step kinds whose build failed: not retried (decoder.py)
+        # DeviceSteps by kind: "device_step" (greedy, captured at bind_runner), "device_step_sampled" (at the
+        # first sampled request), "device_step_filtered" (the same with top-k / top-p)
+        self.loops: dict[str, DeviceStep] = {}
+        self.device_step_failed: set[str] = set()  # device-step kinds whose build failed: not retried
         self.reset()
 
     def bind_runner(self, runner) -> None:
@@ -74,7 +76,7 @@ class DFlashDrafter(Drafter):
             timer = runner_verify_timer(runner)
 
             def measure(context_len: int):
-                self._own_pending()  # the timed verify passes overwrite the buffer the observed rows may view
+                self.own_pending()  # the timed verify passes overwrite the buffer the observed rows may view
                 return timer(context_len)
 
             self.tuner.measure = measure
@@ -85,7 +87,7 @@ class DFlashDrafter(Drafter):
                 warnings.warn(f"dflash: capturing the drafter's CUDA graphs failed ({e}); drafting eagerly")
                 self.graphs = None
                 self.reset()
-        self.device_step = self.device_step_sampled = self.device_step_filtered = None
+        self.loops = {}
         self.device_step_failed = set()
         if self.graphs is not None:
             self._build_device_step(runner)
@@ -95,18 +97,14 @@ class DFlashDrafter(Drafter):
         """Greedy requests' steps as one graph each (device_step.py), captured here, before any request
         (its warm-ups write scratch rows; a first request would otherwise pay the capture in its
         time to first token). Decoders that cannot use it keep the synchronous step."""
-        from treeflash.spec.device_step import DeviceStep, supported
-        from treeflash.spec.sampling import SamplingParams
-
-        t = supported(runner, self, SamplingParams(), None)
+        t = supported(runner, self, None)
         if not t:
             return
         try:
-            self.device_step = DeviceStep(runner, self, t)
+            self.loops["device_step"] = DeviceStep(runner, self, t)
         except Exception as e:  # a capture or a kernel compile (triton raises its own types): exact either way
             warnings.warn(f"dflash: capturing the device step failed ({type(e).__name__}: {e}); greedy steps stay synchronous")
-            self.device_step = None
-            self.device_step_failed = {"device_step"}  # the decoder does not retry it per request
+            self.device_step_failed = {"device_step"}  # not retried per request
         runner.cache.reset()
         self.reset()
 
@@ -150,10 +148,6 @@ class DFlashDrafter(Drafter):
         self._pending = [rows[-1:].clone()]  # a copy: the rows may view a target output buffer
         self.model.absorb(self._prepare(rows[:-1].to(self.model.fc.weight.dtype)), self.cache)
 
-    def _own_pending(self) -> None:
-        """Copy the observed rows that are views of a target output buffer (Drafter.observe)."""
-        self._pending = [r.clone() if r._base is not None else r for r in self._pending]
-
     @torch.inference_mode()
     def propose(self, ctx: DraftContext) -> DraftTree:
         if self._observed != len(ctx.tokens):
@@ -189,12 +183,49 @@ class DFlashDrafter(Drafter):
             out.update(budget=self.fixed_budget, budget_mode="fixed")
         else:
             out.update(budget=self.tuner.budget, budget_mode="auto", budget_reason=self.tuner.reason)
-        step = getattr(self, "device_step", None)
+        step = self.device_step
         if step is not None:  # greedy requests on a graph runner draft this many nodes on the device (device_step.py)
             out["device_step_budget"] = step.t - 1
         return out
 
-    # -- the device loop (spec/device_step.py) --
+    # -- the device loop (spec/device_loop.py; DFlash's is spec/device_step.py) --
+
+    def device_loop(self, runner, params: SamplingParams, want_logprobs: int | None) -> DeviceLoop | None:
+        """This request's DeviceStep beside `runner` (built once per kind and kept: greedy at bind_runner,
+        sampled and filtered at their first request), or None where it cannot run (the synchronous
+        steps are exact either way)."""
+        t = supported(runner, self, want_logprobs)
+        if not t:
+            return None
+        sampled = not params.greedy
+        filtered = sampled and needs_order(params)  # top-k / top-p: a sort per node, in a graph of its own
+        name = "device_step_filtered" if filtered else "device_step_sampled" if sampled else "device_step"
+        if name in self.device_step_failed:
+            return None
+        loop = self.loops.get(name)
+        if loop is None or loop.runner is not runner or loop.t != t or loop.tree != self.tree:
+            try:
+                loop = DeviceStep(runner, self, t, sampled=sampled, filtered=filtered)
+            except Exception as e:  # a capture or a kernel compile: the synchronous steps are exact
+                warnings.warn(f"{name}: building the device step failed ({type(e).__name__}: {e}); synchronous steps")
+                self.device_step_failed.add(name)
+                return None  # (prefill resets the caches the failed capture's warm-ups wrote)
+            self.loops[name] = loop
+        return loop
+
+    @property
+    def device_step(self) -> DeviceStep | None:
+        """The greedy requests' DeviceStep, once bound to a graph runner."""
+        return self.loops.get("device_step")
+
+    def pending_rows(self) -> int:
+        """Observed rows not drafted from yet (a device loop starts when they fit one pass)."""
+        return sum(r.shape[0] for r in self._pending)
+
+    def own_pending(self) -> None:
+        """Copy the observed rows that are views of a target output buffer (Drafter.observe), before
+        something (a timing pass) overwrites that buffer."""
+        self._pending = [r.clone() if r._base is not None else r for r in self._pending]
 
     def hand_over(self) -> tuple[list[torch.Tensor], int]:
         """-> (the observed rows not drafted from yet, the draft cache length). From here the device

@@ -21,7 +21,6 @@ reserved once at `capacity` rows and never move, as the graphs require.
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
 from typing import Callable
 
@@ -32,7 +31,6 @@ from treeflash.models.runner import capture_graph
 from treeflash.spec.dflash_model import DFlashModel, DraftCache
 
 
-TOPK_ENV = "TREEFLASH_DRAFT_TOPK"
 
 
 @dataclass
@@ -98,8 +96,8 @@ class DraftGraphs:
             block = block * c.input_embedding_scale
         hidden = self.model.forward_static(self.prepare(self.ctx_in[:n]), block, self.cache, start, self.key_pos, count)
         logits = self.model.logits(hidden[1:], self.target.head).contiguous()  # [B-1, vocab] fp32
-        # fixed tree budgets may pass 64; TREEFLASH_DRAFT_TOPK=torch: the torch path (for A/B runs)
-        topk = topk_logprobs if self.top_k <= MAX_K and os.environ.get(TOPK_ENV) != "torch" else topk_logprobs_reference
+        # fixed tree budgets may pass the kernel's MAX_K: the torch path then
+        topk = topk_logprobs if self.top_k <= MAX_K else topk_logprobs_reference
         top_lp, top_ids = topk(logits, self.top_k)  # the log-softmax inside its two launches
         return logits, top_lp, top_ids
 

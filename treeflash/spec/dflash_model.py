@@ -35,7 +35,7 @@ from torch import nn
 from treeflash.errors import ModelLoadError
 from treeflash.kernels.draft_slots import draft_slot_ids, draft_slots
 from treeflash.kernels.rotary import norm_rotary_into_cache
-from treeflash.kv.attention_cache import attention_reference, static_buffer_attention
+from treeflash.kv.attention_cache import attention_reference, static_attention_reference, static_buffer_attention
 from treeflash.models.config import ModelConfig
 from treeflash.models.layers import MLP, RMSNorm, Rotary, apply_rotary, fuse_linears
 
@@ -257,7 +257,7 @@ class DFlashAttention(nn.Module):
         assert key_pos is not None
         keys.index_copy_(0, slots, k.to(keys.dtype))
         values.index_copy_(0, slots, v.to(values.dtype))
-        out = static_buffer_attention(q, keys, values, mask, self.scale, slots[n:], fallback=attention_reference)
+        out = static_buffer_attention(q, keys, values, mask, self.scale, slots[n:], fallback=static_attention_reference)
         return self.o_proj(out.reshape(b, -1))
 
     def write_context(self, ctx: torch.Tensor, rope, keys: torch.Tensor, values: torch.Tensor, start: int) -> None:
@@ -280,7 +280,7 @@ class DFlashAttention(nn.Module):
                                    keys, values, slots)[n:]
         # on CUDA the split-K kernel, reading up to the block's last slot: SDPA over the whole buffer cost
         # ~240 us a layer in the CLI's 8193-slot cache on the H200, against ~13 in the evaluation's 600
-        out = static_buffer_attention(q, keys, values, mask, self.scale, slots[n:], fallback=attention_reference)
+        out = static_buffer_attention(q, keys, values, mask, self.scale, slots[n:], fallback=static_attention_reference)
         return self.o_proj(out.reshape(b, -1))
 
     def needs_mask(self) -> bool:

@@ -10,13 +10,16 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
 import torch
 
 from treeflash.errors import InvalidRequestError
 from treeflash.spec.sampling import SamplingParams
 from treeflash.spec.tree import DraftTree
+
+if TYPE_CHECKING:
+    from treeflash.spec.device_loop import DeviceLoop
 
 
 @dataclass(frozen=True)
@@ -65,6 +68,11 @@ class Drafter(ABC):
     def bind_runner(self, runner: Any) -> None:
         """The engine hands over the target's runner (CUDA graphs on a GPU) once it exists."""
 
+    def device_loop(self, runner: Any, params: SamplingParams, want_logprobs: int | None) -> "DeviceLoop | None":
+        """The device fast path for a request (spec/device_loop.py): a DeviceLoop that runs whole drafted
+        steps on the device beside `runner`, or None (the default: synchronous steps)."""
+        return None
+
     def describe(self) -> dict[str, Any]:
         return {"name": self.name}
 
@@ -79,11 +87,6 @@ def register(name: str) -> Callable[[DrafterFactory], DrafterFactory]:
         return factory
 
     return wrap
-
-
-def drafter_names() -> list[str]:
-    _load_builtin()
-    return sorted(_REGISTRY)
 
 
 def build_drafter(name: str, target: Any, options: DraftOptions) -> Drafter:

@@ -22,7 +22,9 @@ import torch.nn.functional as F
 
 from treeflash.models.config import FULL_ATTENTION
 from treeflash.models.layers import apply_rotary
+from treeflash.models.runner import capture_graph
 from treeflash.models.transformer import CausalLM
+from treeflash.train.data import Generated
 
 DENSE = ("llama", "qwen2", "qwen3")
 CHECK_EVERY = 16  # decode steps between host checks for "every row has ended"
@@ -86,8 +88,6 @@ class BatchGenerator:
     @torch.inference_mode()
     def generate(self, prompts: list[list[int]], max_new_tokens: int, temperature: float = 0.0, seed: int = 0):
         """-> list[features.Generated], one per prompt, in order."""
-        from treeflash.train.features import Generated
-
         if not prompts or any(not p for p in prompts):
             raise ValueError("BatchGenerator.generate: every prompt needs at least one token")
         if max_new_tokens < 1:
@@ -157,19 +157,13 @@ class BatchGenerator:
 
 
 def _capture(step, state: dict, out: torch.Tensor):
-    """The decode step as one CUDA graph over the state's buffers. Warm-up steps run on a copy of
-    the state (the graph must start from the real one), on a side stream as capture requires."""
+    """The decode step as one CUDA graph over the state's buffers (models.runner.capture_graph: warm-up
+    on a side stream, no garbage collection while capturing). The warm-up advances the state; it is
+    put back after the capture (which runs nothing), so the graph's first replay starts from the real one."""
     saved = {k: v.clone() for k, v in state.items()}
     saved_out = out.clone()
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        step()  # warm-up: kernels chosen, lazy state allocated
-    torch.cuda.current_stream().wait_stream(side)
+    graph, _ = capture_graph(step, None, warmups=1)
     for k, v in state.items():
         v.copy_(saved[k])
     out.copy_(saved_out)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        step()
     return graph.replay

@@ -19,8 +19,8 @@ from pathlib import Path
 
 import torch
 
-from treeflash.bench.prompts import BenchPrompt
-from treeflash.bench.runner import encode_prompt
+from treeflash.data.prompts import BenchPrompt
+from treeflash.data.prompts import encode_prompt
 from treeflash.errors import InvalidRequestError
 
 
@@ -243,3 +243,10 @@ def _row_sequence(row: dict, loaded) -> tuple[list[int], int]:
     if "text" in row:
         return list(tok(row["text"], add_special_tokens=True)["input_ids"]), 1
     raise ValueError('expected {"prompt", "completion"}, {"messages"} or {"text"}')
+
+
+@dataclass
+class Generated:
+    prompt_ids: list[int]
+    response_ids: list[int]  # the target's continuation, ending with its end token if it stopped
+    finished: bool  # True when the target emitted an end token within max_new_tokens

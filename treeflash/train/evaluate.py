@@ -69,7 +69,7 @@ def decode(model, cfg: Config, prompt_ids: list[int], max_tokens: int, eos: set[
 
 
 def build_configs(loaded, drafter_dir: str, budgets, graphs: bool, max_len: int) -> list[Config]:
-    from treeflash.models.runner import CudaGraphRunner
+    from treeflash.engine.stack import build_runner
     from treeflash.spec.dflash import DFlashDrafter
     from treeflash.spec.dflash_model import load_dflash
 
@@ -79,11 +79,8 @@ def build_configs(loaded, drafter_dir: str, budgets, graphs: bool, max_len: int)
     configs += [Config(f"ddtree-{b}", DFlashDrafter(model, draft, budget=b, tree=True)) for b in budgets]
     for c in configs:
         c.cache = model.new_cache(max_len)
-        if graphs:
-            capture = c.drafter.capture_layers if c.drafter is not None else ()
-            c.runner = CudaGraphRunner(model, c.cache, capture_layers=capture, buckets=BUCKETS)
-            if c.drafter is not None:
-                c.drafter.bind_runner(c.runner)  # its passes as CUDA graphs too (static code on a CPU)
+        if graphs:  # the drafter bound: its passes as CUDA graphs too (static code on a CPU)
+            c.runner = build_runner(model, c.cache, c.drafter, buckets=BUCKETS)
     return configs
 
 
@@ -118,7 +115,7 @@ def summarize(configs: list[Config], runs: int) -> dict:
 
 def evaluate(loaded, drafter_dir: str, prompts, out_path: Path, max_tokens: int = 256, budgets=DEFAULT_BUDGETS,
              graphs: bool | None = None, time_limit_s: float | None = None, progress: bool = True) -> dict:
-    from treeflash.bench.runner import encode_prompt
+    from treeflash.data.prompts import encode_prompt
 
     model = loaded.model
     dev = model.device

@@ -22,7 +22,7 @@ import torch
 from treeflash.errors import ModelLoadError
 from treeflash.models.config import ModelConfig
 from treeflash.models.transformer import CausalLM
-from treeflash.train.data import pad_right
+from treeflash.train.data import Generated, pad_right
 
 
 def hf_config(c: ModelConfig):
@@ -60,13 +60,6 @@ def hf_config(c: ModelConfig):
             linear_num_value_heads=c.linear_num_value_heads,
         )
     raise ModelLoadError(f"train-drafter: no transformers twin for architecture {c.arch!r}")
-
-
-@dataclass
-class Generated:
-    prompt_ids: list[int]
-    response_ids: list[int]  # the target's continuation, ending with its end token if it stopped
-    finished: bool  # True when the target emitted an end token within max_new_tokens
 
 
 GEN_ENGINES = ("auto", "treeflash", "hf")

@@ -16,7 +16,7 @@ import importlib
 import inspect
 import random
 
-from treeflash.bench.prompts import BenchPrompt, file_prompts, humaneval_prompts, user
+from treeflash.data.prompts import BenchPrompt, file_prompts, humaneval_prompts, user
 from treeflash.errors import InvalidRequestError
 
 HELDOUT_HUMANEVAL = (

@@ -17,7 +17,7 @@ from __future__ import annotations
 import random
 import time
 
-from treeflash.bench.prompts import BenchPrompt
+from treeflash.data.prompts import BenchPrompt
 from treeflash.errors import InvalidRequestError
 from treeflash.train.prompts import HELDOUT_CHAT
 

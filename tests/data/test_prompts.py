@@ -4,7 +4,7 @@ import json
 
 import pytest
 
-from treeflash.bench.prompts import CHAT, load_prompts
+from treeflash.data.prompts import CHAT, load_prompts
 from treeflash.errors import InvalidRequestError
 
 

@@ -1,4 +1,4 @@
-"""Benchmark prompt sets: built-in ones (spaceinvaders, humaneval, chat) or a file.
+"""Prompt sets (bench, training, evaluation): built-in ones (spaceinvaders, humaneval, chat) or a file.
 
 A prompt is either chat-style (messages, rendered with the model's chat template in-process, or
 sent to /v1/chat/completions) or raw text (continued as is, or sent to /v1/completions).
@@ -115,3 +115,13 @@ def file_prompts(path: Path) -> list[BenchPrompt]:
         else:
             raise InvalidRequestError(f'{where}: expected {{"prompt": "..."}} or {{"messages": [...]}}', "prompts")
     return prompts
+
+
+def encode_prompt(loaded, prompt: BenchPrompt) -> list[int]:
+    """Chat prompts go through the model's chat template, exactly as `treeflash generate --chat` does."""
+    if not prompt.chat:
+        return list(loaded.tokenizer(prompt.text, add_special_tokens=True)["input_ids"])
+    from treeflash.engine.chat import render_chat
+
+    text = render_chat(loaded.chat_template, list(prompt.messages), add_generation_prompt=True)
+    return list(loaded.tokenizer(text, add_special_tokens=False)["input_ids"])

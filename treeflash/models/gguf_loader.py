@@ -164,9 +164,7 @@ def hf_config_dict(meta: dict[str, Any], reader: GGUFReader, by_name: dict[str, 
     if vocab is None:
         tokens = reader.fields.get("tokenizer.ggml.tokens")
         vocab = len(tokens.data) if tokens is not None else int(by_name["token_embd.weight"].shape[-1])
-    scaling = meta.get(f"{arch}.rope.scaling.type", "none")
-    if scaling not in ("none", None) and float(meta.get(f"{arch}.rope.scaling.factor", 1.0)) != 1.0:
-        raise ModelLoadError(f"{source}: rope scaling {scaling!r} is not supported")
+    rope_parameters = gguf_rope_scaling(meta, arch, source)
     eos = [meta.get(k) for k in ("tokenizer.ggml.eos_token_id", "tokenizer.ggml.eot_token_id")]
     eos = [int(e) for i, e in enumerate(eos) if e is not None and e not in eos[:i]]
     cfg: dict[str, Any] = {
@@ -186,6 +184,8 @@ def hf_config_dict(meta: dict[str, Any], reader: GGUFReader, by_name: dict[str, 
         "bos_token_id": meta.get("tokenizer.ggml.bos_token_id"),
         "eos_token_id": eos or None,
     }
+    if rope_parameters:
+        cfg["rope_parameters"] = {"rope_theta": cfg["rope_theta"], **rope_parameters}
     if arch == "qwen35":
         mtp_layers = int(meta.get("qwen35.nextn_predict_layers", 0))
         v_heads = int(get("ssm.time_step_rank"))
@@ -201,6 +201,35 @@ def hf_config_dict(meta: dict[str, Any], reader: GGUFReader, by_name: dict[str, 
             mtp_num_hidden_layers=mtp_layers,
         )
     return cfg
+
+
+def gguf_rope_scaling(meta: dict[str, Any], arch: str, source: str) -> dict[str, Any]:
+    """`{arch}.rope.scaling.*` -> Hugging Face rope_parameters (empty: unscaled). llama.cpp's yarn
+    multiplies its own mscale (0.1 ln(factor) + 1) by `attn_factor`; HF's attention_factor is the
+    product. A type or option we cannot reproduce exactly is refused, naming the key."""
+    key = lambda k: f"{arch}.rope.scaling.{k}"  # noqa: E731
+    kind = meta.get(key("type"), "none")
+    factor = float(meta.get(key("factor"), 1.0))
+    if kind in ("none", None) or factor in (0.0, 1.0):  # llama.cpp reads factor 0 as "unset"
+        return {}
+    if kind == "linear":
+        return {"rope_type": "linear", "factor": factor}
+    if kind != "yarn":
+        raise ModelLoadError(f"{source}: rope scaling {kind!r} ({key('type')}) is not supported; supported: linear, yarn")
+    for k, neutral in (("yarn_log_multiplier", 0.0), ("yarn_ext_factor", None)):
+        v = meta.get(key(k))
+        if v is not None and float(v) not in ((0.0,) if neutral == 0.0 else (-1.0, 1.0)):
+            raise ModelLoadError(f"{source}: {key(k)} = {v} is not supported (only plain YaRN is)")
+    out: dict[str, Any] = {"rope_type": "yarn", "factor": factor}
+    if key("original_context_length") in meta:
+        out["original_max_position_embeddings"] = int(meta[key("original_context_length")])
+    for ours, theirs in (("beta_fast", "yarn_beta_fast"), ("beta_slow", "yarn_beta_slow")):
+        if key(theirs) in meta:
+            out[ours] = float(meta[key(theirs)])
+    attn = meta.get(key("attn_factor"), meta.get(key("yarn_attn_factor")))
+    if attn is not None and float(attn) != 1.0:
+        out["attention_factor"] = float(attn) * (0.1 * math.log(factor) + 1.0)
+    return out
 
 
 def gguf_to_ours(name: str) -> str | None:

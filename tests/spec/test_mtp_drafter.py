@@ -87,3 +87,54 @@ def test_registry():
     target.mtp = None
     with pytest.raises(InvalidRequestError, match="qwen36.gguf has no MTP head"):
         build_drafter("mtp", loaded, DraftOptions())
+
+
+@pytest.mark.parametrize("budget", [2, 7, 16])
+def test_mtp_tree_is_lossless(budget):
+    """--mtp-tree: a DDTree of `budget` nodes from the head's per-depth distributions, verified by
+    the same verifier: the output equals plain decoding, and the trees branch (width > 1)."""
+    target = mtp_target(6, 1)
+    prompt = random_prompt(12, 6)
+    ref, _ = run(target, prompt, 150)
+    drafter = MTPDrafter(target, 3, tree_budget=budget)
+    widths = []
+    propose = drafter.propose
+
+    def recording(ctx):
+        tree = propose(ctx)
+        assert tree.num_nodes - 1 == min(budget, ctx.max_nodes - 1)
+        widths.append(tree.num_nodes - 1 - max(tree.depths()))
+        return tree
+
+    drafter.propose = recording
+    out, stats = run(target, prompt, 150, drafter)
+    assert out == ref
+    assert stats.accepted_per_depth[0] > 0
+    if budget > 3:
+        assert max(widths) > 0  # more nodes than depths: some depth holds siblings
+
+
+def test_registry_mtp_tree():
+    target = mtp_target()
+    loaded = SimpleNamespace(model=target, config=target.config, tokenizer=None, source="x")
+    assert build_drafter("mtp", loaded, DraftOptions(num_draft=4, mtp_tree=True)).tree_budget == 12  # auto: 3 per depth
+    assert build_drafter("mtp", loaded, DraftOptions(num_draft=4, mtp_tree=True, budget=9)).tree_budget == 9
+    assert build_drafter("mtp", loaded, DraftOptions(num_draft=4)).tree_budget is None
+
+
+@pytest.mark.parametrize("tree_budget", [None, 5])
+def test_sampled_mtp_matches_the_target(tree_budget):
+    """Sampling through MTP drafts (a chain with draft probabilities: rejection sampling; a tree:
+    sample-and-match) draws exactly the target's distribution (tests/spec/test_sampled.py's test)."""
+    from tests.spec.test_sampled import HEAD_GAIN, T1, VOCAB, statistic
+
+    target = tiny_lm("qwen3_5", 0, scale=0.06, vocab_size=VOCAB, num_hidden_layers=2, mtp_num_hidden_layers=1)
+    with torch.random.fork_rng():
+        torch.manual_seed(7)
+        target.mtp = MTPHead(target.config, 1).eval()
+        with torch.no_grad():
+            for p in target.mtp.parameters():
+                p.add_(torch.randn_like(p) * 0.1)
+            target.lm_head.weight.mul_(HEAD_GAIN)
+    stat, limit = statistic(target, MTPDrafter(target, 2, tree_budget), T1)
+    assert stat < limit, f"chi-square {stat:.1f} >= {limit:.1f}"

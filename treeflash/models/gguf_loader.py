@@ -8,8 +8,14 @@ here so the weights equal the Hugging Face checkpoint's:
 - qwen35 (Qwen3.5/3.6): zero-centred norm weights are stored as w + 1 (except the DeltaNet's
   own `ssm_norm`); `ssm_a` holds -exp(A_log); `ssm_conv1d` is squeezed to [C, K]; and every
   axis indexed by DeltaNet value heads is stored tiled (v0k0 v0k1 .. v1k0 ..) where Hugging Face
-  groups them by key head (k0v0 k0v1 .. k1v0 ..). The MTP block (`blk.{num_layers}.*`, llama.cpp's
-  "nextn" layer) is not read: load the Hugging Face checkpoint for MTP.
+  groups them by key head (k0v0 k0v1 .. k1v0 ..).
+- qwen35 MTP files (`{arch}.nextn_predict_layers` = n > 0; block_count counts them): blocks
+  num_layers .. num_layers + n - 1 are the MTP head. Their decoder-layer tensors carry the usual
+  block names and become `mtp.layers.{i}.*`; `nextn.eh_proj` is `mtp.fc`, `nextn.enorm` /
+  `nextn.hnorm` the pre-fc norms of the embedding / hidden halves, `nextn.shared_head_norm` the
+  head's final norm (all stored as w + 1, like the target's norms). Each block repeats the four
+  head tensors (llama.cpp's converter writes them per MTP block); we read the first. Qwen3.5 shares
+  the target's embedding and lm_head, so `nextn.embed_tokens` / `nextn.shared_head_head` are refused.
 - a missing `output.weight` means tied embeddings; `rope_freqs.weight` (llama 3 rope scaling)
   divides the rotary inverse frequencies.
 """
@@ -27,7 +33,9 @@ from gguf import GGML_QUANT_SIZES, GGMLQuantizationType, GGUFReader
 from treeflash.errors import ModelLoadError
 from treeflash.models.config import ModelConfig
 from treeflash.models.gguf_dequant import BLOCK_LAYOUT, dequantize, type_name
+from treeflash.models.gguf_nextn import NEXTN_NAMES, NEXTN_REFUSED, mtp_name
 from treeflash.models.loader import Checkpoint, TensorRef
+from treeflash.models.rope import rope_parameters_from_gguf
 
 ARCH_MODEL_TYPE = {"llama": "llama", "qwen2": "qwen2", "qwen3": "qwen3", "qwen35": "qwen3_5_text"}
 TOP_NAMES = {"token_embd": "model.embed_tokens", "output_norm": "model.norm", "output": "lm_head"}
@@ -76,13 +84,15 @@ def open_gguf(path: Path) -> Checkpoint:
         if name == "rope_freqs.weight":
             rope_freqs = _tensor_ref(source, t, None, "rotary inverse frequency factors")
             continue
-        if arch == "qwen35" and name.startswith(f"blk.{num_layers}."):  # the MTP ("nextn") block
-            skipped.append(name)
-            continue
         ours = gguf_to_ours(name)
+        if arch == "qwen35" and ours is not None and ours.startswith("model.layers."):
+            ours = mtp_name(ours, name, num_layers, config.mtp_num_layers, source)
+            if ours is None:  # a later MTP block's copy of the head tensors
+                skipped.append(name)
+                continue
         if ours is None:
             raise ModelLoadError(f"{source}: unexpected tensor {name}: no {arch} parameter has this name")
-        leaf = ours.split(".", 3)[-1] if ours.startswith("model.layers.") else ours
+        leaf = ours.split(".", 3)[-1] if ours.startswith(("model.layers.", "mtp.layers.")) else ours
         tensors[ours] = _tensor_ref(source, t, fixups.get(leaf), ours)
     chat_template = meta.get("tokenizer.chat_template")
     return Checkpoint(
@@ -164,7 +174,7 @@ def hf_config_dict(meta: dict[str, Any], reader: GGUFReader, by_name: dict[str, 
     if vocab is None:
         tokens = reader.fields.get("tokenizer.ggml.tokens")
         vocab = len(tokens.data) if tokens is not None else int(by_name["token_embd.weight"].shape[-1])
-    rope_parameters = gguf_rope_scaling(meta, arch, source)
+    rope_parameters = rope_parameters_from_gguf(meta, arch, source)
     eos = [meta.get(k) for k in ("tokenizer.ggml.eos_token_id", "tokenizer.ggml.eot_token_id")]
     eos = [int(e) for i, e in enumerate(eos) if e is not None and e not in eos[:i]]
     cfg: dict[str, Any] = {
@@ -203,35 +213,6 @@ def hf_config_dict(meta: dict[str, Any], reader: GGUFReader, by_name: dict[str, 
     return cfg
 
 
-def gguf_rope_scaling(meta: dict[str, Any], arch: str, source: str) -> dict[str, Any]:
-    """`{arch}.rope.scaling.*` -> Hugging Face rope_parameters (empty: unscaled). llama.cpp's yarn
-    multiplies its own mscale (0.1 ln(factor) + 1) by `attn_factor`; HF's attention_factor is the
-    product. A type or option we cannot reproduce exactly is refused, naming the key."""
-    key = lambda k: f"{arch}.rope.scaling.{k}"  # noqa: E731
-    kind = meta.get(key("type"), "none")
-    factor = float(meta.get(key("factor"), 1.0))
-    if kind in ("none", None) or factor in (0.0, 1.0):  # llama.cpp reads factor 0 as "unset"
-        return {}
-    if kind == "linear":
-        return {"rope_type": "linear", "factor": factor}
-    if kind != "yarn":
-        raise ModelLoadError(f"{source}: rope scaling {kind!r} ({key('type')}) is not supported; supported: linear, yarn")
-    for k, neutral in (("yarn_log_multiplier", 0.0), ("yarn_ext_factor", None)):
-        v = meta.get(key(k))
-        if v is not None and float(v) not in ((0.0,) if neutral == 0.0 else (-1.0, 1.0)):
-            raise ModelLoadError(f"{source}: {key(k)} = {v} is not supported (only plain YaRN is)")
-    out: dict[str, Any] = {"rope_type": "yarn", "factor": factor}
-    if key("original_context_length") in meta:
-        out["original_max_position_embeddings"] = int(meta[key("original_context_length")])
-    for ours, theirs in (("beta_fast", "yarn_beta_fast"), ("beta_slow", "yarn_beta_slow")):
-        if key(theirs) in meta:
-            out[ours] = float(meta[key(theirs)])
-    attn = meta.get(key("attn_factor"), meta.get(key("yarn_attn_factor")))
-    if attn is not None and float(attn) != 1.0:
-        out["attention_factor"] = float(attn) * (0.1 * math.log(factor) + 1.0)
-    return out
-
-
 def gguf_to_ours(name: str) -> str | None:
     parts = name.split(".")
     if parts[0] == "blk" and len(parts) >= 3 and parts[1].isdigit():
@@ -241,6 +222,8 @@ def gguf_to_ours(name: str) -> str | None:
         leaf, _, suffix = rest.rpartition(".")
         if leaf in BLOCK_NAMES and suffix in ("weight", "bias"):
             return f"{prefix}{BLOCK_NAMES[leaf]}.{suffix}"
+        if (leaf in NEXTN_NAMES or leaf in NEXTN_REFUSED) and suffix == "weight":
+            return f"{prefix}{leaf}.{suffix}"
         return None
     leaf, _, suffix = name.rpartition(".")
     if leaf in TOP_NAMES and suffix in ("weight", "bias"):
@@ -250,6 +233,14 @@ def gguf_to_ours(name: str) -> str | None:
 
 def ours_to_gguf(name: str) -> str:
     """Our name -> the GGUF name llama.cpp would use (for error messages)."""
+    if name.startswith("mtp."):
+        rest = name[len("mtp."):]
+        for g, o in NEXTN_NAMES.items():
+            if rest == o + ".weight":
+                return f"blk.N.{g}.weight (N = the first MTP block)"
+        if rest.startswith("layers."):
+            _, i, leaf = rest.split(".", 2)
+            return ours_to_gguf(f"model.layers.{i}.{leaf}").replace(f"blk.{i}.", f"blk.(N+{i}).", 1)
     if name.startswith("model.layers."):
         _, _, i, rest = name.split(".", 3)
         for table in (BLOCK_SPECIAL, BLOCK_NAMES):
@@ -316,6 +307,9 @@ def _fixups(arch: str, c: ModelConfig) -> dict[str, Fixup]:
 
     fix: dict[str, Fixup] = {
         "model.norm.weight": minus_one,
+        "mtp.pre_fc_norm_embedding.weight": minus_one,
+        "mtp.pre_fc_norm_hidden.weight": minus_one,
+        "mtp.norm.weight": minus_one,
         "input_layernorm.weight": minus_one,
         "post_attention_layernorm.weight": minus_one,
         "self_attn.q_norm.weight": minus_one,

@@ -112,3 +112,32 @@ def _yarn(inv_freq: torch.Tensor, base: float, dim: int, s: dict[str, Any]) -> t
     ramp = ((torch.arange(dim // 2, dtype=torch.float64) - low) / (high - low)).clamp(0, 1)
     extrapolate = 1 - ramp  # 1: keep the trained frequency (fast dims), 0: interpolate by factor
     return inv_freq / factor * (1 - extrapolate) + inv_freq * extrapolate, float(attention_factor)
+
+
+def rope_parameters_from_gguf(meta: dict[str, Any], arch: str, source: str) -> dict[str, Any]:
+    """`{arch}.rope.scaling.*` -> Hugging Face rope_parameters (empty: unscaled). llama.cpp's yarn
+    multiplies its own mscale (0.1 ln(factor) + 1) by `attn_factor`; HF's attention_factor is the
+    product. A type or option we cannot reproduce exactly is refused, naming the key."""
+    key = lambda k: f"{arch}.rope.scaling.{k}"  # noqa: E731
+    kind = meta.get(key("type"), "none")
+    factor = float(meta.get(key("factor"), 1.0))
+    if kind in ("none", None) or factor in (0.0, 1.0):  # llama.cpp reads factor 0 as "unset"
+        return {}
+    if kind == "linear":
+        return {"rope_type": "linear", "factor": factor}
+    if kind != "yarn":
+        raise ModelLoadError(f"{source}: rope scaling {kind!r} ({key('type')}) is not supported; supported: linear, yarn")
+    for k, neutral in (("yarn_log_multiplier", 0.0), ("yarn_ext_factor", None)):
+        v = meta.get(key(k))
+        if v is not None and float(v) not in ((0.0,) if neutral == 0.0 else (-1.0, 1.0)):
+            raise ModelLoadError(f"{source}: {key(k)} = {v} is not supported (only plain YaRN is)")
+    out: dict[str, Any] = {"rope_type": "yarn", "factor": factor}
+    if key("original_context_length") in meta:
+        out["original_max_position_embeddings"] = int(meta[key("original_context_length")])
+    for ours, theirs in (("beta_fast", "yarn_beta_fast"), ("beta_slow", "yarn_beta_slow")):
+        if key(theirs) in meta:
+            out[ours] = float(meta[key(theirs)])
+    attn = meta.get(key("attn_factor"), meta.get(key("yarn_attn_factor")))
+    if attn is not None and float(attn) != 1.0:
+        out["attention_factor"] = float(attn) * (0.1 * math.log(factor) + 1.0)
+    return out

@@ -21,7 +21,7 @@ from treeflash.server.reasoning import prompt_opens_thinking
 from treeflash.server.tools import tool_call_text, tools_system_text
 from treeflash.spec.sampling import SamplingParams
 
-RESERVED_TEMPLATE_KWARGS = ("messages", "tools", "add_generation_prompt", "bos_token", "eos_token", "template")
+RESERVED_TEMPLATE_KWARGS = ("messages", "tools", "documents", "add_generation_prompt", "bos_token", "eos_token", "template")
 
 
 @dataclass(frozen=True)

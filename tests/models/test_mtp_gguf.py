@@ -60,12 +60,14 @@ def nextn_tensors(mtp_sd, hf, qtype):
     return out
 
 
-def write_mtp_gguf(path, hf, mtp_sd, qtype=Q.Q8_0, mutate=None):
+def write_mtp_gguf(path, hf, mtp_sd, qtype=Q.Q8_0, mutate=None, template=None):
     tensors = nextn_tensors(mtp_sd, hf, qtype)
     if mutate:
         mutate(tensors)
 
     def meta(w):
+        if template is not None:
+            w.add_chat_template(template)
         w.add_block_count(hf.config.num_hidden_layers + 1)  # llama.cpp counts the MTP block
         w.add_nextn_predict_layers(1)
         for g, (a, raw) in tensors.items():

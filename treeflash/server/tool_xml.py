@@ -34,9 +34,12 @@ def parameter_types(tools: list[dict[str, Any]] | None) -> dict[str, dict[str, s
     """OpenAI tool definitions -> {function name: {parameter: JSON schema type}} (types lower-cased)."""
     out: dict[str, dict[str, str]] = {}
     for tool in tools or ():
-        fn = tool.get("function", tool) if isinstance(tool, dict) else {}
-        props = ((fn.get("parameters") or {}).get("properties") or {}) if isinstance(fn, dict) else {}
-        if isinstance(fn.get("name"), str) and isinstance(props, dict):
+        fn = tool.get("function", tool) if isinstance(tool, dict) else None
+        if not isinstance(fn, dict) or not isinstance(fn.get("name"), str):
+            continue
+        params = fn.get("parameters")
+        props = params.get("properties") if isinstance(params, dict) else None
+        if isinstance(props, dict):
             out[fn["name"]] = {p: _type_name(s) for p, s in props.items() if isinstance(s, dict)}
     return out
 

@@ -60,7 +60,7 @@ def nextn_tensors(mtp_sd, hf, qtype):
     return out
 
 
-def write_mtp_gguf(path, hf, mtp_sd, qtype=Q.Q8_0, mutate=None, template=None):
+def write_mtp_gguf(path, hf, mtp_sd, qtype=Q.Q8_0, mutate=None, template=None, vocab_size=None):
     tensors = nextn_tensors(mtp_sd, hf, qtype)
     if mutate:
         mutate(tensors)
@@ -68,6 +68,8 @@ def write_mtp_gguf(path, hf, mtp_sd, qtype=Q.Q8_0, mutate=None, template=None):
     def meta(w):
         if template is not None:
             w.add_chat_template(template)
+        if vocab_size is not None:  # a model vocabulary smaller than the writer's token list
+            w.add_vocab_size(vocab_size)
         w.add_block_count(hf.config.num_hidden_layers + 1)  # llama.cpp counts the MTP block
         w.add_nextn_predict_layers(1)
         for g, (a, raw) in tensors.items():
@@ -146,3 +148,20 @@ def test_missing_and_unexpected_nextn_tensors(tmp_path):
         load_model(str(write_mtp_gguf(tmp_path / "b.gguf", hf, mtp_sd, Q.F32,
                                       lambda t: t.update({f"blk.{L}.nextn.embed_tokens.weight": (np.zeros((97, 64), np.float32), None)}))),
                    device="cpu", progress=False)
+
+
+@pytest.mark.parametrize("tree_budget", [None, 5])
+def test_sampled_draft_mtp_from_gguf_matches_the_target(tmp_path, tree_budget):
+    """Sampling through the GGUF's MTP head (a chain with draft probabilities: rejection sampling;
+    --mtp-tree: sample-and-match) draws exactly the target's distribution: tests/spec/test_sampled.py's
+    chi-square test, on an 8-token Qwen3.5 hybrid (linear, full) written in llama.cpp's layout."""
+    from tests.spec.test_sampled import HEAD_GAIN, T1, VOCAB, statistic
+
+    hf = random_hf("qwen3_5", vocab_size=VOCAB, num_hidden_layers=2)
+    with torch.no_grad():
+        hf.lm_head.weight.mul_(HEAD_GAIN * 20)  # random_hf's weights are small: sharpen to ~1 nat of entropy
+    mtp_sd = random_mtp(hf, Q.F32)
+    model = load_model(str(write_mtp_gguf(tmp_path / "v8.gguf", hf, mtp_sd, Q.F32, vocab_size=VOCAB)), device="cpu", progress=False).model
+    assert model.config.vocab_size == VOCAB and model.mtp is not None
+    stat, limit = statistic(model, MTPDrafter(model, 2, tree_budget), T1)
+    assert stat < limit, f"chi-square {stat:.1f} >= {limit:.1f}"

@@ -120,21 +120,3 @@ def test_registry_mtp_tree():
     assert build_drafter("mtp", loaded, DraftOptions(num_draft=4, mtp_tree=True)).tree_budget == 12  # auto: 3 per depth
     assert build_drafter("mtp", loaded, DraftOptions(num_draft=4, mtp_tree=True, budget=9)).tree_budget == 9
     assert build_drafter("mtp", loaded, DraftOptions(num_draft=4)).tree_budget is None
-
-
-@pytest.mark.parametrize("tree_budget", [None, 5])
-def test_sampled_mtp_matches_the_target(tree_budget):
-    """Sampling through MTP drafts (a chain with draft probabilities: rejection sampling; a tree:
-    sample-and-match) draws exactly the target's distribution (tests/spec/test_sampled.py's test)."""
-    from tests.spec.test_sampled import HEAD_GAIN, T1, VOCAB, statistic
-
-    target = tiny_lm("qwen3_5", 0, scale=0.06, vocab_size=VOCAB, num_hidden_layers=2, mtp_num_hidden_layers=1)
-    with torch.random.fork_rng():
-        torch.manual_seed(7)
-        target.mtp = MTPHead(target.config, 1).eval()
-        with torch.no_grad():
-            for p in target.mtp.parameters():
-                p.add_(torch.randn_like(p) * 0.1)
-            target.lm_head.weight.mul_(HEAD_GAIN)
-    stat, limit = statistic(target, MTPDrafter(target, 2, tree_budget), T1)
-    assert stat < limit, f"chi-square {stat:.1f} >= {limit:.1f}"

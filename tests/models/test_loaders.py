@@ -134,9 +134,10 @@ def roundtrip(w: np.ndarray, qtype) -> np.ndarray:
 GGUF_TOKENS = [chr(ord("!") + i) for i in range(VOCAB - 4)] + ["ab", "<s>", "</s>", "<unk>"]  # byte-level BPE
 
 
-def write_gguf(path, hf, arch="llama", qtype=Q.Q8_0, drop=(), replace=None, extra_tensors=None):
+def write_gguf(path, hf, arch="llama", qtype=Q.Q8_0, drop=(), replace=None, extra_tensors=None, extra_meta=None):
     """Write `hf` as llama.cpp would; 2-D weights as `qtype` (the HF model is updated to the
-    quantized values, so both sides run the same weights); returns the path."""
+    quantized values, so both sides run the same weights); returns the path. extra_meta(writer):
+    adds metadata (rope scaling keys, nextn_predict_layers) before the header is written."""
     cfg = hf.config
     heads, kv_heads = cfg.num_attention_heads, cfg.num_key_value_heads
     w = GGUFWriter(str(path), arch)
@@ -190,6 +191,8 @@ def write_gguf(path, hf, arch="llama", qtype=Q.Q8_0, drop=(), replace=None, extr
                 w.add_tensor(g, np.ascontiguousarray(a))
     for g, a in (extra_tensors or {}).items():
         w.add_tensor(g, a)
+    if extra_meta is not None:
+        extra_meta(w)
     w.write_header_to_file()
     w.write_kv_data_to_file()
     w.write_tensors_to_file()

@@ -9,6 +9,7 @@ from openai.types.chat import ChatCompletionChunk
 
 from treeflash.engine.request import TokenEvent, TokenLogprob, Usage
 from treeflash.server.chunks import ReplyContext, chat_chunks, completion_chunks, fold_chat, fold_completion
+from treeflash.server.tools import ToolCallParser
 from treeflash.server.worker import _DONE, Job
 
 
@@ -48,7 +49,7 @@ async def refold(chunks, fold):
 
 def run_chat(deltas_per_choice, parse_tools=False, in_think=False, logprobs=False):
     ctx = ReplyContext("chatcmpl-x", 1, "m", 7, include_usage=True)
-    make = lambda job: chat_chunks(job, ctx, FakeText(), in_think, parse_tools)  # noqa: E731
+    make = lambda job: chat_chunks(job, ctx, FakeText(), in_think, ToolCallParser if parse_tools else None)  # noqa: E731
     chunks = asyncio.run(collect(make, scripted(deltas_per_choice, logprobs)))
     return chunks, asyncio.run(refold(chunks, fold_chat))
 

@@ -87,3 +87,36 @@ def test_registry():
     target.mtp = None
     with pytest.raises(InvalidRequestError, match="qwen36.gguf has no MTP head"):
         build_drafter("mtp", loaded, DraftOptions())
+
+
+@pytest.mark.parametrize("budget", [2, 7, 16])
+def test_mtp_tree_is_lossless(budget):
+    """--mtp-tree: a DDTree of `budget` nodes from the head's per-depth distributions, verified by
+    the same verifier: the output equals plain decoding, and the trees branch (width > 1)."""
+    target = mtp_target(6, 1)
+    prompt = random_prompt(12, 6)
+    ref, _ = run(target, prompt, 150)
+    drafter = MTPDrafter(target, 3, tree_budget=budget)
+    widths = []
+    propose = drafter.propose
+
+    def recording(ctx):
+        tree = propose(ctx)
+        assert tree.num_nodes - 1 == min(budget, ctx.max_nodes - 1)
+        widths.append(tree.num_nodes - 1 - max(tree.depths()))
+        return tree
+
+    drafter.propose = recording
+    out, stats = run(target, prompt, 150, drafter)
+    assert out == ref
+    assert stats.accepted_per_depth[0] > 0
+    if budget > 3:
+        assert max(widths) > 0  # more nodes than depths: some depth holds siblings
+
+
+def test_registry_mtp_tree():
+    target = mtp_target()
+    loaded = SimpleNamespace(model=target, config=target.config, tokenizer=None, source="x")
+    assert build_drafter("mtp", loaded, DraftOptions(num_draft=4, mtp_tree=True)).tree_budget == 12  # auto: 3 per depth
+    assert build_drafter("mtp", loaded, DraftOptions(num_draft=4, mtp_tree=True, budget=9)).tree_budget == 9
+    assert build_drafter("mtp", loaded, DraftOptions(num_draft=4)).tree_budget is None

@@ -6,7 +6,7 @@ NUM_SAMPLES runs are tested against it. The first token comes from prefill; the 
 verification: sample-and-match on trees and on chains without draft probabilities, Leviathan
 rejection sampling on chains with child_probs, each under temperature, top-k, top-p and min-p.
 
-False failures: every chi-square test in this file and in test_verify.py uses the threshold
+False failures: every chi-square test in this file, test_verify.py and tests/models/test_mtp_gguf.py uses the threshold
 chi2.ppf(1 - ALPHA / NUM_TESTS, df), so a correct verifier fails one of them with probability
 below ALPHA = 1e-3 (Bonferroni); the seeds are fixed, so a run is also reproducible. The test
 can fail: a verifier that accepts every draft, and one that resamples rejections from p instead
@@ -31,7 +31,7 @@ from treeflash.spec.sampling import SamplingParams, sample, target_probs
 from treeflash.spec.verify import VerifyResult
 
 ALPHA = 1e-3  # false-failure rate of the whole file (and test_verify.py), by design
-NUM_TESTS = 8  # chi-square tests that must pass: 6 here, 2 in test_verify.py
+NUM_TESTS = 10  # chi-square tests that must pass: 6 here, 2 in test_verify.py, 2 in tests/models/test_mtp_gguf.py
 VOCAB = 8
 PROMPT = [1, 5, 2, 7, 1, 5]
 NUM_TOKENS = 3  # the joint of (prefill token, two speculated tokens): 512 cells

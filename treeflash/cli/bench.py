@@ -189,7 +189,7 @@ def _engine_targets(args, prompts):
     # only the KV the longest request needs (+ room for the last verify tree), so a sweep's engines fit together
     max_context = min(args.max_context, longest + args.max_tokens + 256)
     options = DraftOptions(num_draft=args.num_draft, draft_model=args.draft_model, budget=parse_budget(args.budget),
-                           tree=not args.no_tree)
+                           tree=not args.no_tree, mtp_tree=args.mtp_tree)
     base = EngineConfig(max_context=max_context, draft=args.draft, draft_options=options,
                         cache_type_k=args.cache_type_k, cache_type_v=args.cache_type_v,
                         cache_k_exact_layers=args.cache_k_exact_layers)

@@ -26,6 +26,8 @@ def add_model_args(p: argparse.ArgumentParser) -> None:
     d.add_argument("--num-draft", type=int, default=5, help="tokens per chain draft for ngram/draft/mtp (default 5)")
     d.add_argument("--budget", default="auto", help="DDTree node budget for dflash: an integer or 'auto' (default)")
     d.add_argument("--no-tree", action="store_true", help="dflash: verify the plain DFlash chain instead of a DDTree")
+    d.add_argument("--mtp-tree", action="store_true",
+                   help="mtp: draft a DDTree from the MTP head's per-depth top-k (--budget nodes; auto: 3 per --num-draft depth) instead of a chain")
 
 
 def non_negative_int(value: str) -> int:
@@ -66,6 +68,7 @@ def build_engine(args: argparse.Namespace, progress: bool = True):
         draft_model=args.draft_model,
         budget=parse_budget(args.budget),
         tree=not args.no_tree,
+        mtp_tree=getattr(args, "mtp_tree", False),
     )
     config = EngineConfig(
         max_context=args.max_context,

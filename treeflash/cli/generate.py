@@ -6,6 +6,7 @@ import argparse
 import sys
 
 from treeflash.cli.common import add_model_args, build_engine
+from treeflash.cli.template_args import add_template_args, template_kwargs
 
 EXAMPLES = """examples:
   treeflash generate --chat "What is the capital of France?" --temperature 0
@@ -14,6 +15,8 @@ EXAMPLES = """examples:
       --draft-model ./Qwen2.5-Coder-0.5B-Instruct.gguf --chat "Write quicksort in Python"
   treeflash generate --chat "Tell me a story" --temperature 0.8 --top-p 0.95 --seed 7
   treeflash generate --chat "Write a haiku" --weights int4 --threads 1   # CPU: the GGUF's 4-bit layers stay 4-bit (~2x)
+  treeflash generate --model ./Qwen3.6-27B-MTP.gguf --draft mtp --num-draft 3 --no-think --chat "Sort a list in Rust"
+  treeflash generate --model ./Qwen3-8B --chat-template-kwargs '{"enable_thinking": false}' --chat "Hi"
 """
 
 
@@ -33,6 +36,7 @@ def add_parser(sub) -> None:
     p.add_argument("--stop", action="append", default=[], help="stop string (repeatable)")
     p.add_argument("--ignore-eos", action="store_true", help="keep generating past the end-of-sequence token")
     p.add_argument("--quiet", action="store_true", help="no loading progress bar")
+    add_template_args(p)
     add_model_args(p)
     p.set_defaults(func=run)
 
@@ -42,12 +46,13 @@ def run(args: argparse.Namespace) -> int:
     from treeflash.engine.request import GenerationRequest
     from treeflash.spec.sampling import SamplingParams
 
+    kwargs = template_kwargs(args)  # before loading: a bad flag fails fast
     engine = build_engine(args, progress=not args.quiet)
     if args.prompt is None and args.chat is None:
         args.chat = "What is the capital of France?"
     if args.chat is not None:
         messages = ([{"role": "system", "content": args.system}] if args.system else []) + [{"role": "user", "content": args.chat}]
-        text = render_chat(engine.loaded.chat_template, messages, add_generation_prompt=True)
+        text = render_chat(engine.loaded.chat_template, messages, add_generation_prompt=True, **kwargs)
         ids = engine.encode(text, add_special_tokens=False)
     else:
         ids = engine.encode(args.prompt)

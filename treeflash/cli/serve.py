@@ -13,13 +13,17 @@ from collections.abc import Callable
 from pathlib import Path
 
 from treeflash.cli.common import add_model_args, build_engine
+from treeflash.cli.template_args import add_template_args, template_kwargs
 from treeflash.errors import ModelLoadError
+from treeflash.server.tools import PARSER_CHOICES
 
 EXAMPLES = """examples:
   treeflash serve                                    # the embedded SmolLM2-135M-Instruct on 127.0.0.1:8000
   treeflash serve --draft ngram --port 8080 --api-key secret
   treeflash serve --model ./Qwen2.5-Coder-1.5B-Instruct.gguf --served-model-name qwen-coder \\
       --draft draft --draft-model ./Qwen2.5-Coder-0.5B-Instruct.gguf --max-queue 16
+  treeflash serve --model ./Qwen3.6-27B-MTP-Q4_K_M.gguf --draft mtp --num-draft 3 --no-think   # XML tool calls: auto
+  treeflash serve --model ./Qwen3-8B --chat-template-kwargs '{"enable_thinking": false}' --tool-call-parser json
 
   curl http://127.0.0.1:8000/health
   curl http://127.0.0.1:8000/v1/chat/completions -H 'Content-Type: application/json' \\
@@ -45,6 +49,10 @@ def add_parser(sub) -> None:
     s.add_argument("--max-queue", type=int, default=64, help="requests that may wait for the engine; more get 429 (default 64)")
     s.add_argument("--max-body-mb", type=float, default=4.0, help="largest request body in MB; larger gets 413 (default 4)")
     s.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"], help="default info")
+    s.add_argument("--tool-call-parser", default="auto", choices=list(PARSER_CHOICES),
+                   help="how the model writes tool calls: json (Hermes: Qwen2.5, Qwen3), xml (qwen3_coder: Qwen3-Coder, "
+                        "Qwen3.5, Qwen3.6), or auto (default: read off the chat template)")
+    add_template_args(p)
     add_model_args(p)
     p.set_defaults(func=run)
 
@@ -65,6 +73,8 @@ def server_config(args: argparse.Namespace):
         api_key=args.api_key,
         max_queue=args.max_queue,
         max_body_bytes=int(args.max_body_mb * 1024 * 1024),
+        tool_call_parser=args.tool_call_parser,
+        chat_template_kwargs=template_kwargs(args),
     )
 
 

@@ -1,5 +1,13 @@
 """Chat templates, rendered in a sandboxed Jinja environment (a template from a checkpoint is
-data, never code: no attribute access to Python internals, no imports, no file access)."""
+data, never code: no attribute access to Python internals, no imports, no file access).
+
+The environment is the one transformers' apply_chat_template renders with
+(transformers/utils/chat_template_utils.py), so prompts are byte-for-byte what the model was
+trained on: trim_blocks and lstrip_blocks, the loop controls {% break %} / {% continue %}, a
+`tojson` that does not HTML-escape and takes ensure_ascii / indent / separators / sort_keys, the
+globals raise_exception and strftime_now, and {% generation %} blocks (transformers marks the
+assistant's tokens with them; here they render their body). tests/engine/test_chat_templates.py
+checks the real Qwen2.5, Qwen3, Qwen3.5/3.6 and Qwen3-Coder templates against transformers."""
 
 from __future__ import annotations
 
@@ -7,7 +15,8 @@ import json
 from datetime import datetime
 from typing import Any
 
-from jinja2 import TemplateError
+from jinja2 import TemplateError, nodes
+from jinja2.ext import Extension, loopcontrols
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 
 from treeflash.errors import InvalidRequestError
@@ -25,9 +34,29 @@ def _raise(message: str) -> None:
     raise TemplateError(message)
 
 
+def _tojson(x: Any, ensure_ascii: bool = False, indent: int | None = None, separators: tuple[str, str] | None = None,
+            sort_keys: bool = False) -> str:
+    """transformers' tojson: plain json.dumps (Jinja's own escapes <, >, & and ' for HTML)."""
+    return json.dumps(x, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys)
+
+
+class _Generation(Extension):
+    """{% generation %} ... {% endgeneration %}: the body, unchanged (transformers tracks its span)."""
+
+    tags = {"generation"}
+
+    def parse(self, parser):
+        lineno = next(parser.stream).lineno
+        body = parser.parse_statements(("name:endgeneration",), drop_needle=True)
+        return nodes.CallBlock(self.call_method("_body"), [], [], body).set_lineno(lineno)
+
+    def _body(self, caller) -> str:
+        return caller()
+
+
 def _env() -> ImmutableSandboxedEnvironment:
-    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
-    env.filters["tojson"] = lambda x, indent=None, ensure_ascii=False: json.dumps(x, indent=indent, ensure_ascii=ensure_ascii)
+    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True, extensions=[_Generation, loopcontrols])
+    env.filters["tojson"] = _tojson
     env.globals["raise_exception"] = _raise
     env.globals["strftime_now"] = lambda fmt: datetime.now().strftime(fmt)
     return env
@@ -44,9 +73,11 @@ def render_chat(
     tools: list[dict[str, Any]] | None = None,
     bos_token: str = "",
     eos_token: str = "",
+    documents: list[dict[str, Any]] | None = None,
     **kwargs: Any,
 ) -> str:
-    """messages: [{"role": ..., "content": str | None, "tool_calls"?: [...], ...}] -> prompt text."""
+    """messages: [{"role": ..., "content": str | None, "tool_calls"?: [...], ...}] -> prompt text.
+    kwargs (chat_template_kwargs, e.g. enable_thinking) become template variables, as in transformers."""
     if not messages:
         raise InvalidRequestError("messages must be a non-empty list", "messages")
     for i, m in enumerate(messages):
@@ -64,6 +95,7 @@ def render_chat(
             messages=messages,
             add_generation_prompt=add_generation_prompt,
             tools=tools,
+            documents=documents,
             bos_token=bos_token,
             eos_token=eos_token,
             **kwargs,

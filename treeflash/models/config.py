@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from treeflash.errors import ModelLoadError
+from treeflash.models.rope import parse_scaling
 
 ARCHITECTURES = ("llama", "qwen2", "qwen3", "qwen3_5")
 FULL_ATTENTION = "full_attention"
@@ -47,7 +48,7 @@ class ModelConfig:
     mtp_num_layers: int = 0
     bos_token_id: int | None = None
     eos_token_ids: tuple[int, ...] = ()
-    rope_scaling: tuple[tuple[str, Any], ...] = ()  # llama3-style scaling, as sorted items
+    rope_scaling: tuple[tuple[str, Any], ...] = ()  # linear / llama3 / yarn parameters as sorted items (models/rope.py)
     extra: tuple[tuple[str, Any], ...] = field(default=(), compare=False)
 
     def __post_init__(self) -> None:
@@ -106,9 +107,10 @@ class ModelConfig:
             partial = float(cfg.get("partial_rotary_factor", rope.get("partial_rotary_factor", 0.25 if arch == "qwen3_5" else 1.0)))
             eos = cfg.get("eos_token_id")
             eos_ids = tuple(eos) if isinstance(eos, list) else ((int(eos),) if eos is not None else ())
-            scaling = {}
-            if rope.get("rope_type", "default") not in ("default", None):
-                scaling = {k: v for k, v in rope.items() if k in ("rope_type", "factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings")}
+            max_pos = int(cfg.get("max_position_embeddings", 32768))
+            if cfg.get("original_max_position_embeddings") and rope.get("rope_type", rope.get("type")) in ("llama3", "yarn"):
+                rope = {**rope, "original_max_position_embeddings": cfg["original_max_position_embeddings"]}  # Phi3-style top-level key wins, as in transformers
+            scaling = parse_scaling(rope, max_pos, source)
             layer_types = tuple(cfg.get("layer_types") or ())
             if arch == "qwen3_5" and not layer_types:
                 interval = int(cfg.get("full_attention_interval", 4))
@@ -127,7 +129,7 @@ class ModelConfig:
                 rms_norm_eps=float(cfg.get("rms_norm_eps", 1e-6)),
                 rope_theta=rope_theta,
                 partial_rotary_factor=partial,
-                max_position_embeddings=int(cfg.get("max_position_embeddings", 32768)),
+                max_position_embeddings=max_pos,
                 tie_word_embeddings=bool(cfg.get("tie_word_embeddings", False)),
                 attention_bias=arch == "qwen2" or bool(cfg.get("attention_bias", False)),
                 qk_norm=arch in ("qwen3", "qwen3_5"),
@@ -142,7 +144,7 @@ class ModelConfig:
                 mtp_num_layers=int(cfg.get("mtp_num_hidden_layers", 0) or 0),
                 bos_token_id=cfg.get("bos_token_id"),
                 eos_token_ids=eos_ids,
-                rope_scaling=tuple(sorted(scaling.items())),
+                rope_scaling=scaling,
             )
         except KeyError as e:
             raise ModelLoadError(f"{source}: missing field {e.args[0]!r}") from None

@@ -8,8 +8,14 @@ here so the weights equal the Hugging Face checkpoint's:
 - qwen35 (Qwen3.5/3.6): zero-centred norm weights are stored as w + 1 (except the DeltaNet's
   own `ssm_norm`); `ssm_a` holds -exp(A_log); `ssm_conv1d` is squeezed to [C, K]; and every
   axis indexed by DeltaNet value heads is stored tiled (v0k0 v0k1 .. v1k0 ..) where Hugging Face
-  groups them by key head (k0v0 k0v1 .. k1v0 ..). The MTP block (`blk.{num_layers}.*`, llama.cpp's
-  "nextn" layer) is not read: load the Hugging Face checkpoint for MTP.
+  groups them by key head (k0v0 k0v1 .. k1v0 ..).
+- qwen35 MTP files (`{arch}.nextn_predict_layers` = n > 0; block_count counts them): blocks
+  num_layers .. num_layers + n - 1 are the MTP head. Their decoder-layer tensors carry the usual
+  block names and become `mtp.layers.{i}.*`; `nextn.eh_proj` is `mtp.fc`, `nextn.enorm` /
+  `nextn.hnorm` the pre-fc norms of the embedding / hidden halves, `nextn.shared_head_norm` the
+  head's final norm (all stored as w + 1, like the target's norms). Each block repeats the four
+  head tensors (llama.cpp's converter writes them per MTP block); we read the first. Qwen3.5 shares
+  the target's embedding and lm_head, so `nextn.embed_tokens` / `nextn.shared_head_head` are refused.
 - a missing `output.weight` means tied embeddings; `rope_freqs.weight` (llama 3 rope scaling)
   divides the rotary inverse frequencies.
 """
@@ -28,6 +34,8 @@ from treeflash.errors import ModelLoadError
 from treeflash.models.config import ModelConfig
 from treeflash.models.gguf_dequant import BLOCK_LAYOUT, dequantize, type_name
 from treeflash.models.checkpoint import Checkpoint, TensorRef
+from treeflash.models.gguf_nextn import NEXTN_NAMES, NEXTN_REFUSED, mtp_name
+from treeflash.models.rope import rope_parameters_from_gguf
 
 ARCH_MODEL_TYPE = {"llama": "llama", "qwen2": "qwen2", "qwen3": "qwen3", "qwen35": "qwen3_5_text"}
 TOP_NAMES = {"token_embd": "model.embed_tokens", "output_norm": "model.norm", "output": "lm_head"}
@@ -76,13 +84,15 @@ def open_gguf(path: Path) -> Checkpoint:
         if name == "rope_freqs.weight":
             rope_freqs = _tensor_ref(source, t, None, "rotary inverse frequency factors")
             continue
-        if arch == "qwen35" and name.startswith(f"blk.{num_layers}."):  # the MTP ("nextn") block
-            skipped.append(name)
-            continue
         ours = gguf_to_ours(name)
+        if arch == "qwen35" and ours is not None and ours.startswith("model.layers."):
+            ours = mtp_name(ours, name, num_layers, config.mtp_num_layers, source)
+            if ours is None:  # a later MTP block's copy of the head tensors
+                skipped.append(name)
+                continue
         if ours is None:
             raise ModelLoadError(f"{source}: unexpected tensor {name}: no {arch} parameter has this name")
-        leaf = ours.split(".", 3)[-1] if ours.startswith("model.layers.") else ours
+        leaf = ours.split(".", 3)[-1] if ours.startswith(("model.layers.", "mtp.layers.")) else ours
         tensors[ours] = _tensor_ref(source, t, fixups.get(leaf), ours)
     chat_template = meta.get("tokenizer.chat_template")
     return Checkpoint(
@@ -164,9 +174,7 @@ def hf_config_dict(meta: dict[str, Any], reader: GGUFReader, by_name: dict[str, 
     if vocab is None:
         tokens = reader.fields.get("tokenizer.ggml.tokens")
         vocab = len(tokens.data) if tokens is not None else int(by_name["token_embd.weight"].shape[-1])
-    scaling = meta.get(f"{arch}.rope.scaling.type", "none")
-    if scaling not in ("none", None) and float(meta.get(f"{arch}.rope.scaling.factor", 1.0)) != 1.0:
-        raise ModelLoadError(f"{source}: rope scaling {scaling!r} is not supported")
+    rope_parameters = rope_parameters_from_gguf(meta, arch, source)
     eos = [meta.get(k) for k in ("tokenizer.ggml.eos_token_id", "tokenizer.ggml.eot_token_id")]
     eos = [int(e) for i, e in enumerate(eos) if e is not None and e not in eos[:i]]
     cfg: dict[str, Any] = {
@@ -186,6 +194,8 @@ def hf_config_dict(meta: dict[str, Any], reader: GGUFReader, by_name: dict[str, 
         "bos_token_id": meta.get("tokenizer.ggml.bos_token_id"),
         "eos_token_id": eos or None,
     }
+    if rope_parameters:
+        cfg["rope_parameters"] = {"rope_theta": cfg["rope_theta"], **rope_parameters}
     if arch == "qwen35":
         mtp_layers = int(meta.get("qwen35.nextn_predict_layers", 0))
         v_heads = int(get("ssm.time_step_rank"))
@@ -212,6 +222,8 @@ def gguf_to_ours(name: str) -> str | None:
         leaf, _, suffix = rest.rpartition(".")
         if leaf in BLOCK_NAMES and suffix in ("weight", "bias"):
             return f"{prefix}{BLOCK_NAMES[leaf]}.{suffix}"
+        if (leaf in NEXTN_NAMES or leaf in NEXTN_REFUSED) and suffix == "weight":
+            return f"{prefix}{leaf}.{suffix}"
         return None
     leaf, _, suffix = name.rpartition(".")
     if leaf in TOP_NAMES and suffix in ("weight", "bias"):
@@ -221,6 +233,14 @@ def gguf_to_ours(name: str) -> str | None:
 
 def ours_to_gguf(name: str) -> str:
     """Our name -> the GGUF name llama.cpp would use (for error messages)."""
+    if name.startswith("mtp."):
+        rest = name[len("mtp."):]
+        for g, o in NEXTN_NAMES.items():
+            if rest == o + ".weight":
+                return f"blk.N.{g}.weight (N = the first MTP block)"
+        if rest.startswith("layers."):
+            _, i, leaf = rest.split(".", 2)
+            return ours_to_gguf(f"model.layers.{i}.{leaf}").replace(f"blk.{i}.", f"blk.(N+{i}).", 1)
     if name.startswith("model.layers."):
         _, _, i, rest = name.split(".", 3)
         for table in (BLOCK_SPECIAL, BLOCK_NAMES):
@@ -287,6 +307,9 @@ def _fixups(arch: str, c: ModelConfig) -> dict[str, Fixup]:
 
     fix: dict[str, Fixup] = {
         "model.norm.weight": minus_one,
+        "mtp.pre_fc_norm_embedding.weight": minus_one,
+        "mtp.pre_fc_norm_hidden.weight": minus_one,
+        "mtp.norm.weight": minus_one,
         "input_layernorm.weight": minus_one,
         "post_attention_layernorm.weight": minus_one,
         "self_attn.q_norm.weight": minus_one,

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import math
 
 import torch
 import torch.nn.functional as F
@@ -13,6 +12,7 @@ from treeflash.kernels.linear import linear_fused
 from treeflash.kernels.norm import rmsnorm
 from treeflash.kernels import projection
 from treeflash.models.config import ModelConfig
+from treeflash.models.rope import inv_freq_and_scale
 
 
 class RMSNorm(nn.Module):
@@ -58,13 +58,13 @@ TABLE_MAX_POSITIONS = 1 << 20  # a longer context computes cos/sin per step (the
 
 
 class Rotary(nn.Module):
-    """Rotary position embedding over the first `rotary_dim` dims of each head (rotate-half layout)."""
+    """Rotary position embedding over the first `rotary_dim` dims of each head (rotate-half layout).
+    Scaled frequencies and YaRN's attention_factor (cos and sin multiplied by it) come from models/rope.py."""
 
     def __init__(self, config: ModelConfig):
         super().__init__()
         dim = config.rotary_dim
-        inv_freq = 1.0 / (config.rope_theta ** (torch.arange(0, dim, 2, dtype=torch.float64) / dim))
-        inv_freq = _scale_inv_freq(inv_freq, dict(config.rope_scaling))
+        inv_freq, self.attention_factor = inv_freq_and_scale(config.rope_theta, dim, dict(config.rope_scaling))
         self.register_buffer("inv_freq", inv_freq.float(), persistent=False)
         self.register_buffer("table", None, persistent=False)  # [2, n, rotary_dim]: cos, sin at 0 .. n-1 (reserve)
         self._old_tables: list[torch.Tensor] = []  # tables a larger reserve replaced
@@ -95,23 +95,9 @@ class Rotary(nn.Module):
     def _compute(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
         freqs = positions.float()[:, None] * self.inv_freq[None, :]
         emb = torch.cat((freqs, freqs), dim=-1)
+        if self.attention_factor != 1.0:
+            return (emb.cos() * self.attention_factor).to(dtype), (emb.sin() * self.attention_factor).to(dtype)
         return emb.cos().to(dtype), emb.sin().to(dtype)
-
-
-def _scale_inv_freq(inv_freq: torch.Tensor, scaling: dict) -> torch.Tensor:
-    """llama3 rope scaling (SmolLM2 uses none; Llama 3.x checkpoints do)."""
-    if scaling.get("rope_type") != "llama3":
-        return inv_freq
-    factor = scaling["factor"]
-    low, high = scaling.get("low_freq_factor", 1.0), scaling.get("high_freq_factor", 4.0)
-    old_ctx = scaling.get("original_max_position_embeddings", 8192)
-    low_wl, high_wl = old_ctx / low, old_ctx / high
-    wavelen = 2 * math.pi / inv_freq
-    scaled = torch.where(wavelen > low_wl, inv_freq / factor, inv_freq)
-    smooth = (old_ctx / wavelen - low) / (high - low)
-    mid = (1 - smooth) * scaled / factor + smooth * scaled
-    is_mid = (wavelen >= high_wl) & (wavelen <= low_wl)
-    return torch.where(is_mid, mid, scaled)
 
 
 def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:

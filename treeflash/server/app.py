@@ -13,7 +13,8 @@ import time
 import uuid
 from collections.abc import Callable
 from contextlib import asynccontextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
@@ -28,10 +29,12 @@ from treeflash.server.errors import APIError, bad_request
 from treeflash.server.frontend import Frontend
 from treeflash.server.guard import Gate, read_body
 from treeflash.server.metrics import Metrics
-from treeflash.server.prompt import chat_prompt, check_token_ids, completion_prompt_ids, generation_requests, render_messages
+from treeflash.server.prompt import (RESERVED_TEMPLATE_KWARGS, chat_prompt, check_token_ids, completion_prompt_ids, generation_requests,
+                                     render_messages, tool_parser_factory)
 from treeflash.server.protocol import (MAX_N, ChatCompletionRequest, CompletionRequest, DetokenizeRequest, TokenizeRequest,
                                        parse)
 from treeflash.server.streaming import JobStream, folded_response
+from treeflash.server.tools import tool_call_form
 from treeflash.server.worker import Job, Worker
 
 log = logging.getLogger("treeflash.server")
@@ -43,8 +46,14 @@ class ServerConfig:
     api_key: str | None = None
     max_queue: int = 64  # requests waiting for the engine (the running one not counted)
     max_body_bytes: int = 4 * 1024 * 1024
+    tool_call_parser: str = "auto"  # auto (from the chat template) | json | xml: server/tools.py
+    chat_template_kwargs: dict[str, Any] = field(default_factory=dict)  # defaults a request's chat_template_kwargs override
 
     def __post_init__(self) -> None:
+        tool_call_form(None, self.tool_call_parser)  # validates the choice
+        for key in RESERVED_TEMPLATE_KWARGS:
+            if key in self.chat_template_kwargs:
+                raise InvalidRequestError(f"--chat-template-kwargs may not set {key!r}", "chat_template_kwargs")
         if not self.served_model_name:
             raise InvalidRequestError("--served-model-name must be non-empty", "served_model_name")
         if self.max_queue < 1:
@@ -64,7 +73,7 @@ class ServerState:
 
     def _load_engine(self):
         engine = self._load()
-        self.front = Frontend(engine)  # before the worker reports ready
+        self.front = Frontend(engine, self.config.tool_call_parser, self.config.chat_template_kwargs)  # before the worker reports ready
         return engine
 
     def frontend(self) -> Frontend:
@@ -118,8 +127,7 @@ def create_app(config: ServerConfig, load: Callable[[], object], on_load_failed:
         job = state.submit(gens)
         ctx = ReplyContext(f"chatcmpl-{uuid.uuid4().hex}", int(time.time()), config.served_model_name, len(prompt.ids),
                            include_usage=req.include_usage or not req.stream)
-        parse_tools = bool(req.tools) and req.tool_choice != "none"
-        chunks = chat_chunks(job, ctx, fe.token_text, prompt.in_think, parse_tools)
+        chunks = chat_chunks(job, ctx, fe.token_text, prompt.in_think, tool_parser_factory(fe, req))
         return await state.respond(request, req.stream, chunks, fold_chat, job, arrived)
 
     async def completions(request: Request) -> Response:

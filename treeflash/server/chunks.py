@@ -10,7 +10,7 @@ when usage is wanted, one chunk with empty choices and the usage.
 from __future__ import annotations
 
 import threading
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 
 from treeflash.engine.request import TokenLogprob
@@ -51,9 +51,9 @@ def _lp(x: float) -> float:
 
 
 class _ChatChoice:
-    def __init__(self, in_think: bool, parse_tools: bool):
+    def __init__(self, in_think: bool, tool_parser: Callable[[], ToolCallParser] | None):
         self.reasoning = ReasoningSplitter(in_think)
-        self.tools = ToolCallParser() if parse_tools else None
+        self.tools = tool_parser() if tool_parser is not None else None
         self.num_calls = 0
 
     def delta(self, text: str, final: bool) -> dict:
@@ -86,14 +86,17 @@ def _usage(ctx: ReplyContext, completion_tokens: int) -> dict:
             "total_tokens": ctx.prompt_tokens + completion_tokens}
 
 
-async def chat_chunks(job: Job, ctx: ReplyContext, token_text: TokenText, in_think: bool, parse_tools: bool) -> AsyncIterator[dict]:
+async def chat_chunks(job: Job, ctx: ReplyContext, token_text: TokenText, in_think: bool,
+                      tool_parser: Callable[[], ToolCallParser] | None = None) -> AsyncIterator[dict]:
+    """tool_parser: a new ToolCallParser per choice (None: tool calls are not parsed). finish_reason is
+    "tool_calls" when a call was parsed; a malformed call stays content, with the engine's reason."""
     base = {"id": ctx.id, "object": "chat.completion.chunk", "created": ctx.created, "model": ctx.model}
     choices: dict[int, _ChatChoice] = {}
     completion_tokens = 0
     async for index, ev in job.events():
         choice = choices.get(index)
         if choice is None:
-            choice = choices[index] = _ChatChoice(in_think, parse_tools)
+            choice = choices[index] = _ChatChoice(in_think, tool_parser)
             yield {**base, "choices": [{"index": index, "delta": {"role": "assistant", "content": ""}, "logprobs": None, "finish_reason": None}]}
         final = ev.finish_reason is not None
         delta = choice.delta(ev.text, final)

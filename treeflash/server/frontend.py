@@ -9,12 +9,14 @@ from __future__ import annotations
 
 import copy
 import threading
+from typing import Any
 
 from treeflash.server.chunks import TokenText
+from treeflash.server.tools import tool_call_form
 
 
 class Frontend:
-    def __init__(self, engine):
+    def __init__(self, engine, tool_call_parser: str = "auto", template_kwargs: dict[str, Any] | None = None):
         self.engine = engine
         try:
             self.tokenizer = copy.deepcopy(engine.tokenizer)
@@ -27,6 +29,8 @@ class Frontend:
         self.vocab_size: int = engine.model.config.vocab_size
         self.bos_token: str = getattr(self.tokenizer, "bos_token", None) or ""
         self.eos_token: str = getattr(self.tokenizer, "eos_token", None) or ""
+        self.tool_form: str = tool_call_form(self.chat_template, tool_call_parser)  # json | xml: how the model writes calls
+        self.template_kwargs: dict[str, Any] = dict(template_kwargs or {})  # server defaults for chat_template_kwargs
 
     def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
         with self.lock:

@@ -9,6 +9,7 @@ calls written out in the Hermes format the output parser reads back.
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -18,10 +19,10 @@ from treeflash.server.errors import bad_request, from_exception
 from treeflash.server.frontend import Frontend
 from treeflash.server.protocol import ChatCompletionRequest, Message, ToolDef
 from treeflash.server.reasoning import prompt_opens_thinking
-from treeflash.server.tools import tool_call_text, tools_system_text
+from treeflash.server.tools import ToolCallParser, tool_call_text, tools_system_text
 from treeflash.spec.sampling import SamplingParams
 
-RESERVED_TEMPLATE_KWARGS = ("messages", "tools", "add_generation_prompt", "bos_token", "eos_token", "template")
+RESERVED_TEMPLATE_KWARGS = ("messages", "tools", "documents", "add_generation_prompt", "bos_token", "eos_token", "template")
 
 
 @dataclass(frozen=True)
@@ -44,13 +45,31 @@ def render_messages(fe: Frontend, messages: list[Message], tools: list[ToolDef] 
             msgs[0] = {**msgs[0], "content": msgs[0]["content"] + "\n\n" + block}
         else:
             msgs.insert(0, {"role": "system", "content": block})
-    kwargs = dict(template_kwargs or {})
-    for key in RESERVED_TEMPLATE_KWARGS:
-        if key in kwargs:
-            raise bad_request(f"chat_template_kwargs may not set {key!r}", "chat_template_kwargs")
+    kwargs = {**fe.template_kwargs, **(template_kwargs or {})}  # the request overrides the server's defaults
+    check_template_kwargs(kwargs, "chat_template_kwargs")
     text = render_chat(template, msgs, add_generation_prompt=add_generation_prompt, tools=tool_dicts if knows_tools else None,
                        bos_token=fe.bos_token, eos_token=fe.eos_token, **kwargs)
     return ChatPrompt(text, fe.encode(text, add_special_tokens=False), prompt_opens_thinking(text))
+
+
+def check_template_kwargs(kwargs: dict[str, Any], where: str) -> None:
+    """Template variables a client (or the --chat-template-kwargs default) may set: not the ones the
+    renderer itself passes."""
+    if not isinstance(kwargs, dict):
+        raise bad_request(f"{where} must be a JSON object", where)
+    for key in RESERVED_TEMPLATE_KWARGS:
+        if key in kwargs:
+            raise bad_request(f"{where} may not set {key!r}", where)
+
+
+def tool_parser_factory(fe: Frontend, req: ChatCompletionRequest) -> Callable[[], ToolCallParser] | None:
+    """A new output parser per choice when the request offers tools: the model's form (fe.tool_form),
+    the tools' schemas (xml values are typed by them), one call at most without parallel_tool_calls."""
+    if not req.tools or req.tool_choice == "none":
+        return None
+    tools = [t.model_dump(exclude_none=True) for t in req.tools]
+    max_calls = 1 if req.parallel_tool_calls is False else None
+    return lambda: ToolCallParser(fe.tool_form, tools, max_calls)
 
 
 def chat_prompt(fe: Frontend, req: ChatCompletionRequest) -> ChatPrompt:

@@ -1,9 +1,22 @@
-"""Tool calls in the Qwen / Hermes format: `<tool_call>{"name": ..., "arguments": {...}}</tool_call>`.
+"""Tool calls in model output, in the two forms Qwen models write inside `<tool_call>` tags:
 
-`ToolCallParser` works on a text stream: it emits content as soon as the text cannot be the start
-of a `<tool_call>` tag, and one complete `ParsedToolCall` per closed block. A block whose JSON does
-not parse (or has no name) is given back as plain content, so no model output is ever lost.
-Whitespace between and around tool calls is dropped, as the template puts it there, not the model.
+- json (Hermes; Qwen2.5, Qwen3): `<tool_call>{"name": ..., "arguments": {...}}</tool_call>`
+- xml (qwen3_coder; Qwen3-Coder, Qwen3.5, Qwen3.6): `<tool_call><function=NAME><parameter=P>value
+  </parameter></function></tool_call>`, values converted by the tool's JSON schema (tool_xml.py)
+
+`tool_call_form` picks the form from the chat template's text (the template shows the model its
+form: `<function=` means xml), unless the user chose one (`--tool-call-parser json|xml`).
+
+The interface other front-ends build on (chat/completions here; /v1/messages and /v1/responses):
+`ToolCallParser(form, tools, max_calls)`, then `feed(text) -> (content, calls)` for each piece of
+the stream and `flush() -> (content, calls)` at its end. Content is emitted as soon as it cannot
+be the start of a `<tool_call>` tag; each call is one complete `ParsedToolCall` (name, arguments
+as a JSON object string, id) when its block closes, so the output (the concatenated content and
+the list of calls) is the same however the stream was cut into pieces. A block that does not
+parse in the parser's form is given back as plain content (counted in `malformed`), so no model
+output is ever lost. `max_calls` (1 for parallel_tool_calls=false) drops the calls after it
+(counted in `dropped`). Whitespace between and around tool calls is dropped, as the template puts
+it there, not the model.
 
 Also here: the other direction, tool definitions and past tool calls rendered for chat templates.
 """
@@ -15,7 +28,12 @@ import uuid
 from dataclasses import dataclass, field
 from typing import Any
 
+from treeflash.errors import InvalidRequestError
+from treeflash.server.tool_xml import parameter_types, parse_xml_block
+
 START, END = "<tool_call>", "</tool_call>"
+FORMS = ("json", "xml")
+PARSER_CHOICES = ("auto",) + FORMS
 
 
 @dataclass
@@ -42,11 +60,39 @@ def parse_block(body: str) -> ParsedToolCall | None:
     return ParsedToolCall(obj["name"], json.dumps(args, ensure_ascii=False))
 
 
+def tool_call_form(template: str | None, choice: str = "auto") -> str:
+    """The form a model writes its calls in: `choice` unless "auto", else read off its chat template."""
+    if choice not in PARSER_CHOICES:
+        raise InvalidRequestError(f"--tool-call-parser must be one of {', '.join(PARSER_CHOICES)}, got {choice!r}", "tool_call_parser")
+    if choice != "auto":
+        return choice
+    return "xml" if template is not None and "<function=" in template else "json"
+
+
 class ToolCallParser:
-    def __init__(self) -> None:
+    def __init__(self, form: str = "json", tools: list[dict[str, Any]] | None = None, max_calls: int | None = None) -> None:
+        if form not in FORMS:
+            raise ValueError(f"tool-call form must be one of {FORMS}, got {form!r}")
+        self.form = form
+        self.types = parameter_types(tools)  # xml: {function: {parameter: schema type}}
+        self.max_calls = max_calls
         self.buf = ""  # unprocessed text: a possible tag start, pending whitespace, or an open block
         self.inside = False
         self.calls: list[ParsedToolCall] = []
+        self.malformed = 0  # blocks given back as content
+        self.dropped = 0  # calls past max_calls
+
+    def _block(self, body: str) -> ParsedToolCall | None:
+        if self.form == "json":
+            return parse_block(body)
+        parsed = parse_xml_block(body, self.types)
+        return None if parsed is None else ParsedToolCall(parsed[0], json.dumps(parsed[1], ensure_ascii=False))
+
+    def _take(self, call: ParsedToolCall, calls: list[ParsedToolCall]) -> None:
+        if self.max_calls is not None and len(self.calls) + len(calls) >= self.max_calls:
+            self.dropped += 1
+        else:
+            calls.append(call)
 
     def feed(self, text: str) -> tuple[str, list[ParsedToolCall]]:
         """Returns (content safe to emit, tool calls completed by this text)."""
@@ -58,11 +104,12 @@ class ToolCallParser:
                 if end < 0:
                     break
                 body, self.buf, self.inside = self.buf[:end], self.buf[end + len(END):], False
-                call = parse_block(body)
+                call = self._block(body)
                 if call is None:
+                    self.malformed += 1
                     out.append(START + body + END)
                 else:
-                    calls.append(call)
+                    self._take(call, calls)
                 continue
             start = self.buf.find(START)
             if start >= 0:
@@ -88,19 +135,22 @@ class ToolCallParser:
         rest, self.buf = self.buf, ""
         if self.inside:
             self.inside = False
-            call = parse_block(rest)
+            call = self._block(rest)
             if call is not None:
-                self.calls.append(call)
-                return "", [call]
+                calls: list[ParsedToolCall] = []
+                self._take(call, calls)
+                self.calls.extend(calls)
+                return "", calls
+            self.malformed += 1
             return START + rest, []
         if self.calls and not rest.strip():
             return "", []
         return rest, []
 
 
-def parse_tool_calls(text: str) -> tuple[str, list[ParsedToolCall]]:
+def parse_tool_calls(text: str, form: str = "json", tools: list[dict[str, Any]] | None = None) -> tuple[str, list[ParsedToolCall]]:
     """The whole text at once (the same parser, fed once)."""
-    p = ToolCallParser()
+    p = ToolCallParser(form, tools)
     content, calls = p.feed(text)
     more, late = p.flush()
     return content + more, calls + late

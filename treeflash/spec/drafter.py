@@ -30,6 +30,7 @@ class DraftOptions:
     draft_model: str | None = None  # path for `draft` and `dflash`
     budget: int | str = "auto"  # DDTree node budget, or "auto"
     tree: bool = True  # dflash: build a DDTree (False = the plain DFlash chain)
+    mtp_tree: bool = False  # mtp: a DDTree from the head's per-depth distributions instead of a chain
     ngram_max: int = 4  # ngram: longest suffix to match
     ngram_min: int = 1
 

@@ -9,6 +9,13 @@ root is known) the rows still unread, the last of which (root as x_{t+1}) predic
 draft token. Each further draft token feeds its embedding and the previous head output back in,
 at the next position; afterwards the drafted rows are dropped with `cache.truncate` (the head
 has attention layers only).
+
+Tree mode (`tree_budget`, `--mtp-tree`): the head runs the same num_draft-deep chain along its
+most likely token at each depth, and its per-depth distributions (each conditioned on that top-1
+prefix, the factorized score DDTree assumes) go to spec/ddtree.py's best-first search for a tree of
+`tree_budget` nodes. The one verifier keeps it exact: greedy walks the target's argmax, sampling
+uses sample-and-match (the tree carries no draft probabilities). Whether trees beat chains for MTP
+depends on the trained head's calibration; random test weights say nothing about it.
 """
 
 from __future__ import annotations
@@ -19,20 +26,25 @@ import torch
 
 from treeflash.errors import InvalidRequestError
 from treeflash.models.transformer import CausalLM
+from treeflash.spec.ddtree import build_tree
 from treeflash.spec.draft_model import PREFILL_CHUNK, chain_tree, draft_token
 from treeflash.spec.drafter import DraftContext, Drafter, DraftOptions, register
+from treeflash.spec.sampling import target_probs
 from treeflash.spec.tree import DraftTree
 
 MIN_EAGER_ROWS = 16  # observe reads rows ahead of propose only for a prompt-sized batch
+MTP_TREE_NODES_PER_DEPTH = 3  # --mtp-tree with --budget auto (a starting point; no trained head here to tune it on)
 
 
 class MTPDrafter(Drafter):
     name = "mtp"
 
-    def __init__(self, target: CausalLM, num_draft: int):
+    def __init__(self, target: CausalLM, num_draft: int, tree_budget: int | None = None):
         if target.mtp is None:
             raise ValueError("the target has no MTP head")
-        self.target, self.head, self.num_draft = target, target.mtp, num_draft
+        if tree_budget is not None and tree_budget < 1:
+            raise ValueError(f"tree_budget must be positive, got {tree_budget}")
+        self.target, self.head, self.num_draft, self.tree_budget = target, target.mtp, num_draft, tree_budget
         self.capture_layers = (target.config.num_layers - 1,)
         self.cache = self.head.new_cache(1)  # sized at the first propose (the target's cache length)
         self.tokens: list[int] = []  # committed tokens observed
@@ -58,7 +70,8 @@ class MTPDrafter(Drafter):
         num = len(ctx.tokens)
         if len(self.tokens) != num:
             raise RuntimeError(f"mtp drafter: observed {len(self.tokens)} committed tokens, the decoder has {num}")
-        k = min(self.num_draft, ctx.max_nodes - 1)
+        budget = ctx.max_nodes - 1 if self.tree_budget is None else min(self.tree_budget, ctx.max_nodes - 1)
+        k = min(self.num_draft, budget)
         dev = self.target.device
         if k <= 0:
             return DraftTree.root_only(ctx.root, dev)
@@ -67,17 +80,32 @@ class MTPDrafter(Drafter):
             self.cache = self.head.new_cache(num + ctx.max_nodes)
 
         h = self._read(self.tokens[self.cache.seq_len + 1 :] + [ctx.root])  # predicts the token after the root
-        drafts, qs = [], []
+        drafts, qs, logits = [], [], []
         for i in range(k):
-            tok, q = draft_token(self.target.head(h)[0], ctx.params, ctx.generator, self.target.config.vocab_size)
+            row = self.target.head(h)[0]  # [vocab] fp32
+            if self.tree_budget is None:
+                tok, q = draft_token(row, ctx.params, ctx.generator, self.target.config.vocab_size)
+                if q is not None:
+                    qs.append(q)
+            else:  # the tree's spine: the most likely token; the tree search reads every depth's distribution
+                logits.append(row)
+                tok = int(row.argmax())
             drafts.append(tok)
-            if q is not None:
-                qs.append(q)
             if i + 1 < k:  # chain: the drafted token and the head's own output, one position on
                 ids = torch.tensor([tok], dtype=torch.long, device=dev)
                 h = self.head(self.target.embed(ids), h, torch.tensor([num + i], device=dev), self.cache)
         self.cache.truncate(num)
-        return chain_tree(ctx.root, drafts, qs, dev)
+        if self.tree_budget is None:
+            return chain_tree(ctx.root, drafts, qs, dev)
+        return build_tree(self._tree_logprobs(torch.stack(logits), ctx), ctx.root, budget)
+
+    @staticmethod
+    def _tree_logprobs(logits: torch.Tensor, ctx: DraftContext) -> torch.Tensor:
+        """[D, vocab]: each depth's guess of the target token, under the request's sampler (tokens the
+        sampler cannot draw get -inf and are never drafted)."""
+        if ctx.params.greedy:
+            return torch.log_softmax(logits, dim=-1)
+        return target_probs(logits, ctx.params).log()
 
     def _read(self, next_ids: list[int]) -> torch.Tensor:
         """Commit head rows t = seq_len.. reading (x_{t+1} = next_ids, h_t); the last row's output [1, H]."""
@@ -93,7 +121,7 @@ class MTPDrafter(Drafter):
         return h[-1:]
 
     def describe(self) -> dict[str, Any]:
-        return {"name": self.name, "num_draft": self.num_draft, "mtp_layers": len(self.head.layers)}
+        return {"name": self.name, "num_draft": self.num_draft, "mtp_layers": len(self.head.layers), "tree_budget": self.tree_budget}
 
 
 @register("mtp")
@@ -101,7 +129,10 @@ def _build(target, options: DraftOptions) -> Drafter:
     if getattr(target.model, "mtp", None) is None:
         raise InvalidRequestError(
             f"--draft mtp: {target.source} has no MTP head (no mtp.* weights loaded); use a Qwen3.5/3.6 "
-            "Hugging Face checkpoint that carries them (GGUF files drop them), or another drafter",
+            "checkpoint that carries one (Hugging Face mtp.* tensors, or an MTP GGUF with blk.N.nextn.* tensors), or another drafter",
             "draft",
         )
-    return MTPDrafter(target.model, options.num_draft)
+    tree_budget = None
+    if options.mtp_tree:  # --budget is the node count; 'auto': MTP_TREE_NODES_PER_DEPTH per drafted depth
+        tree_budget = options.budget if isinstance(options.budget, int) else MTP_TREE_NODES_PER_DEPTH * options.num_draft
+    return MTPDrafter(target.model, options.num_draft, tree_budget)

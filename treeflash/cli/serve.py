@@ -14,6 +14,7 @@ from pathlib import Path
 
 from treeflash.cli.common import add_model_args, build_engine
 from treeflash.errors import ModelLoadError
+from treeflash.models.hub import parse_hub_id
 
 EXAMPLES = """examples:
   treeflash serve                                    # the embedded SmolLM2-135M-Instruct on 127.0.0.1:8000
@@ -50,9 +51,13 @@ def add_parser(sub) -> None:
 
 
 def served_name(model: str | None) -> str:
+    """The default --served-model-name: a file's stem, a directory's name, a Hub repository's id."""
     if model is None:
         return DEFAULT_NAME
     path = Path(model)
+    hub = None if path.expanduser().exists() else parse_hub_id(model)
+    if hub is not None:
+        return Path(hub.filename).stem if hub.filename else hub.repo_id
     return path.stem if path.suffix.lower() == ".gguf" else path.name or model
 
 
@@ -69,8 +74,9 @@ def server_config(args: argparse.Namespace):
 
 
 def run(args: argparse.Namespace) -> int:
-    if args.model is not None and not Path(args.model).expanduser().exists():
-        raise ModelLoadError(f"{args.model}: no such file or directory; pass a Hugging Face model directory or a .gguf file")
+    if args.model is not None and not Path(args.model).expanduser().exists() and parse_hub_id(args.model) is None:
+        raise ModelLoadError(f"{args.model}: no such file or directory; pass a Hugging Face model directory, a .gguf file, "
+                             f"or a Hub id (org/name, org/name:file.gguf; fetched while /health answers 503)")
     config = server_config(args)
     if args.threads is None and args.device != "cuda":
         # the server's event loop and HTTP threads share the cores with PyTorch's: with PyTorch's

@@ -6,6 +6,7 @@ huggingface_hub reads HF_ENDPOINT, HF_HOME and HF_HUB_OFFLINE when it is importe
 download runs in a fresh `treeflash` process with its own environment.
 """
 
+import json
 import os
 import subprocess
 import sys
@@ -15,6 +16,7 @@ import pytest
 
 from tests.deploy.hub_server import HubServer
 from tests.models.test_loaders import random_hf, save_hf, write_gguf
+from treeflash.cli.main import main
 from treeflash.cli.serve import served_name
 from treeflash.errors import ModelLoadError
 from treeflash.models.hub import HubModel, parse_hub_id, resolve_model_path
@@ -50,11 +52,44 @@ def hub(tmp_path_factory):
         yield server, base
 
 
-def treeflash(*args, hf_home: Path, endpoint: str, **env):
+def local_generate(model: Path, capsys) -> str:
+    """The same CLI on a local path, in this process (no Hub involved, so no fresh environment needed)."""
+    capsys.readouterr()
+    assert main(["generate", "--model", str(model), *PROMPT]) == 0
+    return capsys.readouterr().out
+
+
+RESOLVE = """
+import json, sys
+from treeflash.errors import ModelLoadError
+from treeflash.models.hub import resolve_model_path
+out = {}
+for model in sys.argv[1:]:
+    try:
+        out[model] = "ok " + str(resolve_model_path(model))
+    except ModelLoadError as e:
+        out[model] = "ModelLoadError " + str(e)
+print(json.dumps(out))
+"""
+
+
+def resolve_all(models, hf_home: Path, endpoint: str, **env) -> dict[str, str]:
+    """resolve_model_path for each model in one fresh process: "ok PATH" or "ModelLoadError MESSAGE"."""
+    environ = _environ(hf_home, endpoint, **env)
+    r = subprocess.run([sys.executable, "-c", RESOLVE, *models], capture_output=True, text=True, env=environ, timeout=300, cwd=ROOT)
+    assert r.returncode == 0, r.stderr
+    return json.loads(r.stdout)
+
+
+def _environ(hf_home: Path, endpoint: str, **env) -> dict[str, str]:
     environ = {k: v for k, v in os.environ.items() if not k.startswith("HF_")}
     environ.update(PYTHONPATH=str(ROOT), HF_HOME=str(hf_home), HF_ENDPOINT=endpoint, HF_HUB_DISABLE_TELEMETRY="1", **env)
-    return subprocess.run([sys.executable, "-m", "treeflash.cli.main", *args], capture_output=True, text=True, env=environ,
-                          timeout=300, cwd=ROOT)
+    return environ
+
+
+def treeflash(*args, hf_home: Path, endpoint: str, **env):
+    return subprocess.run([sys.executable, "-m", "treeflash.cli.main", *args], capture_output=True, text=True,
+                          env=_environ(hf_home, endpoint, **env), timeout=300, cwd=ROOT)
 
 
 def test_hub_ids_parse_and_local_paths_win(tmp_path, monkeypatch):
@@ -72,14 +107,12 @@ def test_hub_ids_parse_and_local_paths_win(tmp_path, monkeypatch):
     assert served_name("./missing/model.gguf") == "model"
 
 
-def test_safetensors_repo_downloads_resumes_and_generates_as_the_local_copy(hub, tmp_path):
+def test_safetensors_repo_downloads_resumes_and_generates_as_the_local_copy(hub, tmp_path, capsys):
     server, base = hub
     hf_home = tmp_path / "hf"
     fetched = treeflash("generate", "--model", "tiny/llama", *PROMPT, hf_home=hf_home, endpoint=server.url)
     assert fetched.returncode == 0, fetched.stderr
-    local = treeflash("generate", "--model", str(base / "llama"), *PROMPT, hf_home=tmp_path / "unused", endpoint="http://127.0.0.1:9")
-    assert local.returncode == 0, local.stderr
-    assert fetched.stdout.strip() and fetched.stdout == local.stdout
+    assert fetched.stdout.strip() and fetched.stdout == local_generate(base / "llama", capsys)
     # the standard cache layout, at the served commit
     snapshot = hf_home / "hub" / "models--tiny--llama" / "snapshots" / server.repos["tiny/llama"].sha
     assert {p.name for p in snapshot.iterdir()} >= {"config.json", "model.safetensors", "tokenizer.json"}
@@ -95,18 +128,14 @@ def test_safetensors_repo_downloads_resumes_and_generates_as_the_local_copy(hub,
     offline = treeflash("generate", "--model", "tiny/llama", *PROMPT, hf_home=hf_home, endpoint="http://127.0.0.1:9", HF_HUB_OFFLINE="1")
     assert offline.returncode == 0, offline.stderr
     assert offline.stdout == fetched.stdout
-    missing = treeflash("generate", "--model", "tiny/other", *PROMPT, hf_home=hf_home, endpoint=server.url, HF_HUB_OFFLINE="1")
-    assert missing.returncode == 2 and "not in the local Hub cache" in missing.stderr, missing.stderr
 
 
-def test_gguf_file_from_a_repo(hub, tmp_path):
+def test_gguf_file_from_a_repo(hub, tmp_path, capsys):
     server, base = hub
     hf_home = tmp_path / "hf"
     fetched = treeflash("generate", "--model", "tiny/llama-gguf:tiny-Q8_0.gguf", *PROMPT, hf_home=hf_home, endpoint=server.url)
     assert fetched.returncode == 0, fetched.stderr
-    local = treeflash("generate", "--model", str(base / "llama-gguf" / "tiny-Q8_0.gguf"), *PROMPT, hf_home=hf_home,
-                      endpoint="http://127.0.0.1:9")
-    assert fetched.stdout.strip() and fetched.stdout == local.stdout
+    assert fetched.stdout.strip() and fetched.stdout == local_generate(base / "llama-gguf" / "tiny-Q8_0.gguf", capsys)
     blobs = list((hf_home / "hub" / "models--tiny--llama-gguf" / "blobs").iterdir())
     assert len(blobs) == 1  # only the file asked for
     assert not [p for _, p, _, _ in server.log if p.endswith("other-F16.gguf")]
@@ -115,19 +144,24 @@ def test_gguf_file_from_a_repo(hub, tmp_path):
 def test_token_gated_repo_and_clear_errors(hub, tmp_path):
     server, _ = hub
     hf_home = tmp_path / "hf"
-    cases = {
-        "tiny/gated": ("gated", {}),
-        "tiny/nope": ("no such repository", {}),
-        "tiny/llama-gguf:absent.gguf": ("has no file 'absent.gguf'", {}),
-        "tiny/llama@v9": ("no revision 'v9'", {}),
-        "tiny/pickles": ("no *.safetensors weights", {}),
+    expected = {
+        "tiny/gated": "the repository is gated",
+        "tiny/nope": "no such repository",
+        "tiny/llama-gguf:absent.gguf": "has no file 'absent.gguf'",
+        "tiny/llama@v9": "no revision 'v9'",
+        "tiny/pickles": "no *.safetensors weights",
     }
-    for model, (message, env) in cases.items():
-        r = treeflash("generate", "--model", model, *PROMPT, hf_home=hf_home, endpoint=server.url, **env)
-        assert r.returncode == 2 and message in r.stderr and "Traceback" not in r.stderr, (model, r.stderr)
-    ok = treeflash("generate", "--model", "tiny/gated", *PROMPT, hf_home=hf_home, endpoint=server.url, HF_TOKEN="hf_secret")
-    assert ok.returncode == 0, ok.stderr
-    assert ("Bearer hf_secret" in {a for _, p, _, a in server.log if p.startswith("/api/models/tiny/gated")})
+    got = resolve_all(expected, hf_home, server.url)
+    for model, message in expected.items():
+        assert got[model].startswith("ModelLoadError ") and message in got[model], (model, got[model])
+    offline = resolve_all(["tiny/llama"], hf_home, server.url, HF_HUB_OFFLINE="1")
+    assert "not in the local Hub cache" in offline["tiny/llama"]
+    with_token = resolve_all(["tiny/gated"], hf_home, server.url, HF_TOKEN="hf_secret")["tiny/gated"]
+    assert with_token.startswith("ok ") and Path(with_token[3:], "model.safetensors").is_file()
+    assert "Bearer hf_secret" in {a for _, p, _, a in server.log if p.startswith("/api/models/tiny/gated")}
+    # the CLI turns the typed error into its one-line message and exit status 2
+    r = treeflash("serve", "--model", "tiny/nope", "--port", "0", hf_home=hf_home, endpoint=server.url)
+    assert r.returncode == 2 and "no such repository" in r.stderr and "Traceback" not in r.stderr, r.stderr
 
 
 def test_resolve_in_process_reports_the_missing_path(tmp_path):

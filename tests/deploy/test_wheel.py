@@ -10,7 +10,7 @@ import zipfile
 
 import pytest
 
-from tests.deploy.wheel import build_wheel, fresh_venv, install_wheel, link_distributions, runtime_closure, wheel_requirements
+from tests.deploy.wheel import fresh_venv, install_wheel, link_distributions, runtime_closure, wheel_requirements
 from tests.models.test_loaders import random_hf, write_gguf
 
 pytestmark = pytest.mark.deploy
@@ -25,10 +25,8 @@ print(len(names), treeflash.__file__)
 
 
 @pytest.fixture(scope="module")
-def installed(tmp_path_factory):
-    base = tmp_path_factory.mktemp("wheel")
-    wheel = build_wheel(base)
-    venv = base / "venv"
+def installed(tmp_path_factory, wheel):
+    venv = tmp_path_factory.mktemp("wheel") / "venv"
     site = fresh_venv(venv)
     closure = runtime_closure(wheel_requirements(wheel))
     link_distributions(closure, site)

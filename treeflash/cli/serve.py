@@ -21,13 +21,16 @@ EXAMPLES = """examples:
   treeflash serve --draft ngram --port 8080 --api-key secret
   treeflash serve --model ./Qwen2.5-Coder-1.5B-Instruct.gguf --served-model-name qwen-coder \\
       --draft draft --draft-model ./Qwen2.5-Coder-0.5B-Instruct.gguf --max-queue 16
+  treeflash serve --host 0.0.0.0 --model Qwen/Qwen2.5-Coder-1.5B-Instruct   # from the Hub (HF_TOKEN, HF_HUB_OFFLINE apply)
+  treeflash serve --model Qwen/Qwen2.5-Coder-1.5B-Instruct-GGUF:qwen2.5-coder-1.5b-instruct-q8_0.gguf
 
   curl http://127.0.0.1:8000/health
   curl http://127.0.0.1:8000/v1/chat/completions -H 'Content-Type: application/json' \\
       -d '{"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 32, "stream": true}'
 
 routes (each also without /v1): POST /v1/chat/completions, POST /v1/completions, GET /v1/models,
-POST /tokenize, POST /detokenize, GET /health, GET /metrics (Prometheus). See docs/server.md.
+POST /tokenize, POST /detokenize, GET /health, GET /metrics (Prometheus). See docs/server.md;
+containers, Helm and the inference gateway: docs/deploy.md.
 """
 
 DEFAULT_NAME = "SmolLM2-135M-Instruct"

@@ -8,6 +8,7 @@ Dockerfile, runs from that prefix on the CPU: /health, the HEALTHCHECK script, o
 /metrics, a clean stop on SIGTERM.
 """
 
+import importlib.metadata as md
 import json
 import os
 import re
@@ -79,10 +80,11 @@ def test_install_script_refuses_bad_arguments():
 
 @pytest.fixture(scope="module")
 def prefix(tmp_path_factory, wheel):
-    """docker/install.sh PREFIX cpu WHEEL, outside Docker: the prefix already sees the runtime
-    dependencies (as a base image with PyTorch would), so pip only resolves and installs treeflash."""
+    """docker/install.sh PREFIX cpu WHEEL, outside Docker: the prefix already sees pip and the runtime
+    dependencies (as a base image with PyTorch would), so pip only resolves them and installs treeflash."""
     prefix = tmp_path_factory.mktemp("image") / "opt-treeflash"
-    link_distributions(runtime_closure(wheel_requirements(wheel)), fresh_venv(prefix))
+    provided = runtime_closure(wheel_requirements(wheel)) | {"pip": md.distribution("pip")}  # pip: no ensurepip run
+    link_distributions(provided, fresh_venv(prefix))
     env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV")} | {"PIP_NO_INDEX": "1"}
     r = subprocess.run(["bash", str(DOCKER / "install.sh"), str(prefix), "cpu", str(wheel)], capture_output=True, text=True,
                        env=env, timeout=600)

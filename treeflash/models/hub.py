@@ -92,7 +92,8 @@ def fetch(hub: HubModel) -> Path:
     except GatedRepoError as e:
         raise ModelLoadError(f"{hub}: the repository is gated; accept its terms on the Hub and set HF_TOKEN ({_first_line(e)})") from None
     except RepositoryNotFoundError as e:
-        raise ModelLoadError(f"{hub}: no such repository on the Hub, or it is private (set HF_TOKEN) ({_first_line(e)})") from None
+        raise ModelLoadError(f"{hub}: no such local path, and no such repository on the Hub (or it is private: set HF_TOKEN) "
+                             f"({_first_line(e)})") from None
     except RevisionNotFoundError as e:
         raise ModelLoadError(f"{hub}: no revision {hub.revision or 'main'!r} in {hub.repo_id} ({_first_line(e)})") from None
     except RemoteEntryNotFoundError as e:

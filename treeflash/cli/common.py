@@ -9,7 +9,7 @@ from treeflash.errors import InvalidRequestError
 
 def add_model_args(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("model")
-    g.add_argument("--model", default=None, help="Hugging Face directory or .gguf file (default: the embedded SmolLM2-135M-Instruct)")
+    g.add_argument("--model", default=None, help="Hugging Face directory, .gguf file, or Hub id org/name[:file.gguf][@revision] (default: the embedded SmolLM2-135M-Instruct)")
     g.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"], help="where to run (default: cuda if present)")
     g.add_argument("--dtype", default=None, choices=["float32", "bfloat16", "float16"], help="runtime dtype (default: float32 on CPU, bfloat16 on CUDA)")
     g.add_argument("--weights", default="float", choices=["float", "int4"],

@@ -16,6 +16,7 @@ from treeflash.cli.common import add_model_args, build_engine
 from treeflash.cli.template_args import add_template_args, template_kwargs
 from treeflash.errors import ModelLoadError
 from treeflash.server.tools import PARSER_CHOICES
+from treeflash.models.hub import parse_hub_id
 
 EXAMPLES = """examples:
   treeflash serve                                    # the embedded SmolLM2-135M-Instruct on 127.0.0.1:8000
@@ -24,13 +25,16 @@ EXAMPLES = """examples:
       --draft draft --draft-model ./Qwen2.5-Coder-0.5B-Instruct.gguf --max-queue 16
   treeflash serve --model ./Qwen3.6-27B-MTP-Q4_K_M.gguf --draft mtp --num-draft 3 --no-think   # XML tool calls: auto
   treeflash serve --model ./Qwen3-8B --chat-template-kwargs '{"enable_thinking": false}' --tool-call-parser json
+  treeflash serve --host 0.0.0.0 --model Qwen/Qwen2.5-Coder-1.5B-Instruct   # from the Hub (HF_TOKEN, HF_HUB_OFFLINE apply)
+  treeflash serve --model Qwen/Qwen2.5-Coder-1.5B-Instruct-GGUF:qwen2.5-coder-1.5b-instruct-q8_0.gguf
 
   curl http://127.0.0.1:8000/health
   curl http://127.0.0.1:8000/v1/chat/completions -H 'Content-Type: application/json' \\
       -d '{"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 32, "stream": true}'
 
 routes (each also without /v1): POST /v1/chat/completions, POST /v1/completions, GET /v1/models,
-POST /tokenize, POST /detokenize, GET /health, GET /metrics (Prometheus). See docs/server.md.
+POST /tokenize, POST /detokenize, GET /health, GET /metrics (Prometheus). See docs/server.md;
+containers, Helm and the inference gateway: docs/deploy.md.
 """
 
 DEFAULT_NAME = "SmolLM2-135M-Instruct"
@@ -58,9 +62,13 @@ def add_parser(sub) -> None:
 
 
 def served_name(model: str | None) -> str:
+    """The default --served-model-name: a file's stem, a directory's name, a Hub repository's id."""
     if model is None:
         return DEFAULT_NAME
     path = Path(model)
+    hub = None if path.expanduser().exists() else parse_hub_id(model)
+    if hub is not None:
+        return Path(hub.filename).stem if hub.filename else hub.repo_id
     return path.stem if path.suffix.lower() == ".gguf" else path.name or model
 
 
@@ -79,8 +87,9 @@ def server_config(args: argparse.Namespace):
 
 
 def run(args: argparse.Namespace) -> int:
-    if args.model is not None and not Path(args.model).expanduser().exists():
-        raise ModelLoadError(f"{args.model}: no such file or directory; pass a Hugging Face model directory or a .gguf file")
+    if args.model is not None and not Path(args.model).expanduser().exists() and parse_hub_id(args.model) is None:
+        raise ModelLoadError(f"{args.model}: no such file or directory; pass a Hugging Face model directory, a .gguf file, "
+                             f"or a Hub id (org/name, org/name:file.gguf; fetched while /health answers 503)")
     config = server_config(args)
     if args.threads is None and args.device != "cuda":
         # the server's event loop and HTTP threads share the cores with PyTorch's: with PyTorch's

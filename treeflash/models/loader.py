@@ -47,8 +47,11 @@ def resolve_device(device: str | torch.device) -> torch.device:
 
 
 def open_checkpoint(path: str | Path) -> Checkpoint:
-    """Dispatch on the path: a directory is a Hugging Face checkpoint, a *.gguf file a GGUF one."""
-    p = Path(path).expanduser()
+    """Dispatch on the path: a directory is a Hugging Face checkpoint, a *.gguf file a GGUF one.
+    A path that does not exist but reads as a Hub id (org/name, org/name:file.gguf) is fetched first."""
+    from treeflash.models.hub import resolve_model_path
+
+    p = resolve_model_path(path)
     if p.is_dir():
         from treeflash.models.hf_loader import open_hf_dir
 
@@ -58,7 +61,8 @@ def open_checkpoint(path: str | Path) -> Checkpoint:
 
         return open_gguf(p)
     if not p.exists():
-        raise ModelLoadError(f"{p}: no such file or directory; pass a Hugging Face model directory or a .gguf file")
+        raise ModelLoadError(f"{p}: no such file or directory; pass a Hugging Face model directory, a .gguf file, "
+                             f"or a Hub id (org/name, org/name:file.gguf)")
     raise ModelLoadError(f"{p}: not a model; pass a Hugging Face model directory (config.json + *.safetensors) or a .gguf file")
 
 

@@ -69,7 +69,7 @@ class ServerState:
         self._load = load
         self.front: Frontend | None = None
         self.worker = Worker(self._load_engine, config.max_queue, on_load_failed)
-        self.metrics = Metrics(self.worker)
+        self.metrics = Metrics(self.worker, config.served_model_name)
 
     def _load_engine(self):
         engine = self._load()

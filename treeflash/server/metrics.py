@@ -8,6 +8,8 @@ totals, tau and acceptance per depth (definitions in treeflash.spec.stats).
 
 from __future__ import annotations
 
+import time
+
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
@@ -30,7 +32,7 @@ def route_label(path: str) -> str:
 
 
 class Metrics:
-    def __init__(self, worker: Worker):
+    def __init__(self, worker: Worker, model_name: str = ""):
         self.registry = r = CollectorRegistry()
         self.requests = Counter("treeflash_requests", "HTTP requests by route and status", ["route", "status"], registry=r)
         self.ttft = Histogram("treeflash_time_to_first_token_seconds", "request arrival to first token, queue wait included",
@@ -48,6 +50,7 @@ class Metrics:
         ready = Gauge("treeflash_model_ready", "1 once the model is loaded", registry=r)
         ready.set_function(lambda: float(worker.state == "ready"))
         r.register(_SpecCollector(worker))
+        r.register(_GatewayCollector(worker, model_name))
 
     def observe_job(self, job: Job, arrived_at: float) -> None:
         if job.first_event_at is not None:
@@ -89,3 +92,38 @@ class _SpecCollector:
         for depth, rate in enumerate(stats.acceptance_per_depth(), start=1):
             accept.add_metric([str(depth)], rate)
         yield from (passes, committed, tau, accept)
+
+
+class _GatewayCollector:
+    """The gauges Kubernetes' Gateway API Inference Extension endpoint picker scrapes to route between
+    replicas, under vLLM's names, which its model-server protocol lists and its default engine config
+    reads (docs/proposals/003-model-server-protocol in kubernetes-sigs/gateway-api-inference-extension):
+    queued requests, running requests, KV-cache usage as a fraction (vLLM: "1 means 100 percent"),
+    and the LoRA info gauge (no adapters are served: max_lora 0, its value the scrape time)."""
+
+    def __init__(self, worker: Worker, model_name: str):
+        self.worker = worker
+        self.model_name = model_name
+
+    def describe(self):
+        return []
+
+    def collect(self):
+        labels, values = ["model_name"], [self.model_name]
+        waiting = GaugeMetricFamily("vllm:num_requests_waiting", "requests waiting for the engine", labels=labels)
+        waiting.add_metric(values, self.worker.queue_depth)
+        running = GaugeMetricFamily("vllm:num_requests_running", "requests the engine is generating for", labels=labels)
+        running.add_metric(values, float(self.worker.busy))
+        usage = GaugeMetricFamily("vllm:kv_cache_usage_perc", "KV-cache usage; 1 means 100 percent (committed tokens of the "
+                                  "running request / cache capacity; 0 when idle)", labels=labels)
+        usage.add_metric(values, self._kv_usage())
+        lora = GaugeMetricFamily("vllm:lora_requests_info", "LoRA adapters (none are served); the value is the scrape time",
+                                 labels=["max_lora", "running_lora_adapters", "waiting_lora_adapters"])
+        lora.add_metric(["0", "", ""], time.time())
+        yield from (waiting, running, usage, lora)
+
+    def _kv_usage(self) -> float:
+        engine = self.worker.engine
+        if engine is None or not self.worker.busy:
+            return 0.0
+        return min(1.0, engine.cache.seq_len / engine.cache.max_len)

@@ -116,6 +116,7 @@ class Engine:
             if finish is not None:
                 event.usage = Usage(len(req.prompt_ids), produced, time.perf_counter() - t0, first_token_s,
                                     dec.stats.as_dict() if self.drafter is not None else None)
+                event.stop_string = stops.matched if stopped else None
                 self.totals.merge(dec.stats)
                 yield event
                 return

@@ -45,6 +45,7 @@ class TokenEvent:
     finish_reason: str | None = None  # "stop" | "length" | "cancelled" | None while running
     logprobs: list[TokenLogprob] | None = None
     usage: "Usage | None" = None  # set on the final event
+    stop_string: str | None = None  # on the final event: the stop string that ended the output, if one did
 
 
 @dataclass

@@ -23,15 +23,16 @@ from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from treeflash.errors import InvalidRequestError
+from treeflash.server.anthropic.routes import add_routes as add_anthropic_routes
 from treeflash.server.chunks import ReplyContext, chat_chunks, completion_chunks, fold_chat, fold_completion
 from treeflash.server.errors import APIError, bad_request
-from treeflash.server.frontend import Frontend
+from treeflash.server.frontend import Frontend, TokenLimits
 from treeflash.server.guard import Gate, read_body
 from treeflash.server.metrics import Metrics
 from treeflash.server.prompt import chat_prompt, check_token_ids, completion_prompt_ids, generation_requests, render_messages
 from treeflash.server.protocol import (MAX_N, ChatCompletionRequest, CompletionRequest, DetokenizeRequest, TokenizeRequest,
                                        parse)
-from treeflash.server.streaming import JobStream, folded_response
+from treeflash.server.streaming import OPENAI_SSE, JobStream, SSEFormat, folded_response
 from treeflash.server.worker import Job, Worker
 
 log = logging.getLogger("treeflash.server")
@@ -43,6 +44,7 @@ class ServerConfig:
     api_key: str | None = None
     max_queue: int = 64  # requests waiting for the engine (the running one not counted)
     max_body_bytes: int = 4 * 1024 * 1024
+    limits: TokenLimits = TokenLimits()
 
     def __post_init__(self) -> None:
         if not self.served_model_name:
@@ -64,7 +66,7 @@ class ServerState:
 
     def _load_engine(self):
         engine = self._load()
-        self.front = Frontend(engine)  # before the worker reports ready
+        self.front = Frontend(engine, self.config.limits)  # before the worker reports ready
         return engine
 
     def frontend(self) -> Frontend:
@@ -84,12 +86,13 @@ class ServerState:
         self.worker.submit(job)
         return job
 
-    async def respond(self, request: Request, stream: bool, chunks, fold, job: Job, arrived: float) -> Response:
+    async def respond(self, request: Request, stream: bool, chunks, fold, job: Job, arrived: float,
+                      sse: SSEFormat = OPENAI_SSE) -> Response:
         def on_end() -> None:
             self.metrics.observe_job(job, arrived)
 
         if stream:
-            return JobStream(chunks, job, self.worker, on_end)
+            return JobStream(chunks, job, self.worker, on_end, sse)
         return await folded_response(fold, chunks, job, self.worker, request.receive, on_end)
 
 
@@ -193,26 +196,27 @@ def create_app(config: ServerConfig, load: Callable[[], object], on_load_failed:
         app.add_api_route(prefix + "/models/{name:path}", get_model, methods=["GET"])
         app.add_api_route(prefix + "/health", health, methods=["GET"])
         app.add_api_route(prefix + "/metrics", metrics, methods=["GET"])
+    add_anthropic_routes(app, state)
     return app
 
 
 def _add_error_handlers(app: FastAPI) -> None:
     @app.exception_handler(APIError)
     async def api_error(request: Request, e: APIError) -> Response:
-        return e.response()
+        return e.response(request.url.path)
 
     @app.exception_handler(RequestValidationError)
     async def validation_error(request: Request, e: RequestValidationError) -> Response:
         err = (e.errors() or [{}])[0]
         loc = ".".join(str(p) for p in err.get("loc", ()) if p != "body")
-        return bad_request(f"{loc or 'request'}: {err.get('msg', 'invalid')}", loc or None).response()
+        return bad_request(f"{loc or 'request'}: {err.get('msg', 'invalid')}", loc or None).response(request.url.path)
 
     @app.exception_handler(StarletteHTTPException)
     async def http_error(request: Request, e: StarletteHTTPException) -> Response:
         message = f"no route {request.method} {request.url.path}" if e.status_code in (404, 405) else str(e.detail)
-        return APIError(e.status_code, message).response()
+        return APIError(e.status_code, message).response(request.url.path)
 
     @app.exception_handler(Exception)
     async def internal_error(request: Request, e: Exception) -> Response:
         log.exception("unhandled error in %s %s", request.method, request.url.path)
-        return APIError(500, f"internal error: {type(e).__name__}: {e}").response()
+        return APIError(500, f"internal error: {type(e).__name__}: {e}").response(request.url.path)

@@ -14,8 +14,7 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass
 
 from treeflash.engine.request import TokenLogprob
-from treeflash.server.reasoning import ReasoningSplitter
-from treeflash.server.tools import ToolCallParser
+from treeflash.server.output import OutputSplitter
 from treeflash.server.worker import Job
 
 MIN_LOGPROB = -9999.0  # -inf is not JSON; OpenAI reports this floor instead
@@ -51,22 +50,18 @@ def _lp(x: float) -> float:
 
 
 class _ChatChoice:
+    """One choice's text as chat deltas; the split itself is the shared OutputSplitter."""
+
     def __init__(self, in_think: bool, parse_tools: bool):
-        self.reasoning = ReasoningSplitter(in_think)
-        self.tools = ToolCallParser() if parse_tools else None
-        self.num_calls = 0
+        self.splitter = OutputSplitter(in_think, parse_tools)
+
+    @property
+    def num_calls(self) -> int:
+        return self.splitter.num_calls
 
     def delta(self, text: str, final: bool) -> dict:
-        reasoning, content = self.reasoning.feed(text)
-        if final:
-            r, c = self.reasoning.flush()
-            reasoning, content = reasoning + r, content + c
-        calls = []
-        if self.tools is not None:
-            content, calls = self.tools.feed(content)
-            if final:
-                c, late = self.tools.flush()
-                content, calls = content + c, calls + late
+        first = self.splitter.num_calls
+        reasoning, content, calls = self.splitter.feed(text, final)
         delta: dict = {}
         if reasoning:
             delta["reasoning_content"] = reasoning
@@ -74,10 +69,9 @@ class _ChatChoice:
             delta["content"] = content
         if calls:
             delta["tool_calls"] = [
-                {"index": self.num_calls + k, "id": c.id, "type": "function", "function": {"name": c.name, "arguments": c.arguments}}
+                {"index": first + k, "id": c.id, "type": "function", "function": {"name": c.name, "arguments": c.arguments}}
                 for k, c in enumerate(calls)
             ]
-            self.num_calls += len(calls)
         return delta
 
 

@@ -9,13 +9,42 @@ from __future__ import annotations
 
 import copy
 import threading
+from dataclasses import dataclass
 
+from treeflash.errors import InvalidRequestError
 from treeflash.server.chunks import TokenText
+from treeflash.server.errors import bad_request
+
+
+@dataclass(frozen=True)
+class TokenLimits:
+    """The server's bounds on output length. Without them one request that leaves max_tokens out
+    (or sets it to the context) holds the one-sequence engine for the whole remaining context
+    while every other client waits."""
+
+    default_max_tokens: int = 4096  # a request without max_tokens gets this (or the room left, if less)
+    max_tokens: int | None = None  # a request asking for more gets a 400; None: the context is the only bound
+
+    def __post_init__(self) -> None:
+        if self.default_max_tokens < 1:
+            raise InvalidRequestError(f"--default-max-tokens must be >= 1, got {self.default_max_tokens}", "default_max_tokens")
+        if self.max_tokens is not None and self.max_tokens < 1:
+            raise InvalidRequestError(f"--max-tokens-cap must be >= 1, got {self.max_tokens}", "max_tokens_cap")
+
+    def resolve(self, requested: int | None, room: int, param: str = "max_tokens") -> int:
+        """The max_tokens to run with: `room` is what the context leaves after the prompt."""
+        if requested is None:
+            default = self.default_max_tokens if self.max_tokens is None else min(self.default_max_tokens, self.max_tokens)
+            return max(1, min(default, room))
+        if self.max_tokens is not None and requested > self.max_tokens:
+            raise bad_request(f"{param} is {requested}, over this server's limit of {self.max_tokens} (--max-tokens-cap)", param)
+        return requested
 
 
 class Frontend:
-    def __init__(self, engine):
+    def __init__(self, engine, limits: TokenLimits = TokenLimits()):
         self.engine = engine
+        self.limits = limits
         try:
             self.tokenizer = copy.deepcopy(engine.tokenizer)
         except Exception:  # noqa: BLE001 - a tokenizer that cannot be copied is shared, under the lock

@@ -39,21 +39,26 @@ class Gate:
             if head > MAX_HEADER_BYTES:
                 refusal = APIError(431, f"the request headers are {head} bytes; the limit is {MAX_HEADER_BYTES} bytes",
                                    code="request_header_fields_too_large")
-                await refusal.response()(scope, receive, counted_send)
+                await refusal.response(scope["path"])(scope, receive, counted_send)
                 return
             if self.key is not None and scope["path"] not in OPEN_PATHS and not self._authorized(scope):
-                refusal = APIError(401, "a valid API key is required: send the header 'Authorization: Bearer <key>'", code="invalid_api_key")
-                await refusal.response()(scope, receive, counted_send)
+                refusal = APIError(401, "a valid API key is required: send the header 'Authorization: Bearer <key>' or 'x-api-key: <key>'",
+                                   code="invalid_api_key")
+                await refusal.response(scope["path"])(scope, receive, counted_send)
                 return
             await self.app(scope, receive, counted_send)
         finally:
             self.metrics.requests.labels(route_label(scope["path"]), str(status[0])).inc()
 
     def _authorized(self, scope) -> bool:
+        """`Authorization: Bearer KEY` (OpenAI clients) or `x-api-key: KEY` (Anthropic clients); either one suffices."""
         for name, value in scope["headers"]:
             if name == b"authorization":
                 scheme, _, token = value.partition(b" ")
-                return scheme.lower() == b"bearer" and hmac.compare_digest(token.strip(), self.key)
+                if scheme.lower() == b"bearer" and hmac.compare_digest(token.strip(), self.key):
+                    return True
+            elif name == b"x-api-key" and hmac.compare_digest(value.strip(), self.key):
+                return True
         return False
 
 

@@ -13,7 +13,8 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
 from treeflash.server.worker import Job, Worker
 
-ROUTES = ("/chat/completions", "/completions", "/models", "/health", "/metrics", "/tokenize", "/detokenize")
+ROUTES = ("/chat/completions", "/completions", "/models", "/health", "/metrics", "/tokenize", "/detokenize", "/messages",
+          "/messages/count_tokens", "/responses")
 
 _TIME_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600)
 _TPOT_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5)

@@ -34,6 +34,9 @@ class _Strict(BaseModel):
         return self
 
 
+StrictModel = _Strict  # the base every wire format's request models share (server/anthropic, server/responses)
+
+
 class FunctionCall(_Strict):
     name: str
     arguments: str | dict[str, Any] = "{}"  # a JSON string per OpenAI; a dict is accepted too

@@ -69,6 +69,7 @@ class MessagesBody(StrictModel):
     thinking: ThinkingConfig | None = None
     mcp_servers: list[Any] | None = None
     container: Any = None
+    output_config: dict[str, Any] | None = None  # {"effort": ...} is a hint and ignored; {"format": ...} is refused
 
     def check_supported(self) -> None:
         for i, t in enumerate(self.tools or []):
@@ -82,6 +83,10 @@ class MessagesBody(StrictModel):
             raise bad_request("mcp_servers is not supported", "mcp_servers")
         if self.container is not None:
             raise bad_request("container is not supported", "container")
+        for key in self.output_config or {}:
+            if key != "effort":
+                raise bad_request(f"output_config.{key} is not supported (structured outputs need constrained decoding, "
+                                  "which treeflash does not do)", f"output_config.{key}")
 
     @property
     def uses_tools(self) -> bool:

@@ -25,8 +25,13 @@ EXAMPLES = """examples:
   curl http://127.0.0.1:8000/v1/chat/completions -H 'Content-Type: application/json' \\
       -d '{"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 32, "stream": true}'
 
-routes (each also without /v1): POST /v1/chat/completions, POST /v1/completions, GET /v1/models,
-POST /tokenize, POST /detokenize, GET /health, GET /metrics (Prometheus). See docs/server.md.
+  curl http://127.0.0.1:8000/v1/messages -H 'Content-Type: application/json' \
+      -d '{"model": "SmolLM2-135M-Instruct", "max_tokens": 32, "messages": [{"role": "user", "content": "Hi"}]}'
+  treeflash serve --default-max-tokens 1024 --max-tokens-cap 4096 --responses-store 64
+
+routes (each also without /v1): POST /v1/chat/completions, POST /v1/completions, POST /v1/messages,
+POST /v1/messages/count_tokens, POST /v1/responses, GET /v1/models, POST /tokenize, POST /detokenize,
+GET /health, GET /metrics (Prometheus). See docs/server.md and docs/apis.md.
 """
 
 DEFAULT_NAME = "SmolLM2-135M-Instruct"
@@ -39,11 +44,17 @@ def add_parser(sub) -> None:
     s = p.add_argument_group("server")
     s.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1; 0.0.0.0 for every interface)")
     s.add_argument("--port", type=int, default=8000, help="port (default 8000)")
-    s.add_argument("--api-key", default=None, help="require 'Authorization: Bearer KEY' on every route but /health and /metrics")
+    s.add_argument("--api-key", default=None, help="require 'Authorization: Bearer KEY' (or 'x-api-key: KEY') on every route but /health and /metrics")
     s.add_argument("--served-model-name", default=None,
                    help=f"the model id clients send and /v1/models lists (default: the model file's name, or {DEFAULT_NAME})")
     s.add_argument("--max-queue", type=int, default=64, help="requests that may wait for the engine; more get 429 (default 64)")
     s.add_argument("--max-body-mb", type=float, default=4.0, help="largest request body in MB; larger gets 413 (default 4)")
+    s.add_argument("--default-max-tokens", type=int, default=4096,
+                   help="max_tokens for a request that sends none (or the room the context leaves, if less; default 4096)")
+    s.add_argument("--max-tokens-cap", type=int, default=None,
+                   help="the most max_tokens a request may ask for; more gets a 400 (default: only the context bounds it)")
+    s.add_argument("--responses-store", type=int, default=256,
+                   help="responses kept in memory for /v1/responses previous_response_id, oldest dropped first (default 256; 0: none)")
     s.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"], help="default info")
     add_model_args(p)
     p.set_defaults(func=run)
@@ -59,12 +70,15 @@ def served_name(model: str | None) -> str:
 def server_config(args: argparse.Namespace):
     """The ServerConfig the parsed `treeflash serve` flags describe (raises InvalidRequestError on bad values)."""
     from treeflash.server.app import ServerConfig
+    from treeflash.server.frontend import TokenLimits
 
     return ServerConfig(
         served_model_name=served_name(args.model) if args.served_model_name is None else args.served_model_name,
         api_key=args.api_key,
         max_queue=args.max_queue,
         max_body_bytes=int(args.max_body_mb * 1024 * 1024),
+        limits=TokenLimits(args.default_max_tokens, args.max_tokens_cap),
+        responses_store=args.responses_store,
     )
 
 

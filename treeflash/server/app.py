@@ -24,6 +24,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from treeflash.errors import InvalidRequestError
 from treeflash.server.anthropic.routes import add_routes as add_anthropic_routes
+from treeflash.server.responses.routes import add_routes as add_responses_routes
 from treeflash.server.chunks import ReplyContext, chat_chunks, completion_chunks, fold_chat, fold_completion
 from treeflash.server.errors import APIError, bad_request
 from treeflash.server.frontend import Frontend, TokenLimits
@@ -45,12 +46,15 @@ class ServerConfig:
     max_queue: int = 64  # requests waiting for the engine (the running one not counted)
     max_body_bytes: int = 4 * 1024 * 1024
     limits: TokenLimits = TokenLimits()
+    responses_store: int = 256  # responses kept in memory for previous_response_id (0: none)
 
     def __post_init__(self) -> None:
         if not self.served_model_name:
             raise InvalidRequestError("--served-model-name must be non-empty", "served_model_name")
         if self.max_queue < 1:
             raise InvalidRequestError(f"--max-queue must be >= 1, got {self.max_queue}", "max_queue")
+        if self.responses_store < 0:
+            raise InvalidRequestError(f"--responses-store must be >= 0, got {self.responses_store}", "responses_store")
         if self.max_body_bytes < 1024:
             raise InvalidRequestError(f"the body limit must be >= 1024 bytes, got {self.max_body_bytes}", "max_body_bytes")
 
@@ -197,6 +201,7 @@ def create_app(config: ServerConfig, load: Callable[[], object], on_load_failed:
         app.add_api_route(prefix + "/health", health, methods=["GET"])
         app.add_api_route(prefix + "/metrics", metrics, methods=["GET"])
     add_anthropic_routes(app, state)
+    add_responses_routes(app, state)
     return app
 
 

@@ -56,10 +56,16 @@ class Frontend:
         self.vocab_size: int = engine.model.config.vocab_size
         self.bos_token: str = getattr(self.tokenizer, "bos_token", None) or ""
         self.eos_token: str = getattr(self.tokenizer, "eos_token", None) or ""
+        self.special_tokens: tuple[str, ...] = special_token_texts(self.tokenizer)
 
     def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
         with self.lock:
             return list(self.tokenizer(text, add_special_tokens=add_special_tokens)["input_ids"])
+
+    def encode_text(self, text: str) -> list[int]:
+        """`text` as ordinary text: a special token's text inside it becomes ordinary tokens, not the control token."""
+        with self.lock:
+            return list(self.tokenizer(text, add_special_tokens=False, split_special_tokens=True)["input_ids"])
 
     def decode(self, ids: list[int]) -> str:
         with self.lock:
@@ -67,3 +73,11 @@ class Frontend:
 
     def check_fits(self, prompt_len: int, max_tokens: int) -> None:
         self.engine.check_fits(prompt_len, max_tokens)
+
+
+def special_token_texts(tokenizer) -> tuple[str, ...]:
+    """The text of every special (control) token the tokenizer knows: named ones and added ones marked special."""
+    names = set(getattr(tokenizer, "all_special_tokens", None) or ())
+    added = getattr(tokenizer, "added_tokens_decoder", None) or {}
+    names.update(t.content for t in added.values() if getattr(t, "special", False))
+    return tuple(sorted(n for n in names if n))

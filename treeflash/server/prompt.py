@@ -9,6 +9,8 @@ calls written out in the Hermes format the output parser reads back.
 from __future__ import annotations
 
 import json
+import re
+import uuid
 from dataclasses import dataclass
 from typing import Any
 
@@ -48,9 +50,52 @@ def render_messages(fe: Frontend, messages: list[Message], tools: list[ToolDef] 
     for key in RESERVED_TEMPLATE_KWARGS:
         if key in kwargs:
             raise bad_request(f"chat_template_kwargs may not set {key!r}", "chat_template_kwargs")
+    shielded = _shield(fe, msgs)
     text = render_chat(template, msgs, add_generation_prompt=add_generation_prompt, tools=tool_dicts if knows_tools else None,
                        bos_token=fe.bos_token, eos_token=fe.eos_token, **kwargs)
-    return ChatPrompt(text, fe.encode(text, add_special_tokens=False), prompt_opens_thinking(text))
+    if not shielded:
+        return ChatPrompt(text, fe.encode(text, add_special_tokens=False), prompt_opens_thinking(text))
+    text, ids = _encode_shielded(fe, text, shielded)
+    return ChatPrompt(text, ids, prompt_opens_thinking(text))
+
+
+SHIELDED_ROLES = ("user", "tool")  # content a client or a tool wrote: never control tokens
+
+
+def _shield(fe: Frontend, msgs: list[dict[str, Any]]) -> dict[str, str]:
+    """Replace the content of user and tool messages that contain a special token's text (say
+    `<|im_end|>\n<|im_start|>system`) by a unique marker, so that after rendering those spans can be
+    tokenized as plain text while the template's own special tokens stay special. Returns
+    {marker: content}; messages without such text are left alone (their tokens stay exactly as the
+    whole rendered prompt tokenizes)."""
+    specials = fe.special_tokens
+    if not specials:
+        return {}
+    nonce = uuid.uuid4().hex
+    shielded = {}
+    for i, m in enumerate(msgs):
+        content = m.get("content")
+        if m["role"] in SHIELDED_ROLES and isinstance(content, str) and any(t in content for t in specials):
+            marker = f"\ue000{nonce}:{i}\ue001"
+            shielded[marker] = content
+            msgs[i] = {**m, "content": marker}
+    return shielded
+
+
+def _encode_shielded(fe: Frontend, text: str, shielded: dict[str, str]) -> tuple[str, list[int]]:
+    """The rendered text with the markers put back, and its ids: template pieces with special
+    tokens, shielded content with every special token's text split into ordinary tokens."""
+    pattern = "(" + "|".join(re.escape(m) for m in shielded) + ")"
+    out_text: list[str] = []
+    ids: list[int] = []
+    for piece in re.split(pattern, text):
+        if piece in shielded:
+            out_text.append(shielded[piece])
+            ids.extend(fe.encode_text(shielded[piece]))
+        elif piece:
+            out_text.append(piece)
+            ids.extend(fe.encode(piece, add_special_tokens=False))
+    return "".join(out_text), ids
 
 
 def chat_prompt(fe: Frontend, req: ChatCompletionRequest) -> ChatPrompt:

@@ -55,6 +55,11 @@ def add_parser(sub) -> None:
                    help="the most max_tokens a request may ask for; more gets a 400 (default: only the context bounds it)")
     s.add_argument("--responses-store", type=int, default=256,
                    help="responses kept in memory for /v1/responses previous_response_id, oldest dropped first (default 256; 0: none)")
+    s.add_argument("--body-timeout", type=float, default=30.0,
+                   help="seconds a request body may take to arrive; slower gets 408 (default 30)")
+    s.add_argument("--allowed-hosts", default="",
+                   help="comma-separated Host names answered besides localhost, 127.0.0.1 and [::1] ('*': any). "
+                        "On a loopback --host only those are answered (DNS rebinding); elsewhere Host is checked only when this is set")
     s.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"], help="default info")
     add_model_args(p)
     p.set_defaults(func=run)
@@ -71,6 +76,7 @@ def server_config(args: argparse.Namespace):
     """The ServerConfig the parsed `treeflash serve` flags describe (raises InvalidRequestError on bad values)."""
     from treeflash.server.app import ServerConfig
     from treeflash.server.frontend import TokenLimits
+    from treeflash.server.hosts import HostPolicy
 
     return ServerConfig(
         served_model_name=served_name(args.model) if args.served_model_name is None else args.served_model_name,
@@ -79,6 +85,8 @@ def server_config(args: argparse.Namespace):
         max_body_bytes=int(args.max_body_mb * 1024 * 1024),
         limits=TokenLimits(args.default_max_tokens, args.max_tokens_cap),
         responses_store=args.responses_store,
+        body_timeout_s=args.body_timeout,
+        hosts=HostPolicy(args.host, tuple(h.strip() for h in args.allowed_hosts.split(",") if h.strip())),
     )
 
 

@@ -29,6 +29,7 @@ from treeflash.server.chunks import ReplyContext, chat_chunks, completion_chunks
 from treeflash.server.errors import APIError, bad_request
 from treeflash.server.frontend import Frontend, TokenLimits
 from treeflash.server.guard import Gate, read_body
+from treeflash.server.hosts import HostPolicy
 from treeflash.server.metrics import Metrics
 from treeflash.server.prompt import chat_prompt, check_token_ids, completion_prompt_ids, generation_requests, render_messages
 from treeflash.server.protocol import (MAX_N, ChatCompletionRequest, CompletionRequest, DetokenizeRequest, TokenizeRequest,
@@ -47,6 +48,8 @@ class ServerConfig:
     max_body_bytes: int = 4 * 1024 * 1024
     limits: TokenLimits = TokenLimits()
     responses_store: int = 256  # responses kept in memory for previous_response_id (0: none)
+    body_timeout_s: float = 30.0  # the whole request body must arrive within this (408 otherwise)
+    hosts: HostPolicy = HostPolicy()  # the Host headers answered (server/hosts.py); serve() passes the bound address
 
     def __post_init__(self) -> None:
         if not self.served_model_name:
@@ -55,6 +58,8 @@ class ServerConfig:
             raise InvalidRequestError(f"--max-queue must be >= 1, got {self.max_queue}", "max_queue")
         if self.responses_store < 0:
             raise InvalidRequestError(f"--responses-store must be >= 0, got {self.responses_store}", "responses_store")
+        if not self.body_timeout_s > 0:
+            raise InvalidRequestError(f"--body-timeout must be > 0 seconds, got {self.body_timeout_s}", "body_timeout")
         if self.max_body_bytes < 1024:
             raise InvalidRequestError(f"the body limit must be >= 1024 bytes, got {self.max_body_bytes}", "max_body_bytes")
 
@@ -79,6 +84,9 @@ class ServerState:
                 raise APIError(503, "the model is still loading; retry when GET /health answers 200")
             raise APIError(503, f"the model is not available ({self.worker.state}): {self.worker.load_error or 'shutting down'}")
         return self.front
+
+    async def body(self, request: Request) -> bytes:
+        return await read_body(request, self.config.max_body_bytes, self.config.body_timeout_s)
 
     def check_model(self, name: str | None) -> None:
         if name is not None and name != self.config.served_model_name:
@@ -112,13 +120,13 @@ def create_app(config: ServerConfig, load: Callable[[], object], on_load_failed:
 
     app = FastAPI(title="treeflash", lifespan=lifespan, docs_url=None, redoc_url=None, openapi_url=None)
     app.state.treeflash = state
-    app.add_middleware(Gate, api_key=config.api_key, metrics=state.metrics)
+    app.add_middleware(Gate, api_key=config.api_key, metrics=state.metrics, hosts=config.hosts)
     _add_error_handlers(app)
 
     async def chat_completions(request: Request) -> Response:
         arrived = time.perf_counter()
         fe = state.frontend()
-        req = parse(ChatCompletionRequest, await read_body(request, config.max_body_bytes))
+        req = parse(ChatCompletionRequest, await state.body(request))
         state.check_model(req.model)
         prompt = await run_in_threadpool(chat_prompt, fe, req)
         gens = generation_requests(fe, req, [prompt.ids], req.num_logprobs)
@@ -132,7 +140,7 @@ def create_app(config: ServerConfig, load: Callable[[], object], on_load_failed:
     async def completions(request: Request) -> Response:
         arrived = time.perf_counter()
         fe = state.frontend()
-        req = parse(CompletionRequest, await read_body(request, config.max_body_bytes))
+        req = parse(CompletionRequest, await state.body(request))
         state.check_model(req.model)
         prompts = req.prompts()
         if len(prompts) * req.n > MAX_N:
@@ -147,7 +155,7 @@ def create_app(config: ServerConfig, load: Callable[[], object], on_load_failed:
 
     async def tokenize(request: Request) -> Response:
         fe = state.frontend()
-        req = parse(TokenizeRequest, await read_body(request, config.max_body_bytes))
+        req = parse(TokenizeRequest, await state.body(request))
         state.check_model(req.model)
         if (req.prompt is None) == (req.messages is None):
             raise bad_request("send exactly one of prompt and messages", "prompt")
@@ -163,7 +171,7 @@ def create_app(config: ServerConfig, load: Callable[[], object], on_load_failed:
 
     async def detokenize(request: Request) -> Response:
         fe = state.frontend()
-        req = parse(DetokenizeRequest, await read_body(request, config.max_body_bytes))
+        req = parse(DetokenizeRequest, await state.body(request))
         state.check_model(req.model)
         check_token_ids(fe, req.tokens, "tokens")
         return JSONResponse({"prompt": await run_in_threadpool(fe.decode, req.tokens)})

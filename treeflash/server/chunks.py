@@ -134,7 +134,9 @@ def _completion_logprobs(lps: list[TokenLogprob], token_text: TokenText, offset:
         text = token_text(lp.token_id)
         out["tokens"].append(text)
         out["token_logprobs"].append(_lp(lp.logprob))
-        out["top_logprobs"].append({token_text(t): _lp(l) for t, l in lp.top})
+        top = {token_text(t): _lp(l) for t, l in lp.top}
+        top.setdefault(text, _lp(lp.logprob))  # OpenAI's completions always list the sampled token (up to logprobs + 1 entries)
+        out["top_logprobs"].append(top)
         out["text_offset"].append(offset)
         offset += len(text)
     return out, offset

@@ -1,6 +1,6 @@
 """Prometheus metrics, in a registry of the app's own (two apps in one process never share counters).
 
-Per request: status by route, time to first token (as the server sees it: queue wait included),
+Per request: status by route, the wait for the engine, time to first token (as the server sees it: queue wait included),
 time per output token and tokens per second (the engine's own timing of each choice). Read at
 scrape time: queue depth, whether a request is running, and the engine's running speculation
 totals, tau and acceptance per depth (definitions in treeflash.spec.stats).
@@ -40,6 +40,8 @@ class Metrics:
                               buckets=_TPOT_BUCKETS, registry=r)
         self.rate = Histogram("treeflash_tokens_per_second", "output tokens per second of generation, per choice",
                               buckets=_RATE_BUCKETS, registry=r)
+        self.queue_wait = Histogram("treeflash_queue_wait_seconds", "time a request waited for the engine (submitted to started)",
+                                    buckets=_TIME_BUCKETS, registry=r)
         self.prompt_tokens = Counter("treeflash_prompt_tokens", "prompt tokens processed", registry=r)
         self.output_tokens = Counter("treeflash_generation_tokens", "tokens generated", registry=r)
         queue = Gauge("treeflash_queue_depth", "requests waiting for the engine", registry=r)
@@ -51,6 +53,8 @@ class Metrics:
         r.register(_SpecCollector(worker))
 
     def observe_job(self, job: Job, arrived_at: float) -> None:
+        if job.started_at is not None:
+            self.queue_wait.observe(job.started_at - job.submitted_at)
         if job.first_event_at is not None:
             self.ttft.observe(job.first_event_at - arrived_at)
         for u in job.usages:

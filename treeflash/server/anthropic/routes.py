@@ -15,7 +15,6 @@ from starlette.concurrency import run_in_threadpool
 
 from treeflash.server.anthropic.events import MessageContext, error_event, fold_message, message_events
 from treeflash.server.anthropic.protocol import CountTokensRequest, MessagesRequest
-from treeflash.server.guard import read_body
 from treeflash.server.output import job_parts
 from treeflash.server.prompt import render_messages, sampling_params, single_request
 from treeflash.server.protocol import parse
@@ -31,7 +30,7 @@ def add_routes(app: FastAPI, state: ServerState) -> None:
     async def messages(request: Request) -> Response:
         arrived = time.perf_counter()
         fe = state.frontend()
-        req = parse(MessagesRequest, await read_body(request, state.config.max_body_bytes))
+        req = parse(MessagesRequest, await state.body(request))
         state.check_model(req.model)
         prompt = await run_in_threadpool(render_messages, fe, req.chat_messages(), req.chat_tools(), True, req.template_kwargs())
         sampling = sampling_params(req.temperature, req.top_p, req.top_k)
@@ -43,7 +42,7 @@ def add_routes(app: FastAPI, state: ServerState) -> None:
 
     async def count_tokens(request: Request) -> Response:
         fe = state.frontend()
-        req = parse(CountTokensRequest, await read_body(request, state.config.max_body_bytes))
+        req = parse(CountTokensRequest, await state.body(request))
         state.check_model(req.model)
         prompt = await run_in_threadpool(render_messages, fe, req.chat_messages(), req.chat_tools(), True, req.template_kwargs())
         return JSONResponse({"input_tokens": len(prompt.ids)})

@@ -12,7 +12,6 @@ from fastapi import FastAPI, Request
 from fastapi.responses import Response
 from starlette.concurrency import run_in_threadpool
 
-from treeflash.server.guard import read_body
 from treeflash.server.output import job_parts
 from treeflash.server.prompt import render_messages, sampling_params, single_request
 from treeflash.server.protocol import parse
@@ -35,7 +34,7 @@ def add_routes(app: FastAPI, state: ServerState) -> None:
     async def responses(request: Request) -> Response:
         arrived = time.perf_counter()
         fe = state.frontend()
-        req = parse(ResponsesRequest, await read_body(request, state.config.max_body_bytes))
+        req = parse(ResponsesRequest, await state.body(request))
         state.check_model(req.model)
         history = store.conversation(req.previous_response_id) if req.previous_response_id else []
         items = history + req.input_items()

@@ -55,3 +55,4 @@ class Usage:
     seconds: float = 0.0
     first_token_s: float = 0.0
     spec: dict | None = None  # SpecStats.as_dict() when a drafter ran
+    cached_tokens: int = 0  # prompt tokens resumed from the prefix cache (not prefilled again)

@@ -91,3 +91,24 @@ def test_memory_bound_evicts_snapshots_first_in_first_out():
     pc = cached.prefix
     assert pc._used() <= pc.max_bytes and len(pc.snapshots) >= 1
     assert max(pc.snapshots) == len(pc.tokens)  # the newest (the output's end) survived; the oldest went
+
+
+def test_a_drafter_on_hidden_states_is_rebuilt_from_the_stored_rows():
+    # MTP conditions on the target's last hidden states (capture_layers): a hit hands it the stored
+    # rows of the shared prefix, so its drafts (and so the output) are those of an uncached run
+    from tests.engine.toy import ToyLoaded, ToyTokenizer
+    from tests.spec.test_mtp_drafter import mtp_target
+
+    target = mtp_target()
+    loaded = ToyLoaded(target, ToyTokenizer(), target.config)
+    plain = Engine(loaded, EngineConfig(max_context=512, prefix_cache=OFF))
+    cached = Engine(loaded, EngineConfig(max_context=512, draft="mtp", draft_options=DraftOptions(num_draft=3), prefix_cache=SMALL))
+    assert cached.prefix.wants_hidden
+    out1, _ = run(cached, conversation([])[0])
+    hits = []
+    for prompt in conversation(out1):
+        got, hit = run(cached, prompt)
+        assert got == run(plain, prompt)[0], (len(prompt), hit)
+        hits.append(hit)
+    assert hits[0] == 64 and hits[1] == 70  # at most the stored prompt's rows: the grown prompt resumes at its end
+    assert hits[2] == 32

@@ -59,7 +59,8 @@ def test_chat_stream_shape_and_fold():
         mine = [c["choices"][0] for c in chunks if c["choices"] and c["choices"][0]["index"] == index]
         assert mine[0]["delta"] == {"role": "assistant", "content": ""}
         assert sum(c["finish_reason"] is not None for c in mine) == 1 and mine[-1]["finish_reason"] == "stop"
-    assert chunks[-1]["choices"] == [] and chunks[-1]["usage"] == {"prompt_tokens": 7, "completion_tokens": 10, "total_tokens": 17}
+    assert chunks[-1]["choices"] == [] and chunks[-1]["usage"] == {"prompt_tokens": 7, "completion_tokens": 10, "total_tokens": 17,
+                                                                   "prompt_tokens_details": {"cached_tokens": 0}}
     assert [c["message"]["content"] for c in reply["choices"]] == ["Hello world", "AB"]
     assert reply["object"] == "chat.completion" and reply["usage"]["completion_tokens"] == 10
     lp = reply["choices"][0]["logprobs"]["content"]

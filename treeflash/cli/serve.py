@@ -55,6 +55,9 @@ def add_parser(sub) -> None:
                    help="the most max_tokens a request may ask for; more gets a 400 (default: only the context bounds it)")
     s.add_argument("--responses-store", type=int, default=256,
                    help="responses kept in memory for /v1/responses previous_response_id, oldest dropped first (default 256; 0: none)")
+    s.add_argument("--prefix-cache-mb", type=float, default=0.0,
+                   help="MiB for the prefix cache (recurrent-state snapshots, a drafter's stored hidden rows): a prompt "
+                        "that starts like the last one resumes its KV instead of prefilling it again (default 0: off)")
     s.add_argument("--body-timeout", type=float, default=30.0,
                    help="seconds a request body may take to arrive; slower gets 408 (default 30)")
     s.add_argument("--allowed-hosts", default="",

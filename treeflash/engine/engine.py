@@ -142,7 +142,7 @@ class Engine:
             event = TokenEvent(new, text, finish, _logprob_events(lps, len(new)))
             if finish is not None:
                 event.usage = Usage(len(req.prompt_ids), produced, time.perf_counter() - t0, first_token_s,
-                                    dec.stats.as_dict() if self.drafter is not None else None, cached_tokens=hit.start)
+                                    dec.stats.as_dict() if self.drafter is not None else None, cached_tokens=dec.resumed)
                 event.stop_string = stops.matched if stopped else None
                 self.totals.merge(dec.stats)
                 yield event

@@ -31,6 +31,7 @@ from dataclasses import dataclass
 
 import torch
 
+from treeflash.errors import InvalidRequestError
 from treeflash.kv.cache import ModelCache
 
 
@@ -41,10 +42,10 @@ class PrefixCacheConfig:
     chunk: int = 2048  # the prefill chunk (Decoder.prefill's), for the key-centre rule
 
     def __post_init__(self) -> None:
-        if self.max_mb < 0:
-            raise ValueError(f"prefix cache size must be >= 0 MiB, got {self.max_mb}")
+        if not self.max_mb >= 0:
+            raise InvalidRequestError(f"--prefix-cache-mb must be >= 0, got {self.max_mb}", "prefix_cache_mb")
         if self.block < 1 or self.chunk < 1:
-            raise ValueError("block and chunk must be >= 1")
+            raise InvalidRequestError(f"prefix cache block and chunk must be >= 1, got {self.block} and {self.chunk}", "prefix_cache")
 
     @property
     def enabled(self) -> bool:

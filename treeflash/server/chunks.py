@@ -75,15 +75,16 @@ class _ChatChoice:
         return delta
 
 
-def _usage(ctx: ReplyContext, completion_tokens: int) -> dict:
+def _usage(ctx: ReplyContext, completion_tokens: int, cached_tokens: int) -> dict:
+    """cached_tokens: prompt tokens the prefix cache resumed (the first choice's; the prompt is counted once)."""
     return {"prompt_tokens": ctx.prompt_tokens, "completion_tokens": completion_tokens,
-            "total_tokens": ctx.prompt_tokens + completion_tokens}
+            "total_tokens": ctx.prompt_tokens + completion_tokens, "prompt_tokens_details": {"cached_tokens": cached_tokens}}
 
 
 async def chat_chunks(job: Job, ctx: ReplyContext, token_text: TokenText, in_think: bool, parse_tools: bool) -> AsyncIterator[dict]:
     base = {"id": ctx.id, "object": "chat.completion.chunk", "created": ctx.created, "model": ctx.model}
     choices: dict[int, _ChatChoice] = {}
-    completion_tokens = 0
+    completion_tokens, cached = 0, None
     async for index, ev in job.events():
         choice = choices.get(index)
         if choice is None:
@@ -96,10 +97,11 @@ async def chat_chunks(job: Job, ctx: ReplyContext, token_text: TokenText, in_thi
         if final:
             finish = "tool_calls" if choice.num_calls and ev.finish_reason == "stop" else ev.finish_reason
             completion_tokens += ev.usage.completion_tokens if ev.usage else 0
+            cached = cached if cached is not None or ev.usage is None else ev.usage.cached_tokens
         if delta or logprobs or final:
             yield {**base, "choices": [{"index": index, "delta": delta, "logprobs": logprobs, "finish_reason": finish}]}
     if ctx.include_usage:
-        yield {**base, "choices": [], "usage": _usage(ctx, completion_tokens)}
+        yield {**base, "choices": [], "usage": _usage(ctx, completion_tokens, cached or 0)}
 
 
 def _chat_logprob(lp: TokenLogprob, token_text: TokenText) -> dict:
@@ -113,7 +115,7 @@ def _chat_logprob(lp: TokenLogprob, token_text: TokenText) -> dict:
 async def completion_chunks(job: Job, ctx: ReplyContext, token_text: TokenText) -> AsyncIterator[dict]:
     base = {"id": ctx.id, "object": "text_completion", "created": ctx.created, "model": ctx.model}
     offsets: dict[int, int] = {}  # text_offset so far, per choice (offsets count from the output's start)
-    completion_tokens = 0
+    completion_tokens, cached = 0, None
     async for index, ev in job.events():
         final = ev.finish_reason is not None
         logprobs = None
@@ -121,11 +123,12 @@ async def completion_chunks(job: Job, ctx: ReplyContext, token_text: TokenText) 
             logprobs, offsets[index] = _completion_logprobs(ev.logprobs, token_text, offsets.get(index, 0))
         if final:
             completion_tokens += ev.usage.completion_tokens if ev.usage else 0
+            cached = cached if cached is not None or ev.usage is None else ev.usage.cached_tokens
         if ev.text or logprobs or final:
             choice = {"index": index, "text": ev.text, "logprobs": logprobs, "finish_reason": ev.finish_reason}
             yield {**base, "choices": [choice]}
     if ctx.include_usage:
-        yield {**base, "choices": [], "usage": _usage(ctx, completion_tokens)}
+        yield {**base, "choices": [], "usage": _usage(ctx, completion_tokens, cached or 0)}
 
 
 def _completion_logprobs(lps: list[TokenLogprob], token_text: TokenText, offset: int) -> tuple[dict, int]:

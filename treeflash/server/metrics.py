@@ -44,6 +44,8 @@ class Metrics:
                                     buckets=_TIME_BUCKETS, registry=r)
         self.prompt_tokens = Counter("treeflash_prompt_tokens", "prompt tokens processed", registry=r)
         self.output_tokens = Counter("treeflash_generation_tokens", "tokens generated", registry=r)
+        self.cached_tokens = Counter("treeflash_prefix_cache_hit_tokens", "prompt tokens resumed from the prefix cache, not prefilled",
+                                     registry=r)
         queue = Gauge("treeflash_queue_depth", "requests waiting for the engine", registry=r)
         queue.set_function(lambda: worker.queue_depth)
         running = Gauge("treeflash_requests_running", "requests the engine is generating for (0 or 1)", registry=r)
@@ -60,6 +62,7 @@ class Metrics:
         for u in job.usages:
             self.prompt_tokens.inc(u.prompt_tokens)
             self.output_tokens.inc(u.completion_tokens)
+            self.cached_tokens.inc(u.cached_tokens)
             if u.seconds > 0:
                 self.rate.observe(u.completion_tokens / u.seconds)
             if u.completion_tokens > 1:

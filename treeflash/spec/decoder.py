@@ -44,6 +44,8 @@ class Decoder:
         self.tokens: list[int] = []  # committed tokens (prompt + output, root excluded)
         self.root: int | None = None
         self.prompt_hidden: torch.Tensor | None = None  # the prompt's captured rows after prefill (for a prefix cache)
+        self.resumed = 0  # prompt tokens the last prefill resumed instead of prefilling
+        self._built_device_step = False  # a DeviceStep was captured for this decoder (its warm-ups write the cache)
         self._ahead = None  # PendingToken of a plain step enqueued before its input was read back
         self._dev = None  # DeviceStep: greedy drafted steps run on the device (device_step.py)
         self._dev_cur = None  # its PendingStep enqueued, not read yet
@@ -68,6 +70,9 @@ class Decoder:
         # --budget auto: plain from the first token after requests of this kind kept losing (DeviceStep.skip_request)
         self._dev_off = self._dev is not None and self.drafter.tuner is not None and self._dev.skip_request()
         self._dev_run = (0.0, 0, 0, 0.0)
+        if start and self._built_device_step:  # its capture's warm-ups wrote scratch over the resumed rows
+            start, hidden_before = 0, None
+        self.resumed = start  # prompt tokens not prefilled again
         if start:
             assert self.cache.seq_len == start < len(prompt_ids), "resume the cache at start, and leave a token to prefill"
         else:
@@ -157,6 +162,7 @@ class Decoder:
         if dev is None or dev.runner is not self.runner or dev.t != t or dev.tree != self.drafter.tree:
             try:
                 dev = DeviceStep(self.runner, self.drafter, t, sampled=sampled, filtered=filtered)
+                self._built_device_step = True
             except Exception as e:  # a capture or a kernel compile: the synchronous steps are exact
                 warnings.warn(f"{name}: building the device step failed ({type(e).__name__}: {e}); synchronous steps")
                 failed.add(name)

@@ -27,7 +27,6 @@ class MessageContext:
     id: str
     model: str
     input_tokens: int
-    cached_tokens: int = 0  # prompt tokens served from the prefix cache
 
 
 def stop_reason(finish: Finish) -> str:
@@ -38,9 +37,11 @@ def stop_reason(finish: Finish) -> str:
     return "tool_use" if finish.num_calls else "end_turn"
 
 
-def _usage(ctx: MessageContext, output_tokens: int) -> dict:
-    return {"input_tokens": ctx.input_tokens - ctx.cached_tokens, "output_tokens": output_tokens,
-            "cache_read_input_tokens": ctx.cached_tokens, "cache_creation_input_tokens": 0}
+def _usage(ctx: MessageContext, output_tokens: int, cached_tokens: int = 0) -> dict:
+    """Anthropic's input_tokens leave out the cache reads: input + cache_read is the whole prompt.
+    (message_start is sent before the prefix cache is looked up: its usage counts no reads.)"""
+    return {"input_tokens": ctx.input_tokens - cached_tokens, "output_tokens": output_tokens,
+            "cache_read_input_tokens": cached_tokens, "cache_creation_input_tokens": 0}
 
 
 def error_event(e: APIError) -> dict:
@@ -70,8 +71,9 @@ async def message_events(parts: AsyncIterator[Part | Finish], ctx: MessageContex
             for ev in close():
                 yield ev
             output_tokens = part.usage.completion_tokens if part.usage else 0
+            cached = part.usage.cached_tokens if part.usage else 0
             yield {"type": "message_delta", "delta": {"stop_reason": stop_reason(part), "stop_sequence": part.stop_string},
-                   "usage": _usage(ctx, output_tokens)}
+                   "usage": _usage(ctx, output_tokens, cached)}
             yield {"type": "message_stop"}
             return
         kind = "thinking" if isinstance(part, Reasoning) else "text" if isinstance(part, Text) else "tool_use"

@@ -29,7 +29,6 @@ class ResponseContext:
     count_tokens: Callable[[str], int]  # for output_tokens_details.reasoning_tokens
     on_done: Callable[[list[dict]], None] = lambda output: None  # gets the output items once the response ended
     created_at: int = field(default_factory=lambda: int(time.time()))
-    cached_tokens: int = 0
 
 
 def error_event(e: APIError) -> dict:
@@ -144,7 +143,8 @@ async def response_events(parts: AsyncIterator[Part | Finish], ctx: ResponseCont
                 yield ev
             output_tokens = part.usage.completion_tokens if part.usage else 0
             reasoning = "".join(w.reasoning_text)
-            usage = {"input_tokens": ctx.input_tokens, "input_tokens_details": {"cached_tokens": ctx.cached_tokens},
+            cached = part.usage.cached_tokens if part.usage else 0
+            usage = {"input_tokens": ctx.input_tokens, "input_tokens_details": {"cached_tokens": cached},
                      "output_tokens": output_tokens,
                      "output_tokens_details": {"reasoning_tokens": min(ctx.count_tokens(reasoning), output_tokens) if reasoning else 0},
                      "total_tokens": ctx.input_tokens + output_tokens}

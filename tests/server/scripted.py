@@ -144,6 +144,9 @@ class StubEngine:
         self.max_context = max_context
         self.step_delay = step_delay
         self.default_text = default_text
+        from treeflash.spec.stats import SpecStats
+
+        self.totals = SpecStats()  # what /metrics reads: no speculation here
 
     def check_fits(self, prompt_len: int, max_tokens: int) -> None:
         from treeflash.errors import ContextOverflowError

@@ -60,7 +60,8 @@ def test_chat_stream_shape_and_fold():
         mine = [c["choices"][0] for c in chunks if c["choices"] and c["choices"][0]["index"] == index]
         assert mine[0]["delta"] == {"role": "assistant", "content": ""}
         assert sum(c["finish_reason"] is not None for c in mine) == 1 and mine[-1]["finish_reason"] == "stop"
-    assert chunks[-1]["choices"] == [] and chunks[-1]["usage"] == {"prompt_tokens": 7, "completion_tokens": 10, "total_tokens": 17}
+    assert chunks[-1]["choices"] == [] and chunks[-1]["usage"] == {"prompt_tokens": 7, "completion_tokens": 10, "total_tokens": 17,
+                                                                   "prompt_tokens_details": {"cached_tokens": 0}}
     assert [c["message"]["content"] for c in reply["choices"]] == ["Hello world", "AB"]
     assert reply["object"] == "chat.completion" and reply["usage"]["completion_tokens"] == 10
     lp = reply["choices"][0]["logprobs"]["content"]
@@ -106,3 +107,18 @@ def test_completion_chunks_and_fold():
     assert lp["tokens"] == ["<100>", "<200>", "<101>", "<201>"]
     assert lp["text_offset"] == [0, 5, 10, 15]  # offsets continue across chunks
     assert reply["usage"]["completion_tokens"] == 4
+
+
+def test_completion_top_logprobs_always_include_the_sampled_token():
+    # the sampled token (300) is outside the top 2 it came with: it is listed too, with its own logprob
+    ev = TokenEvent([300], "x", "stop", [TokenLogprob(300, -4.0, [(1, -0.1), (2, -0.2)])])
+    ev.usage = Usage(7, 1, 1.0, 0.1)
+    ctx = ReplyContext("cmpl-x", 1, "m", 7, include_usage=True)
+    chunks = asyncio.run(collect(lambda job: completion_chunks(job, ctx, FakeText()), [(0, ev)]))
+    top = asyncio.run(refold(chunks, fold_completion))["choices"][0]["logprobs"]["top_logprobs"][0]
+    assert top == {"<1>": -0.1, "<2>": -0.2, "<300>": -4.0}
+    # logprobs=0: the sampled token alone
+    ev0 = TokenEvent([5], "y", "stop", [TokenLogprob(5, -0.3, [])])
+    ev0.usage = Usage(7, 1, 1.0, 0.1)
+    chunks = asyncio.run(collect(lambda job: completion_chunks(job, ctx, FakeText()), [(0, ev0)]))
+    assert asyncio.run(refold(chunks, fold_completion))["choices"][0]["logprobs"]["top_logprobs"] == [{"<5>": -0.3}]

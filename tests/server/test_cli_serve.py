@@ -14,6 +14,7 @@ from openai import OpenAI
 from tests.server.scripted import StubEngine
 from treeflash.cli.main import build_parser, main
 from treeflash.cli.serve import DEFAULT_NAME, run, server_config
+from treeflash.errors import InvalidRequestError
 from treeflash.server.app import create_app
 
 HI = [{"role": "user", "content": "hi"}]
@@ -30,12 +31,12 @@ def served(*flags, engine=None):
     """(openai client, TestClient, app) for the app these flags describe, once its engine is ready."""
     engine = engine or StubEngine()
     app = create_app(server_config(parse(*flags)), lambda: engine)
-    with TestClient(app) as http:
+    with TestClient(app, base_url="http://127.0.0.1:8000") as http:  # the Host a loopback server answers (server/hosts.py)
         for _ in range(200):
             if http.get("/health").status_code == 200:
                 break
             time.sleep(0.01)
-        yield OpenAI(base_url="http://testserver/v1", api_key="k", http_client=http, max_retries=0), http, app
+        yield OpenAI(base_url="http://127.0.0.1:8000/v1", api_key="k", http_client=http, max_retries=0), http, app
 
 
 def test_served_model_name_is_the_only_name_served():
@@ -55,6 +56,20 @@ def test_served_model_name_defaults():
     assert server_config(parse("--model", "/m/Qwen2.5-0.5B-Instruct-Q4_K_M.gguf")).served_model_name == "Qwen2.5-0.5B-Instruct-Q4_K_M"
     assert server_config(parse("--model", "/m/Qwen3-0.6B/")).served_model_name == "Qwen3-0.6B"
     assert server_config(parse("--model", "/m/x.gguf", "--served-model-name", "y")).served_model_name == "y"
+
+
+def test_agent_and_hardening_flags():
+    config = server_config(parse("--default-max-tokens", "100", "--max-tokens-cap", "200", "--responses-store", "0",
+                                 "--body-timeout", "2.5", "--allowed-hosts", "my.lan, box.local", "--host", "127.0.0.1"))
+    assert (config.limits.default_max_tokens, config.limits.max_tokens) == (100, 200)
+    assert config.responses_store == 0 and config.body_timeout_s == 2.5
+    assert config.hosts.allowed == ("my.lan", "box.local") and config.hosts.bound == "127.0.0.1"
+    assert server_config(parse()).limits.max_tokens is None and server_config(parse()).hosts.checks
+    for flags in (("--default-max-tokens", "0"), ("--max-tokens-cap", "-1"), ("--responses-store", "-1"), ("--body-timeout", "0")):
+        with pytest.raises(InvalidRequestError, match=flags[0]):
+            server_config(parse(*flags))
+    with served("--host", "127.0.0.1") as (_, http, _app):
+        assert http.get("/v1/models", headers={"Host": "attacker.example"}).status_code == 403
 
 
 @pytest.mark.parametrize("max_queue", [1, 2])

@@ -23,6 +23,7 @@ PLAIN = "{% for m in messages %}[{{ m.role }}] {{ m.content }}\n{% endfor %}"
 class FakeFrontend:
     bos_token = eos_token = ""
     template_kwargs: dict = {}
+    special_tokens = ()
 
     def __init__(self, template):
         self.chat_template = template

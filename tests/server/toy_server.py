@@ -22,11 +22,12 @@ LATE_FAIL_PROMPT = "slowboom"  # ... at its 40th event (two seconds in at --step
 TOY_DEFAULTS = ["--served-model-name", "toy", "--max-context", "1024", "--threads", "1", "--log-level", "warning"]
 
 
-def make_engine(draft: str | None, step_delay: float, load_delay: float, max_context: int = 1024):
+def make_engine(draft: str | None, step_delay: float, load_delay: float, max_context: int = 1024, prefix_cache_mb: float = 0.0):
     from tests.engine.toy import ToyLoaded
     from tests.models.hf_oracle import make_pair
     from tests.server.scripted import TEMPLATE, AsciiTokenizer, script_for, scripted_events
     from treeflash.engine.engine import Engine, EngineConfig
+    from treeflash.engine.prefix_cache import PrefixCacheConfig
 
     class ToyEngine(Engine):
         def stream(self, req, cancelled=None):
@@ -52,7 +53,7 @@ def make_engine(draft: str | None, step_delay: float, load_delay: float, max_con
     time.sleep(load_delay)
     _, model = make_pair("qwen3", max_position_embeddings=2048)  # room for chat prompts at one token per character
     loaded = ToyLoaded(model, AsciiTokenizer(), model.config, TEMPLATE)
-    return ToyEngine(loaded, EngineConfig(max_context=max_context, draft=draft))
+    return ToyEngine(loaded, EngineConfig(max_context=max_context, draft=draft, prefix_cache=PrefixCacheConfig(max_mb=prefix_cache_mb)))
 
 
 def main(argv=None) -> int:
@@ -74,7 +75,7 @@ def main(argv=None) -> int:
         import torch
 
         torch.set_num_threads(args.threads)
-        return make_engine(args.draft, t.step_delay, t.load_delay, args.max_context)
+        return make_engine(args.draft, t.step_delay, t.load_delay, args.max_context, args.prefix_cache_mb)
 
     return serve(config, load, args.host, args.port, args.log_level)
 

@@ -54,6 +54,7 @@ def build_engine(args: argparse.Namespace, progress: bool = True):
     import torch
 
     from treeflash.engine.engine import Engine, EngineConfig
+    from treeflash.engine.prefix_cache import PrefixCacheConfig
     from treeflash.models.loader import load_model
     from treeflash.spec.drafter import DraftOptions
 
@@ -77,5 +78,6 @@ def build_engine(args: argparse.Namespace, progress: bool = True):
         cache_type_k=args.cache_type_k,
         cache_type_v=args.cache_type_v,
         cache_k_exact_layers=args.cache_k_exact_layers,
+        prefix_cache=PrefixCacheConfig(max_mb=getattr(args, "prefix_cache_mb", 0.0)),  # a serve flag
     )
     return Engine(loaded, config)

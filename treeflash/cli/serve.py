@@ -32,9 +32,14 @@ EXAMPLES = """examples:
   curl http://127.0.0.1:8000/v1/chat/completions -H 'Content-Type: application/json' \\
       -d '{"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 32, "stream": true}'
 
-routes (each also without /v1): POST /v1/chat/completions, POST /v1/completions, GET /v1/models,
-POST /tokenize, POST /detokenize, GET /health, GET /metrics (Prometheus). See docs/server.md;
-containers, Helm and the inference gateway: docs/deploy.md.
+  curl http://127.0.0.1:8000/v1/messages -H 'Content-Type: application/json' \
+      -d '{"model": "SmolLM2-135M-Instruct", "max_tokens": 32, "messages": [{"role": "user", "content": "Hi"}]}'
+  treeflash serve --default-max-tokens 1024 --max-tokens-cap 4096 --responses-store 64
+
+routes (each also without /v1): POST /v1/chat/completions, POST /v1/completions, POST /v1/messages,
+POST /v1/messages/count_tokens, POST /v1/responses, GET /v1/models, POST /tokenize, POST /detokenize,
+GET /health, GET /metrics (Prometheus). See docs/server.md and docs/apis.md; containers, Helm and the
+inference gateway: docs/deploy.md.
 """
 
 DEFAULT_NAME = "SmolLM2-135M-Instruct"
@@ -47,11 +52,25 @@ def add_parser(sub) -> None:
     s = p.add_argument_group("server")
     s.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1; 0.0.0.0 for every interface)")
     s.add_argument("--port", type=int, default=8000, help="port (default 8000)")
-    s.add_argument("--api-key", default=None, help="require 'Authorization: Bearer KEY' on every route but /health and /metrics")
+    s.add_argument("--api-key", default=None, help="require 'Authorization: Bearer KEY' (or 'x-api-key: KEY') on every route but /health and /metrics")
     s.add_argument("--served-model-name", default=None,
                    help=f"the model id clients send and /v1/models lists (default: the model file's name, or {DEFAULT_NAME})")
     s.add_argument("--max-queue", type=int, default=64, help="requests that may wait for the engine; more get 429 (default 64)")
     s.add_argument("--max-body-mb", type=float, default=4.0, help="largest request body in MB; larger gets 413 (default 4)")
+    s.add_argument("--default-max-tokens", type=int, default=4096,
+                   help="max_tokens for a request that sends none (or the room the context leaves, if less; default 4096)")
+    s.add_argument("--max-tokens-cap", type=int, default=None,
+                   help="the most max_tokens a request may ask for; more gets a 400 (default: only the context bounds it)")
+    s.add_argument("--responses-store", type=int, default=256,
+                   help="responses kept in memory for /v1/responses previous_response_id, oldest dropped first (default 256; 0: none)")
+    s.add_argument("--prefix-cache-mb", type=float, default=0.0,
+                   help="MiB for the prefix cache (recurrent-state snapshots, a drafter's stored hidden rows): a prompt "
+                        "that starts like the last one resumes its KV instead of prefilling it again (default 0: off)")
+    s.add_argument("--body-timeout", type=float, default=30.0,
+                   help="seconds a request body may take to arrive; slower gets 408 (default 30)")
+    s.add_argument("--allowed-hosts", default="",
+                   help="comma-separated Host names answered besides localhost, 127.0.0.1 and [::1] ('*': any). "
+                        "On a loopback --host only those are answered (DNS rebinding); elsewhere Host is checked only when this is set")
     s.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"], help="default info")
     s.add_argument("--tool-call-parser", default="auto", choices=list(PARSER_CHOICES),
                    help="how the model writes tool calls: json (Hermes: Qwen2.5, Qwen3), xml (qwen3_coder: Qwen3-Coder, "
@@ -75,6 +94,8 @@ def served_name(model: str | None) -> str:
 def server_config(args: argparse.Namespace):
     """The ServerConfig the parsed `treeflash serve` flags describe (raises InvalidRequestError on bad values)."""
     from treeflash.server.app import ServerConfig
+    from treeflash.server.frontend import TokenLimits
+    from treeflash.server.hosts import HostPolicy
 
     return ServerConfig(
         served_model_name=served_name(args.model) if args.served_model_name is None else args.served_model_name,
@@ -83,6 +104,10 @@ def server_config(args: argparse.Namespace):
         max_body_bytes=int(args.max_body_mb * 1024 * 1024),
         tool_call_parser=args.tool_call_parser,
         chat_template_kwargs=template_kwargs(args),
+        limits=TokenLimits(args.default_max_tokens, args.max_tokens_cap),
+        responses_store=args.responses_store,
+        body_timeout_s=args.body_timeout,
+        hosts=HostPolicy(args.host, tuple(h.strip() for h in args.allowed_hosts.split(",") if h.strip())),
     )
 
 

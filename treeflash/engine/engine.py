@@ -13,6 +13,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 
 from treeflash.engine.detokenizer import Detokenizer
+from treeflash.engine.prefix_cache import Hit, PrefixCache, PrefixCacheConfig
 from treeflash.engine.request import GenerationRequest, TokenEvent, TokenLogprob, Usage
 from treeflash.engine.stops import StopMatcher
 from treeflash.errors import ContextOverflowError, InvalidRequestError
@@ -31,6 +32,7 @@ class EngineConfig:
     cache_k_exact_layers: int = 0  # the first N attention layers keep K uncompressed (kv.cache.CacheSpec)
     cuda_graphs: bool = True  # on CUDA: decode and verify replay captured graphs
     device_steps: bool = True  # with CUDA graphs: drafted steps that can run on the device do (False: synchronous)
+    prefix_cache: PrefixCacheConfig = PrefixCacheConfig()  # off unless max_mb > 0 (engine/prefix_cache.py)
 
 
 class Engine:
@@ -50,6 +52,11 @@ class Engine:
 
             self.model.fuse_projections()
             self.runner = build_runner(self.model, self.cache, self.drafter)
+        self.prefix: PrefixCache | None = None
+        self._last_decoder: Decoder | None = None  # the running request's, while its cache rows are committed
+        if config.prefix_cache.enabled:
+            wants_hidden = self.drafter is not None and bool(self.drafter.capture_layers)
+            self.prefix = PrefixCache(self.cache, config.prefix_cache, wants_hidden)
         self.lock = threading.Lock()
         self.totals = SpecStats()
         self.eos_ids = set(loaded.config.eos_token_ids)
@@ -82,16 +89,36 @@ class Engine:
             yield from self._run(req, cancelled)
 
     def _run(self, req: GenerationRequest, cancelled: threading.Event | None) -> Iterator[TokenEvent]:
+        try:
+            yield from self._generate(req, cancelled, self.prefix)
+        finally:
+            # finished, or stopped between two steps (close()): the cache's rows hold dec.tokens, keep
+            # them for the next prompt; an error inside a step leaves no such decoder: forget them
+            dec, self._last_decoder = self._last_decoder, None
+            if self.prefix is not None:
+                if dec is not None:
+                    self.prefix.record(dec.tokens, len(req.prompt_ids), dec.prompt_hidden)
+                else:
+                    self.prefix.clear()
+
+    def _generate(self, req: GenerationRequest, cancelled: threading.Event | None, prefix: PrefixCache | None) -> Iterator[TokenEvent]:
         t0 = time.perf_counter()
         gen = req.sampling.generator(self.model.device if self.model.device.type == "cuda" else "cpu")
         dec = Decoder(self.model, self.cache, req.sampling, self.drafter, generator=gen, want_logprobs=req.logprobs, runner=self.runner,
                       device_steps=self.config.device_steps)
+        self._last_decoder = None
         detok = Detokenizer(self.tokenizer, req.prompt_ids)
         stops = StopMatcher(req.stop)
         end_ids = set(req.stop_token_ids) | (set() if req.ignore_eos else self.eos_ids)
         produced = 0
         first_token_s = 0.0
-        new = [dec.prefill(list(req.prompt_ids))]
+        prompt = list(req.prompt_ids)
+        hit = prefix.lookup(prompt) if prefix is not None else Hit(0, None)
+        chunk = self.config.prefix_cache.chunk
+        new = [dec.prefill(prompt, chunk, start=hit.start, hidden_before=hit.hidden_before,
+                           stops=prefix.stops(hit.start, len(prompt)) if prefix is not None else (),
+                           on_stop=prefix.snapshot if prefix is not None else None)]
+        self._last_decoder = dec
         first_token_s = time.perf_counter() - t0
         lps = dec.last_logprobs
         finish = None
@@ -99,10 +126,10 @@ class Engine:
             # cut at max_tokens and at the first end token (it is kept in usage, not in the text)
             if produced + len(new) >= req.max_tokens:
                 new, finish = new[: req.max_tokens - produced], "length"
-            hit = next((i for i, t in enumerate(new) if t in end_ids), None)
+            hit_end = next((i for i, t in enumerate(new) if t in end_ids), None)
             shown = new
-            if hit is not None:
-                new, shown, finish = new[: hit + 1], new[:hit], "stop"
+            if hit_end is not None:
+                new, shown, finish = new[: hit_end + 1], new[:hit_end], "stop"
             produced += len(new)
             text, stopped = stops.feed(detok.push(shown))
             if stopped:
@@ -114,12 +141,15 @@ class Engine:
             event = TokenEvent(new, text, finish, _logprob_events(lps, len(new)))
             if finish is not None:
                 event.usage = Usage(len(req.prompt_ids), produced, time.perf_counter() - t0, first_token_s,
-                                    dec.stats.as_dict() if self.drafter is not None else None)
+                                    dec.stats.as_dict() if self.drafter is not None else None, cached_tokens=dec.resumed)
+                event.stop_string = stops.matched if stopped else None
                 self.totals.merge(dec.stats)
                 yield event
                 return
             yield event
+            self._last_decoder = None  # a step is running: its cache rows are not committed yet
             new = dec.step()
+            self._last_decoder = dec
             lps = dec.last_logprobs
 
     def complete(self, req: GenerationRequest) -> tuple[str, list[int], TokenEvent]:

@@ -45,6 +45,7 @@ class TokenEvent:
     finish_reason: str | None = None  # "stop" | "length" | "cancelled" | None while running
     logprobs: list[TokenLogprob] | None = None
     usage: "Usage | None" = None  # set on the final event
+    stop_string: str | None = None  # on the final event: the stop string that ended the output, if one did
 
 
 @dataclass
@@ -54,3 +55,4 @@ class Usage:
     seconds: float = 0.0
     first_token_s: float = 0.0
     spec: dict | None = None  # SpecStats.as_dict() when a drafter ran
+    cached_tokens: int = 0  # prompt tokens resumed from the prefix cache (not prefilled again)

@@ -9,14 +9,16 @@ class StopMatcher:
         self.stops = stops
         self.held = ""  # text that might still begin a stop string
         self.hold = max((len(s) for s in stops), default=1) - 1
+        self.matched: str | None = None  # the stop string that ended the text (Anthropic reports it)
 
     def feed(self, text: str) -> tuple[str, bool]:
         """Returns (text safe to emit, stopped)."""
         if not self.stops:
             return text, False
         buf = self.held + text
-        cut = min((i for i in (buf.find(s) for s in self.stops) if i >= 0), default=-1)
-        if cut >= 0:
+        found = [(i, s) for s, i in ((s, buf.find(s)) for s in self.stops) if i >= 0]
+        if found:
+            cut, self.matched = min(found, key=lambda f: f[0])
             self.held = ""
             return buf[:cut], True
         keep = 0

@@ -125,5 +125,31 @@ class ModelCache:
         for layer in self.layers:
             layer.reset()
 
+    @property
+    def has_recurrent(self) -> bool:
+        return any(isinstance(layer, RecurrentCache) for layer in self.layers)
+
+    def recurrent_snapshot(self) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        """Copies of every recurrent layer's (conv window, state) after the committed tokens: with
+        the attention rows below seq_len, all a later sequence needs to continue from here."""
+        if self.pending:
+            raise RuntimeError("a verify step is pending: the recurrent state is not a committed one")
+        return [(layer.conv.clone(), layer.state.clone()) for layer in self.layers if isinstance(layer, RecurrentCache)]
+
+    def resume(self, length: int, recurrent: list[tuple[torch.Tensor, torch.Tensor]] | None = None) -> None:
+        """Continue after the first `length` committed tokens, whose attention rows are still in
+        place: recurrent layers take the state a `recurrent_snapshot()` taken at `length` saved."""
+        if length > self.seq_len:
+            raise RuntimeError(f"resume({length}) past the {self.seq_len} committed tokens")
+        layers = [layer for layer in self.layers if isinstance(layer, RecurrentCache)]
+        if layers and (recurrent is None or len(recurrent) != len(layers)):
+            raise RuntimeError("resume: recurrent layers need the snapshot taken at that length")
+        for layer, (conv, state) in zip(layers, recurrent or ()):
+            layer.conv.copy_(conv)
+            layer.state.copy_(state)
+            layer.drop_pending()
+        self.seq_len = length
+        self.pending = 0
+
     def nbytes(self) -> int:
         return sum(layer.nbytes() for layer in self.layers)

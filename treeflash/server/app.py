@@ -24,16 +24,19 @@ from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from treeflash.errors import InvalidRequestError
+from treeflash.server.anthropic.routes import add_routes as add_anthropic_routes
+from treeflash.server.responses.routes import add_routes as add_responses_routes
 from treeflash.server.chunks import ReplyContext, chat_chunks, completion_chunks, fold_chat, fold_completion
 from treeflash.server.errors import APIError, bad_request
-from treeflash.server.frontend import Frontend
+from treeflash.server.frontend import Frontend, TokenLimits
 from treeflash.server.guard import Gate, read_body
+from treeflash.server.hosts import HostPolicy
 from treeflash.server.metrics import Metrics
 from treeflash.server.prompt import (RESERVED_TEMPLATE_KWARGS, chat_prompt, check_token_ids, completion_prompt_ids, generation_requests,
                                      render_messages, tool_parser_factory)
 from treeflash.server.protocol import (MAX_N, ChatCompletionRequest, CompletionRequest, DetokenizeRequest, TokenizeRequest,
                                        parse)
-from treeflash.server.streaming import JobStream, folded_response
+from treeflash.server.streaming import OPENAI_SSE, JobStream, SSEFormat, folded_response
 from treeflash.server.tools import tool_call_form
 from treeflash.server.worker import Job, Worker
 
@@ -48,6 +51,10 @@ class ServerConfig:
     max_body_bytes: int = 4 * 1024 * 1024
     tool_call_parser: str = "auto"  # auto (from the chat template) | json | xml: server/tools.py
     chat_template_kwargs: dict[str, Any] = field(default_factory=dict)  # defaults a request's chat_template_kwargs override
+    limits: TokenLimits = TokenLimits()
+    responses_store: int = 256  # responses kept in memory for previous_response_id (0: none)
+    body_timeout_s: float = 30.0  # the whole request body must arrive within this (408 otherwise)
+    hosts: HostPolicy = HostPolicy()  # the Host headers answered (server/hosts.py); serve() passes the bound address
 
     def __post_init__(self) -> None:
         tool_call_form(None, self.tool_call_parser)  # validates the choice
@@ -58,6 +65,10 @@ class ServerConfig:
             raise InvalidRequestError("--served-model-name must be non-empty", "served_model_name")
         if self.max_queue < 1:
             raise InvalidRequestError(f"--max-queue must be >= 1, got {self.max_queue}", "max_queue")
+        if self.responses_store < 0:
+            raise InvalidRequestError(f"--responses-store must be >= 0, got {self.responses_store}", "responses_store")
+        if not self.body_timeout_s > 0:
+            raise InvalidRequestError(f"--body-timeout must be > 0 seconds, got {self.body_timeout_s}", "body_timeout")
         if self.max_body_bytes < 1024:
             raise InvalidRequestError(f"the body limit must be >= 1024 bytes, got {self.max_body_bytes}", "max_body_bytes")
 
@@ -73,7 +84,8 @@ class ServerState:
 
     def _load_engine(self):
         engine = self._load()
-        self.front = Frontend(engine, self.config.tool_call_parser, self.config.chat_template_kwargs)  # before the worker reports ready
+        self.front = Frontend(engine, self.config.tool_call_parser, self.config.chat_template_kwargs,
+                              self.config.limits)  # before the worker reports ready
         return engine
 
     def frontend(self) -> Frontend:
@@ -82,6 +94,9 @@ class ServerState:
                 raise APIError(503, "the model is still loading; retry when GET /health answers 200")
             raise APIError(503, f"the model is not available ({self.worker.state}): {self.worker.load_error or 'shutting down'}")
         return self.front
+
+    async def body(self, request: Request) -> bytes:
+        return await read_body(request, self.config.max_body_bytes, self.config.body_timeout_s)
 
     def check_model(self, name: str | None) -> None:
         if name is not None and name != self.config.served_model_name:
@@ -93,12 +108,13 @@ class ServerState:
         self.worker.submit(job)
         return job
 
-    async def respond(self, request: Request, stream: bool, chunks, fold, job: Job, arrived: float) -> Response:
+    async def respond(self, request: Request, stream: bool, chunks, fold, job: Job, arrived: float,
+                      sse: SSEFormat = OPENAI_SSE) -> Response:
         def on_end() -> None:
             self.metrics.observe_job(job, arrived)
 
         if stream:
-            return JobStream(chunks, job, self.worker, on_end)
+            return JobStream(chunks, job, self.worker, on_end, sse)
         return await folded_response(fold, chunks, job, self.worker, request.receive, on_end)
 
 
@@ -114,13 +130,13 @@ def create_app(config: ServerConfig, load: Callable[[], object], on_load_failed:
 
     app = FastAPI(title="treeflash", lifespan=lifespan, docs_url=None, redoc_url=None, openapi_url=None)
     app.state.treeflash = state
-    app.add_middleware(Gate, api_key=config.api_key, metrics=state.metrics)
+    app.add_middleware(Gate, api_key=config.api_key, metrics=state.metrics, hosts=config.hosts)
     _add_error_handlers(app)
 
     async def chat_completions(request: Request) -> Response:
         arrived = time.perf_counter()
         fe = state.frontend()
-        req = parse(ChatCompletionRequest, await read_body(request, config.max_body_bytes))
+        req = parse(ChatCompletionRequest, await state.body(request))
         state.check_model(req.model)
         prompt = await run_in_threadpool(chat_prompt, fe, req)
         gens = generation_requests(fe, req, [prompt.ids], req.num_logprobs)
@@ -133,7 +149,7 @@ def create_app(config: ServerConfig, load: Callable[[], object], on_load_failed:
     async def completions(request: Request) -> Response:
         arrived = time.perf_counter()
         fe = state.frontend()
-        req = parse(CompletionRequest, await read_body(request, config.max_body_bytes))
+        req = parse(CompletionRequest, await state.body(request))
         state.check_model(req.model)
         prompts = req.prompts()
         if len(prompts) * req.n > MAX_N:
@@ -148,7 +164,7 @@ def create_app(config: ServerConfig, load: Callable[[], object], on_load_failed:
 
     async def tokenize(request: Request) -> Response:
         fe = state.frontend()
-        req = parse(TokenizeRequest, await read_body(request, config.max_body_bytes))
+        req = parse(TokenizeRequest, await state.body(request))
         state.check_model(req.model)
         if (req.prompt is None) == (req.messages is None):
             raise bad_request("send exactly one of prompt and messages", "prompt")
@@ -164,7 +180,7 @@ def create_app(config: ServerConfig, load: Callable[[], object], on_load_failed:
 
     async def detokenize(request: Request) -> Response:
         fe = state.frontend()
-        req = parse(DetokenizeRequest, await read_body(request, config.max_body_bytes))
+        req = parse(DetokenizeRequest, await state.body(request))
         state.check_model(req.model)
         check_token_ids(fe, req.tokens, "tokens")
         return JSONResponse({"prompt": await run_in_threadpool(fe.decode, req.tokens)})
@@ -201,26 +217,28 @@ def create_app(config: ServerConfig, load: Callable[[], object], on_load_failed:
         app.add_api_route(prefix + "/models/{name:path}", get_model, methods=["GET"])
         app.add_api_route(prefix + "/health", health, methods=["GET"])
         app.add_api_route(prefix + "/metrics", metrics, methods=["GET"])
+    add_anthropic_routes(app, state)
+    add_responses_routes(app, state)
     return app
 
 
 def _add_error_handlers(app: FastAPI) -> None:
     @app.exception_handler(APIError)
     async def api_error(request: Request, e: APIError) -> Response:
-        return e.response()
+        return e.response(request.url.path)
 
     @app.exception_handler(RequestValidationError)
     async def validation_error(request: Request, e: RequestValidationError) -> Response:
         err = (e.errors() or [{}])[0]
         loc = ".".join(str(p) for p in err.get("loc", ()) if p != "body")
-        return bad_request(f"{loc or 'request'}: {err.get('msg', 'invalid')}", loc or None).response()
+        return bad_request(f"{loc or 'request'}: {err.get('msg', 'invalid')}", loc or None).response(request.url.path)
 
     @app.exception_handler(StarletteHTTPException)
     async def http_error(request: Request, e: StarletteHTTPException) -> Response:
         message = f"no route {request.method} {request.url.path}" if e.status_code in (404, 405) else str(e.detail)
-        return APIError(e.status_code, message).response()
+        return APIError(e.status_code, message).response(request.url.path)
 
     @app.exception_handler(Exception)
     async def internal_error(request: Request, e: Exception) -> Response:
         log.exception("unhandled error in %s %s", request.method, request.url.path)
-        return APIError(500, f"internal error: {type(e).__name__}: {e}").response()
+        return APIError(500, f"internal error: {type(e).__name__}: {e}").response(request.url.path)

@@ -14,7 +14,7 @@ from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 
 from treeflash.engine.request import TokenLogprob
-from treeflash.server.reasoning import ReasoningSplitter
+from treeflash.server.output import OutputSplitter
 from treeflash.server.tools import ToolCallParser
 from treeflash.server.worker import Job
 
@@ -51,22 +51,18 @@ def _lp(x: float) -> float:
 
 
 class _ChatChoice:
+    """One choice's text as chat deltas; the split itself is the shared OutputSplitter."""
+
     def __init__(self, in_think: bool, tool_parser: Callable[[], ToolCallParser] | None):
-        self.reasoning = ReasoningSplitter(in_think)
-        self.tools = tool_parser() if tool_parser is not None else None
-        self.num_calls = 0
+        self.splitter = OutputSplitter(in_think, tool_parser)
+
+    @property
+    def num_calls(self) -> int:
+        return self.splitter.num_calls
 
     def delta(self, text: str, final: bool) -> dict:
-        reasoning, content = self.reasoning.feed(text)
-        if final:
-            r, c = self.reasoning.flush()
-            reasoning, content = reasoning + r, content + c
-        calls = []
-        if self.tools is not None:
-            content, calls = self.tools.feed(content)
-            if final:
-                c, late = self.tools.flush()
-                content, calls = content + c, calls + late
+        first = self.splitter.num_calls
+        reasoning, content, calls = self.splitter.feed(text, final)
         delta: dict = {}
         if reasoning:
             delta["reasoning_content"] = reasoning
@@ -74,16 +70,16 @@ class _ChatChoice:
             delta["content"] = content
         if calls:
             delta["tool_calls"] = [
-                {"index": self.num_calls + k, "id": c.id, "type": "function", "function": {"name": c.name, "arguments": c.arguments}}
+                {"index": first + k, "id": c.id, "type": "function", "function": {"name": c.name, "arguments": c.arguments}}
                 for k, c in enumerate(calls)
             ]
-            self.num_calls += len(calls)
         return delta
 
 
-def _usage(ctx: ReplyContext, completion_tokens: int) -> dict:
+def _usage(ctx: ReplyContext, completion_tokens: int, cached_tokens: int) -> dict:
+    """cached_tokens: prompt tokens the prefix cache resumed (the first choice's; the prompt is counted once)."""
     return {"prompt_tokens": ctx.prompt_tokens, "completion_tokens": completion_tokens,
-            "total_tokens": ctx.prompt_tokens + completion_tokens}
+            "total_tokens": ctx.prompt_tokens + completion_tokens, "prompt_tokens_details": {"cached_tokens": cached_tokens}}
 
 
 async def chat_chunks(job: Job, ctx: ReplyContext, token_text: TokenText, in_think: bool,
@@ -92,7 +88,7 @@ async def chat_chunks(job: Job, ctx: ReplyContext, token_text: TokenText, in_thi
     "tool_calls" when a call was parsed; a malformed call stays content, with the engine's reason."""
     base = {"id": ctx.id, "object": "chat.completion.chunk", "created": ctx.created, "model": ctx.model}
     choices: dict[int, _ChatChoice] = {}
-    completion_tokens = 0
+    completion_tokens, cached = 0, None
     async for index, ev in job.events():
         choice = choices.get(index)
         if choice is None:
@@ -105,10 +101,11 @@ async def chat_chunks(job: Job, ctx: ReplyContext, token_text: TokenText, in_thi
         if final:
             finish = "tool_calls" if choice.num_calls and ev.finish_reason == "stop" else ev.finish_reason
             completion_tokens += ev.usage.completion_tokens if ev.usage else 0
+            cached = cached if cached is not None or ev.usage is None else ev.usage.cached_tokens
         if delta or logprobs or final:
             yield {**base, "choices": [{"index": index, "delta": delta, "logprobs": logprobs, "finish_reason": finish}]}
     if ctx.include_usage:
-        yield {**base, "choices": [], "usage": _usage(ctx, completion_tokens)}
+        yield {**base, "choices": [], "usage": _usage(ctx, completion_tokens, cached or 0)}
 
 
 def _chat_logprob(lp: TokenLogprob, token_text: TokenText) -> dict:
@@ -122,7 +119,7 @@ def _chat_logprob(lp: TokenLogprob, token_text: TokenText) -> dict:
 async def completion_chunks(job: Job, ctx: ReplyContext, token_text: TokenText) -> AsyncIterator[dict]:
     base = {"id": ctx.id, "object": "text_completion", "created": ctx.created, "model": ctx.model}
     offsets: dict[int, int] = {}  # text_offset so far, per choice (offsets count from the output's start)
-    completion_tokens = 0
+    completion_tokens, cached = 0, None
     async for index, ev in job.events():
         final = ev.finish_reason is not None
         logprobs = None
@@ -130,11 +127,12 @@ async def completion_chunks(job: Job, ctx: ReplyContext, token_text: TokenText) 
             logprobs, offsets[index] = _completion_logprobs(ev.logprobs, token_text, offsets.get(index, 0))
         if final:
             completion_tokens += ev.usage.completion_tokens if ev.usage else 0
+            cached = cached if cached is not None or ev.usage is None else ev.usage.cached_tokens
         if ev.text or logprobs or final:
             choice = {"index": index, "text": ev.text, "logprobs": logprobs, "finish_reason": ev.finish_reason}
             yield {**base, "choices": [choice]}
     if ctx.include_usage:
-        yield {**base, "choices": [], "usage": _usage(ctx, completion_tokens)}
+        yield {**base, "choices": [], "usage": _usage(ctx, completion_tokens, cached or 0)}
 
 
 def _completion_logprobs(lps: list[TokenLogprob], token_text: TokenText, offset: int) -> tuple[dict, int]:
@@ -143,7 +141,9 @@ def _completion_logprobs(lps: list[TokenLogprob], token_text: TokenText, offset:
         text = token_text(lp.token_id)
         out["tokens"].append(text)
         out["token_logprobs"].append(_lp(lp.logprob))
-        out["top_logprobs"].append({token_text(t): _lp(l) for t, l in lp.top})
+        top = {token_text(t): _lp(l) for t, l in lp.top}
+        top.setdefault(text, _lp(lp.logprob))  # OpenAI's completions always list the sampled token (up to logprobs + 1 entries)
+        out["top_logprobs"].append(top)
         out["text_offset"].append(offset)
         offset += len(text)
     return out, offset

@@ -1,7 +1,10 @@
-"""HTTP errors in the OpenAI envelope: {"error": {"message", "type", "param", "code"}}.
+"""HTTP errors: the OpenAI envelope {"error": {"message", "type", "param", "code"}}, and on the
+Anthropic routes (/v1/messages...) Anthropic's {"type": "error", "error": {"type", "message"}}.
 
 Every failure a client can see goes through `APIError`, so the status, the type and the
-envelope are decided in one place. Engine-side typed errors map onto it with `from_exception`.
+envelope are decided in one place; `response(path)` picks the envelope by the route, so a refusal
+made before any handler ran (the Gate's 401, a 404) still speaks the client's dialect.
+Engine-side typed errors map onto it with `from_exception`.
 """
 
 from __future__ import annotations
@@ -16,14 +19,35 @@ from treeflash.errors import InvalidRequestError, TreeflashError
 _TYPES = {
     400: "invalid_request_error",
     401: "authentication_error",
+    403: "permission_error",
     404: "not_found_error",
     405: "invalid_request_error",
+    408: "invalid_request_error",
     413: "invalid_request_error",
+    415: "invalid_request_error",
     429: "rate_limit_error",
     431: "invalid_request_error",
     500: "server_error",
     503: "service_unavailable",
 }
+
+# Anthropic's error types by status (docs.anthropic.com "Errors"); its SDK also picks classes by status.
+_ANTHROPIC_TYPES = {
+    400: "invalid_request_error",
+    401: "authentication_error",
+    403: "permission_error",
+    404: "not_found_error",
+    413: "request_too_large",
+    429: "rate_limit_error",
+    500: "api_error",
+    503: "overloaded_error",
+}
+
+ANTHROPIC_PREFIXES = ("/v1/messages", "/messages")
+
+
+def is_anthropic_path(path: str) -> bool:
+    return any(path == p or path.startswith(p + "/") for p in ANTHROPIC_PREFIXES)
 
 
 class APIError(Exception):
@@ -39,9 +63,16 @@ class APIError(Exception):
         code = self.code if self.code is not None else HTTPStatus(self.status).phrase.lower().replace(" ", "_")
         return {"error": {"message": self.message, "type": kind, "param": self.param, "code": code}}
 
-    def response(self) -> JSONResponse:
+    def anthropic_body(self) -> dict:
+        kind = _ANTHROPIC_TYPES.get(self.status, "invalid_request_error" if self.status < 500 else "api_error")
+        return {"type": "error", "error": {"type": kind, "message": self.message}}
+
+    def body_for(self, path: str) -> dict:
+        return self.anthropic_body() if is_anthropic_path(path) else self.body()
+
+    def response(self, path: str = "") -> JSONResponse:
         headers = {"WWW-Authenticate": "Bearer"} if self.status == 401 else None
-        return JSONResponse(self.body(), status_code=self.status, headers=headers)
+        return JSONResponse(self.body_for(path), status_code=self.status, headers=headers)
 
 
 def bad_request(message: str, param: str | None = None) -> APIError:

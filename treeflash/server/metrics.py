@@ -1,6 +1,6 @@
 """Prometheus metrics, in a registry of the app's own (two apps in one process never share counters).
 
-Per request: status by route, time to first token (as the server sees it: queue wait included),
+Per request: status by route, the wait for the engine, time to first token (as the server sees it: queue wait included),
 time per output token and tokens per second (the engine's own timing of each choice). Read at
 scrape time: queue depth, whether a request is running, and the engine's running speculation
 totals, tau and acceptance per depth (definitions in treeflash.spec.stats).
@@ -15,7 +15,8 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
 from treeflash.server.worker import Job, Worker
 
-ROUTES = ("/chat/completions", "/completions", "/models", "/health", "/metrics", "/tokenize", "/detokenize")
+ROUTES = ("/chat/completions", "/completions", "/models", "/health", "/metrics", "/tokenize", "/detokenize", "/messages",
+          "/messages/count_tokens", "/responses")
 
 _TIME_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600)
 _TPOT_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5)
@@ -41,8 +42,12 @@ class Metrics:
                               buckets=_TPOT_BUCKETS, registry=r)
         self.rate = Histogram("treeflash_tokens_per_second", "output tokens per second of generation, per choice",
                               buckets=_RATE_BUCKETS, registry=r)
+        self.queue_wait = Histogram("treeflash_queue_wait_seconds", "time a request waited for the engine (submitted to started)",
+                                    buckets=_TIME_BUCKETS, registry=r)
         self.prompt_tokens = Counter("treeflash_prompt_tokens", "prompt tokens processed", registry=r)
         self.output_tokens = Counter("treeflash_generation_tokens", "tokens generated", registry=r)
+        self.cached_tokens = Counter("treeflash_prefix_cache_hit_tokens", "prompt tokens resumed from the prefix cache, not prefilled",
+                                     registry=r)
         queue = Gauge("treeflash_queue_depth", "requests waiting for the engine", registry=r)
         queue.set_function(lambda: worker.queue_depth)
         running = Gauge("treeflash_requests_running", "requests the engine is generating for (0 or 1)", registry=r)
@@ -53,11 +58,14 @@ class Metrics:
         r.register(_GatewayCollector(worker, model_name))
 
     def observe_job(self, job: Job, arrived_at: float) -> None:
+        if job.started_at is not None:
+            self.queue_wait.observe(job.started_at - job.submitted_at)
         if job.first_event_at is not None:
             self.ttft.observe(job.first_event_at - arrived_at)
         for u in job.usages:
             self.prompt_tokens.inc(u.prompt_tokens)
             self.output_tokens.inc(u.completion_tokens)
+            self.cached_tokens.inc(u.cached_tokens)
             if u.seconds > 0:
                 self.rate.observe(u.completion_tokens / u.seconds)
             if u.completion_tokens > 1:

@@ -9,6 +9,8 @@ calls written out in the Hermes format the output parser reads back.
 from __future__ import annotations
 
 import json
+import re
+import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -47,9 +49,52 @@ def render_messages(fe: Frontend, messages: list[Message], tools: list[ToolDef] 
             msgs.insert(0, {"role": "system", "content": block})
     kwargs = {**fe.template_kwargs, **(template_kwargs or {})}  # the request overrides the server's defaults
     check_template_kwargs(kwargs, "chat_template_kwargs")
+    shielded = _shield(fe, msgs)
     text = render_chat(template, msgs, add_generation_prompt=add_generation_prompt, tools=tool_dicts if knows_tools else None,
                        bos_token=fe.bos_token, eos_token=fe.eos_token, **kwargs)
-    return ChatPrompt(text, fe.encode(text, add_special_tokens=False), prompt_opens_thinking(text))
+    if not shielded:
+        return ChatPrompt(text, fe.encode(text, add_special_tokens=False), prompt_opens_thinking(text))
+    text, ids = _encode_shielded(fe, text, shielded)
+    return ChatPrompt(text, ids, prompt_opens_thinking(text))
+
+
+SHIELDED_ROLES = ("user", "tool")  # content a client or a tool wrote: never control tokens
+
+
+def _shield(fe: Frontend, msgs: list[dict[str, Any]]) -> dict[str, str]:
+    """Replace the content of user and tool messages that contain a special token's text (say
+    `<|im_end|>\n<|im_start|>system`) by a unique marker, so that after rendering those spans can be
+    tokenized as plain text while the template's own special tokens stay special. Returns
+    {marker: content}; messages without such text are left alone (their tokens stay exactly as the
+    whole rendered prompt tokenizes)."""
+    specials = fe.special_tokens
+    if not specials:
+        return {}
+    nonce = uuid.uuid4().hex
+    shielded = {}
+    for i, m in enumerate(msgs):
+        content = m.get("content")
+        if m["role"] in SHIELDED_ROLES and isinstance(content, str) and any(t in content for t in specials):
+            marker = f"\ue000{nonce}:{i}\ue001"
+            shielded[marker] = content
+            msgs[i] = {**m, "content": marker}
+    return shielded
+
+
+def _encode_shielded(fe: Frontend, text: str, shielded: dict[str, str]) -> tuple[str, list[int]]:
+    """The rendered text with the markers put back, and its ids: template pieces with special
+    tokens, shielded content with every special token's text split into ordinary tokens."""
+    pattern = "(" + "|".join(re.escape(m) for m in shielded) + ")"
+    out_text: list[str] = []
+    ids: list[int] = []
+    for piece in re.split(pattern, text):
+        if piece in shielded:
+            out_text.append(shielded[piece])
+            ids.extend(fe.encode_text(shielded[piece]))
+        elif piece:
+            out_text.append(piece)
+            ids.extend(fe.encode(piece, add_special_tokens=False))
+    return "".join(out_text), ids
 
 
 def check_template_kwargs(kwargs: dict[str, Any], where: str) -> None:
@@ -145,28 +190,42 @@ def check_token_ids(fe: Frontend, ids: list[int], param: str) -> None:
 
 def generation_requests(fe: Frontend, req, prompt_ids: list[list[int]], logprobs: int | None) -> list[GenerationRequest]:
     """n GenerationRequests per prompt (choice index = prompt index * n + i), each checked against the context."""
-    limit = fe.max_context
     stop = req.stop_strings()
     stop_ids = tuple(req.stop_token_ids or ())
-    check_token_ids(fe, list(stop_ids), "stop_token_ids")
+    param = "messages" if hasattr(req, "messages") else "prompt"
+    limit_param = "max_completion_tokens" if getattr(req, "max_completion_tokens", None) is not None else "max_tokens"
     out = []
     for ids in prompt_ids:
-        check_token_ids(fe, ids, "prompt")
-        if len(ids) >= limit:
-            raise bad_request(f"the prompt is {len(ids)} tokens, but the context is {limit} tokens "
-                              f"(and at least one token must be left for the output)", "messages" if hasattr(req, "messages") else "prompt")
-        max_tokens = req.token_limit if req.token_limit is not None else limit - len(ids)
-        try:
-            fe.check_fits(len(ids), max_tokens)
-            for i in range(req.n):
-                sampling = SamplingParams(
-                    temperature=1.0 if req.temperature is None else req.temperature,
-                    top_k=max(req.top_k or 0, 0),
-                    top_p=1.0 if req.top_p is None else req.top_p,
-                    min_p=req.min_p or 0.0,
-                    seed=None if req.seed is None else req.seed + i,
-                )
-                out.append(GenerationRequest(tuple(ids), sampling, max_tokens, stop, stop_ids, req.ignore_eos, logprobs))
-        except Exception as e:  # the engine's typed errors name the numbers; they become 400s
-            raise from_exception(e) from None
+        for i in range(req.n):
+            sampling = sampling_params(req.temperature, req.top_p, req.top_k, req.min_p, None if req.seed is None else req.seed + i)
+            out.append(single_request(fe, ids, sampling, req.token_limit, stop, stop_ids, req.ignore_eos, logprobs, param, limit_param))
     return out
+
+
+def sampling_params(temperature: float | None, top_p: float | None, top_k: int | None, min_p: float | None = None,
+                    seed: int | None = None) -> SamplingParams:
+    """The API defaults (temperature 1, top_p 1, top_k off) for fields a request left out."""
+    try:
+        return SamplingParams(temperature=1.0 if temperature is None else temperature, top_k=max(top_k or 0, 0),
+                              top_p=1.0 if top_p is None else top_p, min_p=min_p or 0.0, seed=seed)
+    except Exception as e:
+        raise from_exception(e) from None
+
+
+def single_request(fe: Frontend, ids: list[int], sampling: SamplingParams, max_tokens: int | None, stop: tuple[str, ...] = (),
+                   stop_ids: tuple[int, ...] = (), ignore_eos: bool = False, logprobs: int | None = None,
+                   prompt_param: str = "messages", limit_param: str = "max_tokens") -> GenerationRequest:
+    """One GenerationRequest, checked: token ids in range, the prompt inside the context, max_tokens
+    under the server's cap (400 naming `limit_param`), or the server's default when the request sent none."""
+    limit = fe.max_context
+    check_token_ids(fe, list(stop_ids), "stop_token_ids")
+    check_token_ids(fe, ids, "prompt")
+    if len(ids) >= limit:
+        raise bad_request(f"the prompt is {len(ids)} tokens, but the context is {limit} tokens "
+                          f"(and at least one token must be left for the output)", prompt_param)
+    max_tokens = fe.limits.resolve(max_tokens, limit - len(ids), limit_param)
+    try:
+        fe.check_fits(len(ids), max_tokens)
+        return GenerationRequest(tuple(ids), sampling, max_tokens, stop, stop_ids, ignore_eos, logprobs)
+    except Exception as e:  # the engine's typed errors name the numbers; they become 400s
+        raise from_exception(e) from None

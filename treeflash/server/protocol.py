@@ -34,6 +34,9 @@ class _Strict(BaseModel):
         return self
 
 
+StrictModel = _Strict  # the base every wire format's request models share (server/anthropic, server/responses)
+
+
 class FunctionCall(_Strict):
     name: str
     arguments: str | dict[str, Any] = "{}"  # a JSON string per OpenAI; a dict is accepted too
@@ -118,6 +121,8 @@ class _Sampling(_Strict):
             raise bad_request("repetition_penalty is not supported; use 1.0", "repetition_penalty")
         if self.logit_bias:
             raise bad_request("logit_bias is not supported", "logit_bias")
+        if self.stream_options is not None and not self.stream:
+            raise bad_request("stream_options is only allowed when stream is true", "stream_options")
 
     def stop_strings(self) -> tuple[str, ...]:
         stop = self.stop

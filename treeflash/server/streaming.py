@@ -1,7 +1,9 @@
 """The two ways a chunk stream reaches a client, both cancelling the job when the client leaves.
 
-- `JobStream`: each chunk as `data: {json}\\n\\n`, then `data: [DONE]`. An error after the
-  200 has gone out becomes one `data: {"error": ...}` event before `[DONE]`. Starlette cancels
+- `JobStream`: each chunk as one server-sent event in the route's `SSEFormat`: OpenAI's chat and
+  completions send `data: {json}` and end with `data: [DONE]`; Anthropic's and the Responses API
+  name each event after the chunk's `type` (`event: message_start`) and send no end marker. An
+  error after the 200 has gone out becomes one error event in the route's envelope. Starlette cancels
   the body when the client disconnects; the `finally` then cancels the job, and the engine
   stops at its next step.
 - `folded_response`: the non-streaming reply, a fold over the same chunks, raced against the
@@ -13,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import json
 from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass
 
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 
@@ -29,12 +32,28 @@ def encode_event(obj: dict) -> str:
 DONE_EVENT = "data: [DONE]\n\n"
 
 
+def encode_named_event(obj: dict) -> str:
+    """`event: <type>` then the data line, as Anthropic's and the Responses API's streams are."""
+    return f"event: {obj['type']}\n" + encode_event(obj)
+
+
+@dataclass(frozen=True)
+class SSEFormat:
+    encode: Callable[[dict], str]
+    error: Callable[[APIError], dict]  # the event an error after the 200 becomes
+    done: str | None  # the end marker, if the API has one
+
+
+OPENAI_SSE = SSEFormat(encode_event, APIError.body, DONE_EVENT)
+
+
 class JobStream(StreamingResponse):
     """The streaming reply for one job: whatever ends it (the last chunk, a disconnect, a
     cancellation before the body even started), the job is cancelled unless it finished."""
 
-    def __init__(self, chunks: AsyncIterator[dict], job: Job, worker: Worker, on_end: Callable[[], None]):
-        self.job, self.worker, self.on_end = job, worker, on_end
+    def __init__(self, chunks: AsyncIterator[dict], job: Job, worker: Worker, on_end: Callable[[], None],
+                 sse: SSEFormat = OPENAI_SSE):
+        self.job, self.worker, self.on_end, self.sse = job, worker, on_end, sse
         self.finished = False
         headers = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
         super().__init__(self._events(chunks), media_type="text/event-stream", headers=headers)
@@ -42,10 +61,11 @@ class JobStream(StreamingResponse):
     async def _events(self, chunks: AsyncIterator[dict]):
         try:
             async for chunk in chunks:
-                yield encode_event(chunk)
+                yield self.sse.encode(chunk)
         except APIError as e:
-            yield encode_event(e.body())
-        yield DONE_EVENT
+            yield self.sse.encode(self.sse.error(e))
+        if self.sse.done is not None:
+            yield self.sse.done
         self.finished = True
 
     async def __call__(self, scope, receive, send) -> None:

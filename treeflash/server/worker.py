@@ -39,6 +39,7 @@ class Job:
     reason: str | None = None  # why it was cancelled: "disconnect" | "shutdown"
     submitted_at: float = field(default_factory=time.perf_counter)
     items: asyncio.Queue = field(default_factory=asyncio.Queue)
+    started_at: float | None = None  # when the engine took it (submitted_at to this: the queue wait)
     first_event_at: float | None = None  # when the first tokens reached the handler (for time to first token)
     usages: list[Usage] = field(default_factory=list)  # one per finished choice
 
@@ -162,6 +163,7 @@ class Worker:
                 if not self._pending:
                     return
                 job = self._running = self._pending.popleft()
+                job.started_at = time.perf_counter()
             try:
                 self._run(job)
             finally:

@@ -11,6 +11,7 @@
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 
 import torch
 
@@ -50,6 +51,8 @@ class Decoder:
         self.stats = SpecStats()
         self.tokens: list[int] = []  # committed tokens (prompt + output, root excluded)
         self.root: int | None = None
+        self.prompt_hidden: torch.Tensor | None = None  # the prompt's captured rows after prefill (for a prefix cache)
+        self.resumed = 0  # prompt tokens the last prefill resumed instead of prefilling
         self._ahead = None  # PendingToken of a plain step enqueued before its input was read back
         self._dev: DeviceLoop | None = None  # the drafter's device loop for this request (None: synchronous steps)
         self._dev_cur: PendingStep | None = None  # its step enqueued, not read yet
@@ -61,8 +64,14 @@ class Decoder:
         return self.drafter.capture_layers if self.drafter is not None else ()
 
     @torch.inference_mode()
-    def prefill(self, prompt_ids: list[int], chunk: int = 2048) -> int:
-        """Commit the prompt; return the first sampled token (the root of the first step)."""
+    def prefill(self, prompt_ids: list[int], chunk: int = 2048, start: int = 0, hidden_before: torch.Tensor | None = None,
+                stops: tuple[int, ...] = (), on_stop: Callable[[int], None] | None = None) -> int:
+        """Commit the prompt; return the first sampled token (the root of the first step).
+
+        The prefix-cache hook (engine/prefix_cache.py): with start > 0 the first `start` prompt
+        tokens are already committed (the cache was resumed there: cache.seq_len == start) and
+        `hidden_before` [start, ...] are their captured rows for the drafter. Chunks end at
+        multiples of `chunk` and at each position in `stops`; on_stop(position) runs after each of those."""
         self._ahead = None  # a step left enqueued by an earlier sequence is reset with the cache
         self._dev_cur = None
         self._dev = None  # built (captured) before the reset below
@@ -71,14 +80,23 @@ class Decoder:
         # a guarded loop: plain from the first token after requests of this kind kept losing (skip_request)
         self._dev_off = self._dev is not None and self._dev.guarded and self._dev.skip_request()
         self._dev_run = (0.0, 0, 0, 0.0)
-        self.cache.reset()
+        if self._dev is not None and self._dev.first_use() and start:  # its capture's warm-ups wrote over the resumed rows
+            start, hidden_before = 0, None
+        self.resumed = start  # prompt tokens not prefilled again
+        if start:
+            assert self.cache.seq_len == start < len(prompt_ids), "resume the cache at start, and leave a token to prefill"
+        else:
+            self.cache.reset()
         if self.drafter is not None:
             self.drafter.reset()
         ids = torch.tensor(prompt_ids, dtype=torch.long, device=self.target.device)
-        hidden_parts = []
-        for s in range(0, len(prompt_ids), chunk):
-            part = ids[s : s + chunk]
-            last = s + chunk >= len(prompt_ids)
+        hidden_parts = [hidden_before] if hidden_before is not None else []
+        n = len(prompt_ids)
+        ends = sorted({*range(chunk, n, chunk), *(p for p in stops if start < p < n), n} - set(range(start + 1)))
+        s = start
+        for e in ends:
+            part = ids[s:e]
+            last = e == n
             out = self.runner.forward(
                 StepInput.plain(part, self.cache.seq_len),
                 capture_layers=self.capture,
@@ -87,9 +105,13 @@ class Decoder:
             )
             if out.captured is not None:
                 hidden_parts.append(out.captured)
+            if on_stop is not None and e in stops:
+                on_stop(e)
+            s = e
         self.tokens = list(prompt_ids)
+        self.prompt_hidden = torch.cat(hidden_parts) if hidden_parts else None  # [len(prompt), ...] captured rows, or None
         if self.drafter is not None:
-            self.drafter.observe(list(prompt_ids), torch.cat(hidden_parts) if hidden_parts else None)
+            self.drafter.observe(list(prompt_ids), self.prompt_hidden)
         self.root = int(pick(out.logits, self.params, self.generator)[0])
         self._logprobs(out.logits, [self.root])
         return self.root

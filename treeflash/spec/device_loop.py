@@ -91,6 +91,15 @@ class DeviceLoop(ABC):
     @abstractmethod
     def stop(self, observed: int) -> None: ...
 
+    # -- the prefix cache: a loop's build may write the target cache --
+    _unclaimed = True  # no request has used this loop yet
+
+    def first_use(self) -> bool:
+        """True for the first request that uses this loop, False after: a loop built (captured) for
+        that request ran warm-up steps through the target cache, so its rows cannot be resumed."""
+        first, self._unclaimed = self._unclaimed, False
+        return first
+
     # -- the guard (a loop whose budget is not tuned keeps these defaults) --
     guarded: bool = False  # whether the Decoder checks these steps against plain decoding
 

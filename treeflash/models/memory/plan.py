@@ -32,9 +32,8 @@ def graph_buckets(max_nodes: int) -> tuple[int, ...]:
     the first that holds max_nodes (1 -> (1,); 6 -> (1, 2, 4, 8)); past the largest, all of them."""
     if max_nodes < 1:
         raise ValueError(f"max_nodes must be >= 1, got {max_nodes}")
-    out = tuple(b for b in GRAPH_BUCKETS if b < max_nodes)
     last = next((b for b in GRAPH_BUCKETS if b >= max_nodes), GRAPH_BUCKETS[-1])
-    return out + (last,)
+    return tuple(b for b in GRAPH_BUCKETS if b <= last)
 
 
 @dataclass(frozen=True)

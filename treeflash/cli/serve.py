@@ -13,6 +13,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from treeflash.cli.common import add_model_args, build_engine
+from treeflash.cli.planning import plan_at_start
 from treeflash.errors import ModelLoadError
 
 EXAMPLES = """examples:
@@ -72,6 +73,7 @@ def run(args: argparse.Namespace) -> int:
     if args.model is not None and not Path(args.model).expanduser().exists():
         raise ModelLoadError(f"{args.model}: no such file or directory; pass a Hugging Face model directory or a .gguf file")
     config = server_config(args)
+    args.start_plan = plan_at_start(args)  # before the socket opens: a configuration that cannot fit exits with status 2
     if args.threads is None and args.device != "cuda":
         # the server's event loop and HTTP threads share the cores with PyTorch's: with PyTorch's
         # default (one thread per core) every op waits for a preempted worker (36x slower per

@@ -11,6 +11,7 @@ import threading
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
+from typing import Any
 
 from treeflash.engine.detokenizer import Detokenizer
 from treeflash.engine.request import GenerationRequest, TokenEvent, TokenLogprob, Usage
@@ -30,6 +31,8 @@ class EngineConfig:
     cache_type_v: str = "auto"
     cache_k_exact_layers: int = 0  # the first N attention layers keep K uncompressed (kv.cache.CacheSpec)
     cuda_graphs: bool = True  # on CUDA: decode and verify replay captured graphs
+    graph_buckets: tuple[int, ...] | None = None  # verify sizes captured as graphs (None: the runner's default, up to 128)
+    memory_plan: Any = None  # the models.memory MemoryPlan this engine was sized by (reported by /metrics and bench)
 
 
 class Engine:
@@ -49,7 +52,8 @@ class Engine:
 
             self.model.fuse_projections()
             capture = self.drafter.capture_layers if self.drafter is not None else ()
-            self.runner = CudaGraphRunner(self.model, self.cache, capture_layers=capture)
+            buckets = {"buckets": config.graph_buckets} if config.graph_buckets else {}
+            self.runner = CudaGraphRunner(self.model, self.cache, capture_layers=capture, **buckets)
             if self.drafter is not None:
                 self.drafter.bind_runner(self.runner)
         self.lock = threading.Lock()

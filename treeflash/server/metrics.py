@@ -48,6 +48,7 @@ class Metrics:
         ready = Gauge("treeflash_model_ready", "1 once the model is loaded", registry=r)
         ready.set_function(lambda: float(worker.state == "ready"))
         r.register(_SpecCollector(worker))
+        r.register(_MemoryCollector(worker))
 
     def observe_job(self, job: Job, arrived_at: float) -> None:
         if job.first_event_at is not None:
@@ -89,3 +90,31 @@ class _SpecCollector:
         for depth, rate in enumerate(stats.acceptance_per_depth(), start=1):
             accept.add_metric([str(depth)], rate)
         yield from (passes, committed, tau, accept)
+
+
+class _MemoryCollector:
+    """The memory plan the engine was sized by (models/memory) and the context it allocated."""
+
+    def __init__(self, worker: Worker):
+        self.worker = worker
+
+    def describe(self):
+        return []
+
+    def collect(self):
+        engine = self.worker.engine
+        if engine is None:
+            return
+        context = GaugeMetricFamily("treeflash_context_tokens", "tokens of context the KV cache was allocated for")
+        context.add_metric([], engine.max_context)
+        yield context
+        plan = getattr(getattr(engine, "config", None), "memory_plan", None)
+        if plan is None:
+            return
+        parts = GaugeMetricFamily("treeflash_memory_planned_bytes", "planned device bytes by part (treeflash fit's table)",
+                                  labels=["part"])
+        for p in plan.parts:
+            parts.add_metric([p.name], p.bytes)
+        total = GaugeMetricFamily("treeflash_memory_planned_total_bytes", "planned device bytes, all parts")
+        total.add_metric([], plan.total)
+        yield from (parts, total)

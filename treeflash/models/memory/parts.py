@@ -103,13 +103,29 @@ def activation_bytes(config: ModelConfig, num_tokens: int, logit_rows: int, dtyp
     return num_tokens * layer_width(config) * dtype_bytes + logit_rows * config.vocab_size * (dtype_bytes + FP32_BYTES)
 
 
+# Bytes per value that kv_formats.dequantize_* hold at their peak, the fp32 result included, counted from
+# the reference code: q8_0 the fp32 codes and the product; q4_0 the unpacked nibbles, their fp32 copy and
+# the product; tq3_0 the unpacked codes, their int64 index and the gathered centroids (then the sign and
+# the un-rotation's fp32 copies).
+DEQUANT_PEAK_BYTES = {"q8_0": 8, "q4_0": 9, "tq3_0": 16}
+
+
 def dequantized_kv_bytes(config: ModelConfig, max_len: int, cache_type_k: str, cache_type_v: str, dtype_bytes: int) -> int:
-    """A prefill chunk over a compressed cache reads one layer's rows dequantized (kv/quantized.py `read`:
-    fp32, then the runtime dtype): at its peak the K rows in dtype, the V rows in fp32 and in dtype."""
+    """A prefill chunk over a compressed cache reads one layer's K rows, then its V rows, dequantized
+    (kv/quantized.py `read`: fp32, then the runtime dtype): at the peak K in dtype, V's dequantize
+    temporaries and V in dtype. Dense rows at the runtime dtype are read in place."""
     if not (is_compressed(cache_type_k) or is_compressed(cache_type_v)):
         return 0
+
+    def out_bytes(t: str) -> int:  # bytes per value of the rows as attention reads them (0: read in place)
+        if t == formats.AUTO:
+            return 0
+        f = formats.get_format(t)
+        return 0 if f.is_dense and f.block_bytes == formats.BLOCK * dtype_bytes else dtype_bytes
+
+    tmp = max(DEQUANT_PEAK_BYTES.get(cache_type_k, 0), DEQUANT_PEAK_BYTES.get(cache_type_v, 0))
     rows = max_len * config.num_kv_heads * config.head_dim
-    return rows * (2 * dtype_bytes + FP32_BYTES)
+    return rows * (out_bytes(cache_type_k) + out_bytes(cache_type_v) + tmp)
 
 
 def verify_graph_outputs(config: ModelConfig, nodes: int, capture_width: int, dtype_bytes: int) -> int:

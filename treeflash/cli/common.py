@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import sys
 
 from treeflash.errors import InvalidRequestError
 
@@ -76,6 +77,8 @@ def build_engine(args: argparse.Namespace, progress: bool = True):
     from treeflash.models.memory.plan import graph_buckets
 
     start = getattr(args, "start_plan", None) or plan_at_start(args)  # refuses before any weight is read
+    if progress:
+        print(f"[treeflash] {start.summary}", file=sys.stderr)
     dtype = getattr(torch, args.dtype) if args.dtype else None
     loaded = load_model(args.model, device=args.device, dtype=dtype, progress=progress, weights=getattr(args, "weights", "float"))
     options = DraftOptions(

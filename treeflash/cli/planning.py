@@ -258,6 +258,7 @@ class StartPlan:
     max_context: int
     verify_nodes: int
     plan: Any  # MemoryPlan
+    summary: str  # one line for stderr: the context chosen and the plan against the memory
 
 
 def plan_at_start(args) -> StartPlan:
@@ -268,4 +269,7 @@ def plan_at_start(args) -> StartPlan:
     report, header, drafter = fit_report(args, device_type)
     if not report.fits:
         raise PlanError("the configuration does not fit in memory; nothing was loaded\n" + render(report, header, drafter))
-    return StartPlan(report.plan.request.max_context, report.plan.request.verify_nodes, report.plan)
+    r = report.plan.request
+    summary = (f"context {r.max_context} tokens: planned {report.plan.total / MiB:.0f} MiB of {report.available.bytes / MiB:.0f} MiB "
+               f"({report.available.source})" + (f"; {report.note}" if report.note else ""))
+    return StartPlan(r.max_context, r.verify_nodes, report.plan, summary)

@@ -74,6 +74,7 @@ def run(args: argparse.Namespace) -> int:
         raise ModelLoadError(f"{args.model}: no such file or directory; pass a Hugging Face model directory or a .gguf file")
     config = server_config(args)
     args.start_plan = plan_at_start(args)  # before the socket opens: a configuration that cannot fit exits with status 2
+    print(f"treeflash serve: {args.start_plan.summary}", file=sys.stderr, flush=True)
     if args.threads is None and args.device != "cuda":
         # the server's event loop and HTTP threads share the cores with PyTorch's: with PyTorch's
         # default (one thread per core) every op waits for a preempted worker (36x slower per

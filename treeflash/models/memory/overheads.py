@@ -4,8 +4,8 @@ Everything else in a plan is arithmetic over shapes (models/memory/parts.py). Th
 arithmetic cannot see: the CUDA context, the allocator's rounding and fragmentation, and how many
 bytes of temporaries one forward really holds at its peak relative to the tensors we count.
 bench/fit_check.py measures them on the GPU (predicted vs torch.cuda.max_memory_reserved plus the
-context from torch.cuda.mem_get_info before and after `torch.cuda.init()`); the values here are its
-calibration (docs/fit.md says which run).
+context, the card's used memory after the first CUDA op and GEMM). Until its JSON is in, the values
+here are estimates (the context: ~500 MiB on an H200 with torch 2.11); docs/fit.md says which.
 """
 
 from __future__ import annotations
@@ -17,8 +17,7 @@ MiB = 1 << 20
 
 @dataclass(frozen=True)
 class Overheads:
-    # CUDA context + cuBLAS/cuDNN handles: mem_get_info's free bytes before minus after the first CUDA
-    # op and the first GEMM (H200, torch 2.11, CUDA 12.x: ~500 MiB)
+    # CUDA context + cuBLAS handles: the card's used bytes (mem_get_info) after the first CUDA op and GEMM
     cuda_context_bytes: int = 500 * MiB
     # the caching allocator rounds blocks (2 MiB segments for large ones) and keeps freed blocks;
     # max_memory_reserved / (sum of live tensors at the peak) - 1 over fit_check's configurations

@@ -204,7 +204,7 @@ def plan_memory(header: CheckpointHeader, request: PlanRequest, drafter: Drafter
         add("allocator slack", held * o.allocator_slack_fraction + o.allocator_slack_bytes,
             f"{o.allocator_slack_fraction:.0%} of the above + {o.allocator_slack_bytes / 2**20:.0f} MiB")
         if r.include_cuda_context:
-            add("cuda context", o.cuda_context_bytes, "CUDA context and library handles (measured constant)")
+            add("cuda context", o.cuda_context_bytes, "CUDA context and library handles (Overheads: a constant)")
     return MemoryPlan(header.source, r, tuple(out), per_token, drafter.kind if drafter is not None else None)
 
 

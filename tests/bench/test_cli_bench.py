@@ -39,6 +39,9 @@ def test_baseline_run_writes_json_table_and_plot(toy, tmp_path, capsys):
     assert all(r["completion_tokens"] == 8 for r in doc["runs"])
     assert doc["versions"]["torch"] and doc["machine"]["cpu_cores"] and "gpu" in doc["machine"]
     assert doc["model"]["ar_bound_tokens_per_second"] > 0
+    memory = doc["memory"]  # the plan of the model the flags name (the default; the toy replaces only the loading)
+    assert memory["engines"] == 2 and memory["measured_max_reserved_bytes"] is None  # measured on CUDA only
+    assert memory["planned_total_bytes"] == sum(memory["planned"].values()) and memory["planned"]["kv cache K"] > 0
     assert doc["collapse_warnings"] == [] or all("drop" in w for w in doc["collapse_warnings"])
     assert png.stat().st_size > 1000
 

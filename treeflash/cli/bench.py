@@ -88,6 +88,10 @@ def run(args: argparse.Namespace) -> int:
     print(f"[bench] {len(prompts)} prompt(s) x {args.runs} run(s) x {len(targets)} target(s): "
           f"{', '.join(t.label for t in targets)}", file=sys.stderr)
     records = run_schedule(targets, prompts, settings, progress=not args.quiet)
+    if "memory" in info:
+        from treeflash.bench.memory import measured
+
+        info["memory"] = measured(info["memory"], targets[-1].engine.model.device.type)
     summary, warnings = summarize(records, [t.label for t in targets], baseline, sweep_values, greedy=args.temperature == 0)
     print(format_table(summary, warnings))
     if baseline is not None and summary["speedup_vs_baseline"] is not None:
@@ -177,6 +181,7 @@ def _engine_targets(args, prompts):
     """Load the model once; build one Engine per configuration over it (baseline first)."""
     from treeflash.bench import machine
     from treeflash.bench.endpoint import EndpointTarget
+    from treeflash.bench.memory import planned
     from treeflash.bench.runner import EngineTarget
     from treeflash.data.prompts import encode_prompt
     from treeflash.bench.sweep import engine_configs, parse_sweep
@@ -187,7 +192,8 @@ def _engine_targets(args, prompts):
     loaded = load(args)
     longest = max(len(encode_prompt(loaded, p)) for p in prompts)
     # only the KV the longest request needs (+ room for the last verify tree), so a sweep's engines fit together
-    max_context = min(args.max_context, longest + args.max_tokens + 256)
+    requested = args.max_context if isinstance(args.max_context, int) else loaded.config.max_position_embeddings
+    max_context = min(requested, longest + args.max_tokens + 256)
     options = DraftOptions(num_draft=args.num_draft, draft_model=args.draft_model, budget=parse_budget(args.budget),
                            tree=not args.no_tree, mtp_tree=args.mtp_tree)
     base = EngineConfig(max_context=max_context, draft=args.draft, draft_options=options,
@@ -210,4 +216,6 @@ def _engine_targets(args, prompts):
         baseline = "endpoint"
     model = {"source": loaded.source, "arch": loaded.config.arch, "longest_prompt_tokens": longest,
              "max_context": targets[-1].engine.max_context, **machine.roofline(loaded.model)}
-    return targets, baseline, sweep_values or None, {"model": model}
+    engines = sum(isinstance(t, EngineTarget) for t in targets)
+    memory = planned(args, targets[-1].engine.max_context, loaded.model.device.type, engines)
+    return targets, baseline, sweep_values or None, {"model": model, "memory": memory}

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import sys
 
 from treeflash.errors import InvalidRequestError
 
@@ -15,7 +16,10 @@ def add_model_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--weights", default="float", choices=["float", "int4"],
                    help="float: dequantize to --dtype (default); int4: keep a GGUF's Q4_0/Q4_1 layers at 4 bits (CPU; ~2x faster decode, bf16-level precision)")
     g.add_argument("--threads", type=int, default=None, help="CPU threads for PyTorch (default: PyTorch's choice; serve on a CPU: 1; 1 is faster on a busy machine)")
-    g.add_argument("--max-context", type=int, default=8192, help="tokens of KV cache to allocate (default 8192)")
+    g.add_argument("--max-context", type=context_arg, default=8192,
+                   help="tokens of KV cache to allocate, or auto: the most that fits (default 8192; checked against the memory plan)")
+    g.add_argument("--gpu-memory", default="auto",
+                   help="memory to plan within: auto (free GPU memory; the CPU: available RAM), 24GiB, 24GB, 24000MiB or a card (rtx4090)")
     g.add_argument("--cache-type-k", default="auto", help="K cache type: auto, bf16, f16, f32, q8_0, q4_0, tq3_0")
     g.add_argument("--cache-type-v", default="auto", help="V cache type: auto, bf16, f16, f32, q8_0, q4_0, tq3_0")
     g.add_argument("--cache-k-exact-layers", type=non_negative_int, default=0, metavar="N",
@@ -41,6 +45,16 @@ def non_negative_int(value: str) -> int:
     return n
 
 
+def context_arg(value: str) -> int | str:
+    """argparse type of --max-context: an integer >= 1 or 'auto'."""
+    from treeflash.cli.planning import parse_context
+
+    try:
+        return parse_context(value)
+    except InvalidRequestError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+
+
 def parse_budget(value: str) -> int | str:
     if value == "auto":
         return "auto"
@@ -62,6 +76,12 @@ def build_engine(args: argparse.Namespace, progress: bool = True):
         if args.threads < 1:
             raise InvalidRequestError(f"--threads must be >= 1, got {args.threads}", "threads")
         torch.set_num_threads(args.threads)
+    from treeflash.cli.planning import plan_at_start
+    from treeflash.models.memory.plan import graph_buckets
+
+    start = getattr(args, "start_plan", None) or plan_at_start(args)  # refuses before any weight is read
+    if progress:
+        print(f"[treeflash] {start.summary}", file=sys.stderr)
     dtype = getattr(torch, args.dtype) if args.dtype else None
     loaded = load_model(args.model, device=args.device, dtype=dtype, progress=progress, weights=getattr(args, "weights", "float"))
     options = DraftOptions(
@@ -72,7 +92,9 @@ def build_engine(args: argparse.Namespace, progress: bool = True):
         mtp_tree=getattr(args, "mtp_tree", False),
     )
     config = EngineConfig(
-        max_context=args.max_context,
+        max_context=start.max_context,
+        graph_buckets=graph_buckets(start.verify_nodes),
+        memory_plan=start.plan,
         draft=args.draft,
         draft_options=options,
         cache_type_k=args.cache_type_k,

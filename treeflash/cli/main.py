@@ -17,6 +17,7 @@ EXAMPLES = """examples:
   treeflash serve --port 8000
   treeflash bench --prompts humaneval --draft ngram --baseline ar
   treeflash train-drafter --target ./model --out ./drafter
+  treeflash fit --model ./model.gguf --gpu-memory rtx4090 --max-context auto
 """
 
 

@@ -13,6 +13,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from treeflash.cli.common import add_model_args, build_engine
+from treeflash.cli.planning import plan_at_start
 from treeflash.cli.template_args import add_template_args, template_kwargs
 from treeflash.errors import ModelLoadError
 from treeflash.server.tools import PARSER_CHOICES
@@ -116,6 +117,8 @@ def run(args: argparse.Namespace) -> int:
         raise ModelLoadError(f"{args.model}: no such file or directory; pass a Hugging Face model directory, a .gguf file, "
                              f"or a Hub id (org/name, org/name:file.gguf; fetched while /health answers 503)")
     config = server_config(args)
+    args.start_plan = plan_at_start(args)  # before the socket opens: a configuration that cannot fit exits with status 2
+    print(f"treeflash serve: {args.start_plan.summary}", file=sys.stderr, flush=True)
     if args.threads is None and args.device != "cuda":
         # the server's event loop and HTTP threads share the cores with PyTorch's: with PyTorch's
         # default (one thread per core) every op waits for a preempted worker (36x slower per

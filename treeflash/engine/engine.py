@@ -11,6 +11,7 @@ import threading
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
+from typing import Any
 
 from treeflash.engine.detokenizer import Detokenizer
 from treeflash.engine.prefix_cache import Hit, PrefixCache, PrefixCacheConfig
@@ -33,6 +34,8 @@ class EngineConfig:
     cuda_graphs: bool = True  # on CUDA: decode and verify replay captured graphs
     device_steps: bool = True  # with CUDA graphs: drafted steps that can run on the device do (False: synchronous)
     prefix_cache: PrefixCacheConfig = PrefixCacheConfig()  # off unless max_mb > 0 (engine/prefix_cache.py)
+    graph_buckets: tuple[int, ...] | None = None  # verify sizes captured as graphs (None: the runner's default, up to 128)
+    memory_plan: Any = None  # the models.memory MemoryPlan this engine was sized by (reported by /metrics and bench)
 
 
 class Engine:
@@ -51,7 +54,8 @@ class Engine:
             from treeflash.engine.stack import build_runner
 
             self.model.fuse_projections()
-            self.runner = build_runner(self.model, self.cache, self.drafter)
+            buckets = {"buckets": config.graph_buckets} if config.graph_buckets else {}
+            self.runner = build_runner(self.model, self.cache, self.drafter, **buckets)
         self.prefix: PrefixCache | None = None
         self._last_decoder: Decoder | None = None  # the running request's, while its cache rows are committed
         if config.prefix_cache.enabled:

@@ -79,10 +79,21 @@ def bad_request(message: str, param: str | None = None) -> APIError:
     return APIError(400, message, param)
 
 
+def is_out_of_memory(e: BaseException) -> bool:
+    import torch
+
+    return isinstance(e, torch.OutOfMemoryError)  # torch.cuda.OutOfMemoryError is the same class
+
+
 def from_exception(e: BaseException) -> APIError:
-    """A typed error from the engine or the loader -> 400; anything else -> 500 (this request only)."""
+    """A typed error from the engine or the loader -> 400; out of device memory -> 503 (the planner left too
+    little room: the request ends, the server goes on); anything else -> 500 (this request only)."""
     if isinstance(e, APIError):
         return e
+    if is_out_of_memory(e):
+        first = str(e).splitlines()[0] if str(e) else ""
+        return APIError(503, f"out of device memory during generation; the request was stopped and the server goes on serving. "
+                             f"Retry, or send a shorter prompt or max_tokens ({first})", code="out_of_memory")
     if isinstance(e, InvalidRequestError):
         return APIError(400, str(e), e.param)
     if isinstance(e, TreeflashError):

@@ -56,6 +56,7 @@ class Metrics:
         ready.set_function(lambda: float(worker.state == "ready"))
         r.register(_SpecCollector(worker))
         r.register(_GatewayCollector(worker, model_name))
+        r.register(_MemoryCollector(worker))
 
     def observe_job(self, job: Job, arrived_at: float) -> None:
         if job.started_at is not None:
@@ -135,3 +136,31 @@ class _GatewayCollector:
         if engine is None or not self.worker.busy:
             return 0.0
         return min(1.0, engine.cache.seq_len / engine.cache.max_len)
+
+
+class _MemoryCollector:
+    """The memory plan the engine was sized by (models/memory) and the context it allocated."""
+
+    def __init__(self, worker: Worker):
+        self.worker = worker
+
+    def describe(self):
+        return []
+
+    def collect(self):
+        engine = self.worker.engine
+        if engine is None:
+            return
+        context = GaugeMetricFamily("treeflash_context_tokens", "tokens of context the KV cache was allocated for")
+        context.add_metric([], engine.max_context)
+        yield context
+        plan = getattr(getattr(engine, "config", None), "memory_plan", None)
+        if plan is None:
+            return
+        parts = GaugeMetricFamily("treeflash_memory_planned_bytes", "planned device bytes by part (treeflash fit's table)",
+                                  labels=["part"])
+        for p in plan.parts:
+            parts.add_metric([p.name], p.bytes)
+        total = GaugeMetricFamily("treeflash_memory_planned_total_bytes", "planned device bytes, all parts")
+        total.add_metric([], plan.total)
+        yield from (parts, total)

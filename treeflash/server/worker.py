@@ -9,7 +9,8 @@ from an asyncio queue that this thread fills. Ordering and failure rules:
 - Cancelling a job (client gone, server stopping) sets its `cancelled` Event, which the engine
   checks after every step; a job that has not started yet is simply dropped from the queue.
 - An exception inside one job's generation ends that job with an error item; the thread goes
-  on to the next job.
+  on to the next job. Out of device memory is one such (a 503); the allocator's cached blocks are
+  released first, and the next request's prefill resets the caches it left mid-step.
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ from dataclasses import dataclass, field
 
 from treeflash.engine.request import GenerationRequest, TokenEvent, Usage
 from treeflash.errors import TreeflashError
-from treeflash.server.errors import APIError, from_exception
+from treeflash.server.errors import APIError, from_exception, is_out_of_memory
 
 log = logging.getLogger("treeflash.server")
 
@@ -187,6 +188,15 @@ class Worker:
         except Exception as e:  # noqa: BLE001 - one request's failure must not stop the server
             if from_exception(e).status >= 500:
                 log.exception("generation failed")
+            if is_out_of_memory(e):
+                _release_cached_memory()  # the failed step's temporaries: give them back before the next request
             job.put(e)
             return
         job.put(_DONE)
+
+
+def _release_cached_memory() -> None:
+    import torch
+
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()

@@ -1,0 +1,166 @@
+"""The memory plan (models/memory) against the real thing: checkpoint headers against the files'
+data regions and the loaded model's parameters, KV and recurrent bytes against the buffers a real
+ModelCache allocates, and the planner's searches against its own plan."""
+
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+import torch
+
+from tests.models.test_loaders import random_hf, save_hf, write_gguf
+from treeflash.kv.cache import ModelCache
+from treeflash.models.config import ModelConfig
+from treeflash.models.memory import PlanRequest, plan_memory, read_header
+from treeflash.models.memory.placement import NATIVE_BLOCK_TYPES, device_bytes
+from treeflash.models.memory.plan import graph_buckets, max_context, max_verify_nodes
+from treeflash.models.transformer import CausalLM
+
+DEFAULT_GGUF = Path.home() / ".cache" / "treeflash" / "SmolLM2-135M-Instruct.Q4_1.gguf"
+needs_default = pytest.mark.skipif(not DEFAULT_GGUF.is_file(), reason="the default model is not in ~/.cache/treeflash")
+CACHE_TYPES = ("auto", "bf16", "q8_0", "q4_0", "tq3_0")
+
+
+@needs_default
+def test_default_gguf_header_sums_to_its_data_and_its_loaded_parameters():
+    from treeflash.models.loader import load_model
+
+    h = read_header(DEFAULT_GGUF)
+    assert h.stored_bytes() == h.data_bytes == DEFAULT_GGUF.stat().st_size - 1785664  # the file's tensor data region
+    plan = plan_memory(h, PlanRequest(512, device_type="cpu", dtype_bytes=4))
+    model = load_model(str(DEFAULT_GGUF), device="cpu", dtype=torch.float32, progress=False).model
+    params = sum(p.numel() * p.element_size() for p in model.parameters())
+    assert plan.part("weights") == params
+
+
+@needs_default
+def test_native_placement_keeps_listed_block_types_of_linear_weights_only():
+    h = read_header(DEFAULT_GGUF)
+    native = plan_memory(h, PlanRequest(512, weights="native")).part("weights")
+    expected = 0
+    for t in h.tensors:
+        packed = t.stored_type in NATIVE_BLOCK_TYPES and t.name.endswith("_proj.weight")
+        expected += t.stored_bytes if packed else t.numel * 2
+    assert native == expected
+    assert native < plan_memory(h, PlanRequest(512)).part("weights")  # Q4_1 blocks < bf16
+    embed = next(t for t in h.tensors if t.name == "model.embed_tokens.weight")
+    assert embed.stored_type == "Q8_0"  # a block type, but an embedding: bf16 on the device
+    assert device_bytes(embed.name, embed.shape, embed.stored_type, embed.stored_bytes, "native", "cuda", 2) == embed.numel * 2
+
+
+@pytest.mark.parametrize("arch", ["llama", "qwen3_5"])
+def test_safetensors_and_gguf_headers_of_written_checkpoints(arch, tmp_path):
+    from safetensors import safe_open
+
+    hf = random_hf(arch)
+    save_hf(hf, tmp_path / "hf")
+    h = read_header(tmp_path / "hf")
+    file = tmp_path / "hf" / "model.safetensors"
+    assert h.format == "safetensors" and h.stored_bytes() == h.data_bytes
+    with safe_open(file, framework="pt") as f:
+        assert {t.name: t.shape for t in h.tensors} == {n: tuple(f.get_slice(n).get_shape()) for n in f.keys()}
+    model = CausalLM(h.config)
+    params = sum(p.numel() for p in model.parameters())
+    assert plan_memory(h, PlanRequest(64, device_type="cpu", dtype_bytes=4)).part("weights") == 4 * params
+    if arch == "llama":
+        g = read_header(write_gguf(tmp_path / "m.gguf", hf))
+        assert g.format == "gguf"
+        assert 0 <= g.data_bytes - g.stored_bytes() < 32 * len(g.tensors)  # tensors start 32-byte aligned
+        assert plan_memory(g, PlanRequest(64, device_type="cpu", dtype_bytes=4)).part("weights") == 4 * params
+
+
+def _cache_tensors(cache: ModelCache) -> int:
+    """Bytes of every tensor a ModelCache's layers hold: attention K/V (dense tensors or a compressed
+    format's scale and code planes), key offsets, conv windows and DeltaNet states."""
+    seen: dict[int, int] = {}
+    for layer in cache.layers:
+        for value in vars(layer).values():
+            planes = [getattr(value, "scales", None), getattr(value, "codes", None)]  # a compressed cache's K or V
+            for t in [value, *planes]:
+                if isinstance(t, torch.Tensor):
+                    seen[t.data_ptr()] = t.numel() * t.element_size()
+    return sum(seen.values())
+
+
+@pytest.mark.parametrize("arch", ["qwen3", "qwen3_5"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_kv_and_state_bytes_equal_the_allocated_cache(arch, dtype):
+    from tests.models.hf_oracle import hf_config
+
+    config = ModelConfig.from_hf_dict(hf_config(arch).to_dict())
+    with torch.device("meta"):
+        model = CausalLM(config)
+    b = torch.finfo(dtype).bits // 8
+    for k_type in CACHE_TYPES:
+        for v_type in CACHE_TYPES:
+            for exact in (0, 1):
+                cache = ModelCache(model.cache_layout(), _spec(100, dtype, k_type, v_type, exact))
+                plan = plan_memory(_header(config), PlanRequest(99, device_type="cpu", dtype_bytes=b, cache_type_k=k_type,
+                                                                cache_type_v=v_type, k_exact_layers=exact))
+                planned = plan.part("kv cache K") + plan.part("kv cache V") + plan.part("recurrent state")
+                planned += plan.part("kv metadata") - _rotation(plan)
+                assert planned == _cache_tensors(cache), (k_type, v_type, exact)
+                assert plan.part("kv cache K") + plan.part("kv cache V") + plan.part("recurrent state") == cache.nbytes()
+
+
+def _rotation(plan) -> int:
+    from treeflash.models.memory import parts
+
+    r = plan.request
+    return parts.rotation_bytes(_header_config(plan), r.cache_type_k, r.cache_type_v, r.rotate_keys)
+
+
+_CONFIGS = {}
+
+
+def _header(config):
+    from treeflash.models.memory.header import CheckpointHeader
+
+    h = CheckpointHeader(f"tiny-{config.arch}", "safetensors", config, (), (), 0)
+    _CONFIGS[h.source] = config
+    return h
+
+
+def _header_config(plan):
+    return _CONFIGS[plan.source]
+
+
+def _spec(max_len, dtype, k, v, exact):
+    from treeflash.kv.cache import CacheSpec
+
+    return CacheSpec(max_len, dtype, torch.device("cpu"), k, v, k_exact_layers=exact)
+
+
+def test_graph_buckets_stop_at_the_first_that_holds_the_step():
+    assert graph_buckets(1) == (1,)
+    assert graph_buckets(6) == (1, 2, 4, 8)
+    assert graph_buckets(64) == (1, 2, 4, 8, 16, 32, 64)
+    assert graph_buckets(500) == (1, 2, 4, 8, 16, 32, 64, 128)
+    with pytest.raises(ValueError):
+        graph_buckets(0)
+
+
+@needs_default
+def test_searches_return_the_boundary_of_their_own_plan():
+    h = read_header(DEFAULT_GGUF)
+    request = PlanRequest(1, cache_type_k="q8_0", cache_type_v="tq3_0", verify_nodes=33)
+    small = plan_memory(h, replace(request, max_context=1024)).total
+    big = plan_memory(h, replace(request, max_context=4096)).total
+    available = (small + big) // 2
+    n = max_context(h, request, available)
+    assert 1024 < n < 4096
+    assert plan_memory(h, replace(request, max_context=n)).total <= available < plan_memory(h, replace(request, max_context=n + 1)).total
+    assert max_context(h, request, 10**15) == h.config.max_position_embeddings  # capped by the model
+    assert max_context(h, request, 1000) == 0
+    nodes = max_verify_nodes(h, replace(request, max_context=n), available)
+    assert 1 <= nodes <= 128
+    assert plan_memory(h, replace(request, max_context=n, verify_nodes=nodes)).total <= available
+
+
+def test_plan_request_validates():
+    with pytest.raises(ValueError, match="unknown KV cache type"):
+        PlanRequest(10, cache_type_k="q3_k")
+    with pytest.raises(ValueError, match="max_context"):
+        PlanRequest(0)
+    with pytest.raises(ValueError, match="weights"):
+        PlanRequest(10, weights="fp8")

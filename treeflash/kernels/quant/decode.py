@@ -69,30 +69,30 @@ def group(FMT: tl.constexpr, B, H, base, g: tl.constexpr, S: tl.constexpr):
     zero = base.to(tl.float32) * 0.0
     if FMT == 2:  # Q4_0: d, 16 bytes; group g = the low (0) or high (1) nibbles
         q = ((_bytes(B, base, 2, i) >> (4 * g)) & 15) - 8
-        return q.to(tl.float32), _f16(H, base), zero
+        q, scale, mn = q.to(tl.float32), _f16(H, base), zero
     elif FMT == 3:  # Q4_1: d, m, 16 bytes
         q = (_bytes(B, base, 4, i) >> (4 * g)) & 15
-        return q.to(tl.float32), _f16(H, base), _f16(H, base + 2)
+        q, scale, mn = q.to(tl.float32), _f16(H, base), _f16(H, base + 2)
     elif FMT == 6:  # Q5_0: d, qh (bit e of a uint32), 16 bytes
         hb = (_bytes(B, base, 2 + 2 * g, i // 8) >> (i % 8)[None, :]) & 1
         q = (((_bytes(B, base, 6, i) >> (4 * g)) & 15) | (hb << 4)) - 16
-        return q.to(tl.float32), _f16(H, base), zero
+        q, scale, mn = q.to(tl.float32), _f16(H, base), zero
     elif FMT == 7:  # Q5_1: d, m, qh, 16 bytes
         hb = (_bytes(B, base, 4 + 2 * g, i // 8) >> (i % 8)[None, :]) & 1
         q = ((_bytes(B, base, 8, i) >> (4 * g)) & 15) | (hb << 4)
-        return q.to(tl.float32), _f16(H, base), _f16(H, base + 2)
+        q, scale, mn = q.to(tl.float32), _f16(H, base), _f16(H, base + 2)
     elif FMT == 8:  # Q8_0: d, 32 int8
         q = tl.load(B + base[:, None] + (2 + i)[None, :]).to(tl.int8, bitcast=True)
-        return q.to(tl.float32), _f16(H, base), zero
+        q, scale, mn = q.to(tl.float32), _f16(H, base), zero
     elif FMT == 20:  # IQ4_NL: d, 16 bytes of 4-bit codes into the levels
         q = _iq4_level((_bytes(B, base, 2, i) >> (4 * g)) & 15)
-        return q, _f16(H, base), zero
+        q, scale, mn = q, _f16(H, base), zero
     elif FMT == 10:  # Q2_K: 16 scale bytes (low: scale, high: min), 64 bytes of 2-bit codes, d, dmin
         c = g // 8
         s = (g % 8) // 2
         q = (_bytes(B, base, 16 + c * 32 + (g % 2) * 16, i) >> (2 * s)) & 3
         sc = _byte(B, base + g)
-        return q.to(tl.float32), _f16(H, base + 80) * (sc & 15).to(tl.float32), _f16(H, base + 82) * (sc >> 4).to(tl.float32)
+        q, scale, mn = q.to(tl.float32), _f16(H, base + 80) * (sc & 15).to(tl.float32), _f16(H, base + 82) * (sc >> 4).to(tl.float32)
     elif FMT == 11:  # Q3_K: hmask 32, 2-bit codes 64, 12 bytes of 6-bit scales, d
         c = g // 8
         s = (g % 8) // 2
@@ -105,19 +105,19 @@ def group(FMT: tl.constexpr, B, H, base, g: tl.constexpr, S: tl.constexpr):
         else:
             sl = _byte(B, base + 96 + g - 8) >> 4
         sh = (_byte(B, base + 104 + g % 4) >> (2 * (g // 4))) & 3
-        return q.to(tl.float32), _f16(H, base + 108) * ((sl | (sh << 4)) - 32).to(tl.float32), zero
+        q, scale, mn = q.to(tl.float32), _f16(H, base + 108) * ((sl | (sh << 4)) - 32).to(tl.float32), zero
     elif FMT == 12 or FMT == 13:  # Q4_K / Q5_K: d, dmin, 12 bytes of 6-bit scales and mins, [qh 32,] codes
         if g < 4:
-            sc = _byte(B, base + 4 + g) & 63
-            mn = _byte(B, base + 8 + g) & 63
+            sc6 = _byte(B, base + 4 + g) & 63
+            m6 = _byte(B, base + 8 + g) & 63
         else:
-            sc = (_byte(B, base + 8 + g) & 15) | ((_byte(B, base + g) >> 6) << 4)
-            mn = (_byte(B, base + 8 + g) >> 4) | ((_byte(B, base + 4 + g) >> 6) << 4)
+            sc6 = (_byte(B, base + 8 + g) & 15) | ((_byte(B, base + g) >> 6) << 4)
+            m6 = (_byte(B, base + 8 + g) >> 4) | ((_byte(B, base + 4 + g) >> 6) << 4)
         if FMT == 12:
             q = (_bytes(B, base, 16 + (g // 2) * 32, i) >> (4 * (g % 2))) & 15
         else:
             q = ((_bytes(B, base, 48 + (g // 2) * 32, i) >> (4 * (g % 2))) & 15) | (((_bytes(B, base, 16, i) >> g) & 1) << 4)
-        return q.to(tl.float32), _f16(H, base) * sc.to(tl.float32), _f16(H, base + 2) * mn.to(tl.float32)
+        q, scale, mn = q.to(tl.float32), _f16(H, base) * sc6.to(tl.float32), _f16(H, base + 2) * m6.to(tl.float32)
     elif FMT == 14:  # Q6_K: low 4 bits 128, high 2 bits 64, 16 int8 scales, d
         c = g // 8
         s = (g % 8) // 2
@@ -126,10 +126,11 @@ def group(FMT: tl.constexpr, B, H, base, g: tl.constexpr, S: tl.constexpr):
         high = (_bytes(B, base, 128 + c * 32 + j0, i) >> (2 * s)) & 3
         q = (low | (high << 4)) - 32
         sc = tl.load(B + base + 192 + g).to(tl.int8, bitcast=True).to(tl.float32)
-        return q.to(tl.float32), _f16(H, base + 208) * sc, zero
+        q, scale, mn = q.to(tl.float32), _f16(H, base + 208) * sc, zero
     else:  # IQ4_XS (23): d, 2 bytes of high scale bits, 4 bytes of low scale nibbles, 128 bytes of codes
         gg = g // 2
         q = _iq4_level((_bytes(B, base, 8 + gg * 16, i) >> (4 * (g % 2))) & 15)
         sl = (_byte(B, base + 4 + gg // 2) >> (4 * (gg % 2))) & 15
         sh = (_byte(B, base + 2 + gg // 4) >> (2 * (gg % 4))) & 3
-        return q, _f16(H, base) * ((sl | (sh << 4)) - 32).to(tl.float32), zero
+        q, scale, mn = q, _f16(H, base) * ((sl | (sh << 4)) - 32).to(tl.float32), zero
+    return q, scale, mn

@@ -13,7 +13,7 @@ import sys
 
 import torch
 
-# (N, K) per format: N = 100 and 72 leave ragged tails of the default BLOCK_N (8 for the GEMV, 32 for
+# (N, K) per format: N = 100 and 72 leave ragged tails of the default BLOCK_N (16 for the GEMV, 32 for
 # the rows kernel), K one to four 256-value blocks or 8-32 of the 32-value blocks; the first-priority
 # formats Q4_K and Q8_0 at K = 1024. Small, because the interpreter runs every program in Python.
 SHAPES = {"Q4_0": (72, 256), "Q4_1": (100, 256), "Q5_0": (64, 512), "Q5_1": (72, 256), "Q8_0": (64, 1024),

@@ -16,10 +16,13 @@ def _pow2(name: str, v: int, lo: int, hi: int) -> None:
 
 @dataclass(frozen=True)
 class GemvConfig:
-    """M == 1: BLOCK_N output rows per program, UNROLL blocks per loop step (more loads in flight)."""
-    block_n: int = 8
+    """M == 1: BLOCK_N output rows per program, UNROLL blocks per loop step (more loads in flight).
+    The default gives each thread 8-16 contiguous bytes of a group (16 rows x 32 bytes over 64
+    threads): Q4_K's codes then load as 16-byte vectors (tests/kernels/quant/test_compile.py);
+    with 8 rows over 128 threads they were single bytes. Not yet timed on a GPU."""
+    block_n: int = 16
     unroll: int = 2
-    num_warps: int = 4
+    num_warps: int = 2
 
     def __post_init__(self):
         _pow2("block_n", self.block_n, 1, 128)

@@ -1,0 +1,190 @@
+"""quant_matmul (treeflash/kernels/quant) at the projections of the Qwen3.5-27B and Qwen3-8B shapes:
+time per call for each GGUF format and M in {1, 2, 4, 8, 16, 32, 64}, against the roofline of the
+bytes it must read (the stored blocks + the activations + the output) and against a bf16 torch
+matmul at the same shape. Each call is first checked against dequantize_ref + an fp32 matmul.
+
+    python bench/quant_gemv.py --out quant_gemv.json                       # defaults: every format
+    python bench/quant_gemv.py --formats Q4_K,Q6_K --rows 1,32 --out q.json
+    python bench/quant_gemv.py --formats Q4_K --configs --rows 1,32 --out sweep.json   # launch-config sweep
+    python bench/quant_gemv.py --device cpu --toy --out /tmp/q.json        # checks the script on a CPU
+
+Timing: CUDA-graph replay (triton.testing.do_bench_cudagraph) of one graph that calls quant_matmul on
+each of several copies of the weight in turn (>= 256 MB of blocks per replay, 5x the H200's L2), so
+every block comes from memory and the launch gaps count as inside a decode graph; the figure is the
+replay time divided by the number of copies. The roofline is bytes / --bandwidth (4.2e12 B/s, the
+H200's HBM3e); "roofline_frac" = roofline time / measured time. With --configs each GEMV (M == 1) and
+rows (M > 1) launch configuration of a small grid is timed too, and the best per (format, N, K)
+comes out as ready-to-use QuantTuning table entries ("best_gemv_table", "best_rows_table").
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import itertools
+import json
+import statistics
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import torch  # noqa: E402
+import torch.nn.functional as F  # noqa: E402
+
+from treeflash.kernels.quant import FORMATS, dequantize_ref, has_kernel, quant_matmul  # noqa: E402
+from treeflash.kernels.quant.config import GemvConfig, QuantTuning, RowsConfig  # noqa: E402
+from treeflash.kernels.quant.synthetic import random_blocks  # noqa: E402
+
+PROJECTIONS = {  # name: (N, K)
+    "27b.attn_qkv": (14336, 5120),  # gated attention: q + gate 2 x 24 x 256, k and v 4 x 256
+    "27b.in_proj": (16480, 5120),  # Gated DeltaNet: q, k 16 x 128, v 48 x 128, z 48 x 128, b, a 48
+    "27b.out": (5120, 6144),  # attention o_proj and the Gated DeltaNet out_proj
+    "27b.gate_up": (34816, 5120),
+    "27b.down": (5120, 17408),
+    "8b.qkv": (6144, 4096),
+    "8b.o": (4096, 4096),
+    "8b.gate_up": (24576, 4096),
+    "8b.down": (4096, 12288),
+}
+TOY = {"toy.qkv": (96, 512), "toy.down": (64, 1024)}
+ROWS = (1, 2, 4, 8, 16, 32, 64)
+GEMV_GRID = [GemvConfig(bn, u, w) for bn, u, w in itertools.product((2, 4, 8, 16, 32), (1, 2, 4), (2, 4, 8))]
+ROWS_GRID = [RowsConfig(16, bn, w) for bn, w in itertools.product((16, 32, 64, 128), (2, 4, 8))]
+MIN_BYTES_PER_REPLAY = 256 << 20
+
+
+def time_calls(fns: list, device: str) -> float:
+    """Median seconds of one call, replaying a CUDA graph of all fns in turn (wall clock off CUDA)."""
+    def step():
+        for fn in fns:
+            fn()
+    if device == "cuda":
+        import triton.testing
+
+        return triton.testing.do_bench_cudagraph(step, rep=200, return_mode="median") / 1000 / len(fns)
+    step()
+    times = []
+    for _ in range(3):
+        t0 = time.perf_counter()
+        step()
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times) / len(fns)
+
+
+def check(x: torch.Tensor, blocks: torch.Tensor, fmt: str, k: int, tuning: QuantTuning) -> float:
+    """Max error of quant_matmul against dequantize_ref + an fp32 matmul, relative to the largest value."""
+    y = quant_matmul(x, blocks, fmt, k, out_dtype=torch.float32, tuning=tuning)
+    ref = x.float() @ dequantize_ref(blocks, fmt, k).t()
+    return ((y - ref).abs().max() / ref.abs().max().clamp_min(1e-30)).item()
+
+
+def bench_shape(fmt: str, name: str, n: int, k: int, rows: list[int], args, device: str) -> list[dict]:
+    f = FORMATS[fmt]
+    row_bytes = f.row_bytes(k)
+    copies = max(1, -(-MIN_BYTES_PER_REPLAY // (n * row_bytes))) if device == "cuda" else 1
+    gen = torch.Generator().manual_seed(0)
+    weights = [random_blocks(fmt, n, k, gen, device) for _ in range(copies)]  # [N, row_bytes] uint8 each
+    dense = [torch.randn(n, k, device=device, dtype=torch.bfloat16) / k**0.5
+             for _ in range(max(1, -(-MIN_BYTES_PER_REPLAY // (n * k * 2)) if device == "cuda" else 1))]
+    out = []
+    for m in rows:
+        x = torch.randn(m, k, device=device, dtype=torch.bfloat16)
+        quant_bytes = n * row_bytes + m * k * 2 + m * n * 2
+        bf16_bytes = n * k * 2 + m * k * 2 + m * n * 2
+        configs: list[tuple[object, QuantTuning]] = [("default", QuantTuning())]
+        if args.configs:
+            grid = (GEMV_GRID if m == 1 else ROWS_GRID)[: 3 if args.toy else None]
+            configs += [(c, QuantTuning(gemv=c) if m == 1 else QuantTuning(rows=c)) for c in grid]
+        rec = dict(format=fmt, projection=name, n=n, k=k, m=m, quant_bytes=quant_bytes, bf16_bytes=bf16_bytes,
+                   has_kernel=has_kernel(fmt), copies=copies)
+        rec["bf16_s"] = time_calls([lambda w=w: F.linear(x, w) for w in dense], device)
+        rec["bf16_roofline_frac"] = bf16_bytes / args.bandwidth / rec["bf16_s"]
+        timings = []
+        for cfg, tuning in configs:
+            label = cfg if cfg == "default" else dataclasses.asdict(cfg)
+            try:
+                err = check(x, weights[0], fmt, k, tuning)
+                if not err <= 1e-2:  # bf16 x and output: a wrong kernel is far off, rounding is ~2^-8
+                    timings.append(dict(config=label, error=err, failed="differs from the reference"))
+                    continue
+                s = time_calls([lambda w=w, t=tuning: quant_matmul(x, w, fmt, k, tuning=t) for w in weights], device)
+            except Exception as e:  # a configuration that does not compile or launch: recorded, not fatal
+                timings.append(dict(config=label, failed=f"{type(e).__name__}: {str(e)[:200]}"))
+                continue
+            timings.append(dict(config=label, error=err, s=s, roofline_frac=quant_bytes / args.bandwidth / s))
+        ok = [t for t in timings if "s" in t]
+        rec["default"] = timings[0]
+        if len(configs) > 1:
+            rec["configs"] = timings
+            rec["best"] = min(ok, key=lambda t: t["s"]) if ok else None
+        best = rec.get("best") or rec["default"]
+        if "s" in best:
+            rec["quant_s"] = best["s"]
+            rec["roofline_frac"] = best["roofline_frac"]
+            rec["speedup_vs_bf16"] = rec["bf16_s"] / best["s"]
+        out.append(rec)
+        print(json.dumps({key: rec.get(key) for key in ("format", "projection", "m", "quant_s", "roofline_frac", "bf16_s", "speedup_vs_bf16")}),
+              file=sys.stderr, flush=True)
+    return out
+
+
+def tables(results: list[dict]) -> tuple[list, list]:
+    """The best configuration per (format, N, K) as QuantTuning table entries (GEMV at M == 1; rows at
+    M = 32): [format, N, K, {GemvConfig / RowsConfig fields}], i.e. (fmt, n, k, GemvConfig(**fields))."""
+    gemv, rows = [], []
+    for r in results:
+        best = r.get("best")
+        if not best or best["config"] == "default":
+            continue
+        if r["m"] == 1:
+            gemv.append([r["format"], r["n"], r["k"], best["config"]])
+        elif r["m"] == 32:
+            rows.append([r["format"], r["n"], r["k"], best["config"]])
+    return gemv, rows
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--out", required=True, help="JSON file to write")
+    p.add_argument("--formats", default=",".join(FORMATS), help="comma-separated GGUF types (default: all 12)")
+    p.add_argument("--projections", default=None, help=f"comma-separated names of {', '.join(PROJECTIONS)}")
+    p.add_argument("--rows", default=",".join(map(str, ROWS)), help="comma-separated M values")
+    p.add_argument("--configs", action="store_true", help="also time a grid of launch configurations (--toy: its first 3)")
+    p.add_argument("--bandwidth", type=float, default=4.2e12, help="bytes/s of the roofline (H200: 4.2e12)")
+    p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu", choices=("cuda", "cpu"))
+    p.add_argument("--toy", action="store_true", help="toy shapes (checks the script; CPU)")
+    args = p.parse_args(argv)
+    formats = args.formats.split(",")
+    for fmt in formats:
+        if fmt not in FORMATS:
+            p.error(f"--formats: unknown GGUF type {fmt!r} (known: {', '.join(FORMATS)})")
+    shapes = TOY if args.toy else PROJECTIONS
+    names = args.projections.split(",") if args.projections else list(shapes)
+    for name in names:
+        if name not in shapes:
+            p.error(f"--projections: unknown name {name!r} (known: {', '.join(shapes)})")
+    try:
+        rows = [int(r) for r in args.rows.split(",")]
+    except ValueError:
+        p.error(f"--rows: expected comma-separated integers, got {args.rows!r}")
+    if any(r < 1 for r in rows):
+        p.error("--rows: every M must be >= 1")
+    if args.device == "cuda" and not torch.cuda.is_available():
+        p.error("--device cuda: no CUDA device (use --device cpu --toy)")
+    results = []
+    for fmt in formats:
+        for name in names:
+            n, k = shapes[name]
+            results += bench_shape(fmt, name, n, k, rows, args, args.device)
+    gemv, rows_t = tables(results)
+    doc = dict(device=torch.cuda.get_device_name() if args.device == "cuda" else "cpu", torch=torch.__version__,
+               bandwidth=args.bandwidth, toy=args.toy, results=results, best_gemv_table=gemv, best_rows_table=rows_t)
+    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+    Path(args.out).write_text(json.dumps(doc, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

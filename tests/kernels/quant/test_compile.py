@@ -1,0 +1,62 @@
+"""The quant kernels compile for an H100/H200 (sm_90) on this CPU-only machine: triton.compile runs
+the whole pipeline down to ptxas (bundled with triton), which catches what the interpreter does not
+check (the compiler's typing and control-flow rules). And the GEMV reads Q4_K's codes with 16-byte
+vector loads at the default configuration: the wide-load design holds in the generated PTX."""
+
+import re
+from pathlib import Path
+
+import pytest
+import triton
+
+from treeflash.kernels.quant import FORMATS
+from treeflash.kernels.quant.config import GemvConfig, RowsConfig
+from treeflash.kernels.quant.decode import FMT_ID, GROUPS
+
+try:
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+except ImportError:  # pragma: no cover - an older triton
+    GPUTarget = ASTSource = None
+
+PTXAS = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "ptxas"
+K = 5120  # the 27B hidden size: 20 superblocks, 160 small blocks
+
+
+def compile_kernel(name: str, fmt: str):
+    from treeflash.kernels.quant import kernels
+
+    f = FORMATS[fmt]
+    s, g, min_mode = GROUPS[fmt]
+    meta = dict(FMT=FMT_ID[fmt], QK=f.block_values, BB=f.block_bytes, S=s, G=g, MIN_MODE=min_mode)
+    gemv, rows = GemvConfig(), RowsConfig()
+    fn, sig, cst, warps = {
+        "gemv": (kernels.gemv_kernel, ("X", "B", "H", "Y", "N", "ROW_BYTES"),
+                 dict(NUM_BLOCKS=K // f.block_values, **meta, BLOCK_N=gemv.block_n, UNROLL=gemv.unroll), gemv.num_warps),
+        "rows": (kernels.rows_kernel, ("X", "B", "H", "Y", "M", "N", "K", "ROW_BYTES"),
+                 dict(NUM_BLOCKS=K // f.block_values, **meta, BLOCK_M=16, BLOCK_N=rows.block_n, DOT_F32=False), rows.num_warps),
+        "dequant": (kernels.dequant_kernel, ("B", "H", "W", "N", "K", "ROW_BYTES"), dict(**meta, BLOCK_N=16), 4),
+    }[name]
+    types = {"X": "*bf16", "Y": "*bf16", "W": "*bf16", "B": "*u8", "H": "*fp16"}
+    signature = {a: types.get(a, "i32") for a in sig} | {a: "constexpr" for a in cst}
+    # what a launch with torch tensors and a row size divisible by 16 specializes on
+    attrs = {(fn.arg_names.index(a),): [["tt.divisibility", 16]] for a in sig if a in types or a == "ROW_BYTES"}
+    src = ASTSource(fn, signature, constexprs={(fn.arg_names.index(a),): v for a, v in cst.items()}, attrs=attrs)
+    return triton.compile(src, target=GPUTarget("cuda", 90, 32), options=dict(num_warps=warps))
+
+
+needs_ptxas = pytest.mark.skipif(ASTSource is None or not PTXAS.exists(),
+                                 reason="triton without ASTSource/GPUTarget or without its bundled ptxas")
+
+
+@needs_ptxas
+@pytest.mark.parametrize("fmt", list(FORMATS))
+def test_kernels_compile_for_sm90(fmt):
+    for name in ("gemv", "rows") + (("dequant",) if fmt in ("Q4_K", "Q6_K") else ()):
+        assert compile_kernel(name, fmt).asm["cubin"], (fmt, name)
+
+
+@needs_ptxas
+def test_q4_k_gemv_loads_codes_as_vectors():
+    ptx = compile_kernel("gemv", "Q4_K").asm["ptx"]
+    assert re.search(r"ld\.global(\.\w+)*\.v4\.b32", ptx), "no 16-byte loads in the Q4_K GEMV"

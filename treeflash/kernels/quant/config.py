@@ -1,0 +1,81 @@
+"""Launch configurations of the quant kernels: frozen, validated, chosen per shape from a small table.
+
+`QuantTuning` is passed down to `quant_matmul` (default: DEFAULT_TUNING); the measured table entries
+come from bench/quant_gemv.py --configs on the target GPU. Nothing here changes at run time.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+def _pow2(name: str, v: int, lo: int, hi: int) -> None:
+    if not (lo <= v <= hi and v & (v - 1) == 0):
+        raise ValueError(f"{name} must be a power of two in [{lo}, {hi}], got {v}")
+
+
+@dataclass(frozen=True)
+class GemvConfig:
+    """M == 1: BLOCK_N output rows per program, UNROLL blocks per loop step (more loads in flight).
+    The default gives each thread 8-16 contiguous bytes of a group (16 rows x 32 bytes over 64
+    threads): Q4_K's codes then load as 16-byte vectors (tests/kernels/quant/test_compile.py);
+    with 8 rows over 128 threads they were single bytes. Not yet timed on a GPU."""
+    block_n: int = 16
+    unroll: int = 2
+    num_warps: int = 2
+
+    def __post_init__(self):
+        _pow2("block_n", self.block_n, 1, 128)
+        _pow2("unroll", self.unroll, 1, 8)
+        _pow2("num_warps", self.num_warps, 1, 16)
+
+
+@dataclass(frozen=True)
+class RowsConfig:
+    """2 <= M <= max_rows: a BLOCK_M x BLOCK_N output tile per program (tl.dot: both >= 16)."""
+    block_m: int = 16
+    block_n: int = 32
+    num_warps: int = 4
+
+    def __post_init__(self):
+        _pow2("block_m", self.block_m, 16, 128)
+        _pow2("block_n", self.block_n, 16, 256)
+        _pow2("num_warps", self.num_warps, 1, 16)
+
+
+@dataclass(frozen=True)
+class QuantTuning:
+    """Which kernel and launch configuration each quant_matmul call takes.
+
+    gemv_table / rows_table: (format, N, K) -> config entries measured on the GPU; other shapes take
+    the defaults. Up to max_rows rows take the rows kernel, more dequantize tiles of dequant_rows
+    weight rows and use torch matmul. rows_block_m: (bound, BLOCK_M) pairs, the first bound >= M wins
+(a table entry's block_n and num_warps are kept)."""
+    gemv: GemvConfig = GemvConfig()
+    rows: RowsConfig = RowsConfig()
+    gemv_table: tuple[tuple[str, int, int, GemvConfig], ...] = ()
+    rows_table: tuple[tuple[str, int, int, RowsConfig], ...] = ()
+    rows_block_m: tuple[tuple[int, int], ...] = ((16, 16), (32, 32), (128, 64))
+    max_rows: int = 128
+    dequant_rows: int = 4096
+
+    def __post_init__(self):
+        if not 1 <= self.max_rows <= 1024:
+            raise ValueError(f"max_rows must be in [1, 1024], got {self.max_rows}")
+        if self.dequant_rows < 1:
+            raise ValueError(f"dequant_rows must be positive, got {self.dequant_rows}")
+        if not self.rows_block_m or self.rows_block_m[-1][0] < self.max_rows:
+            raise ValueError("rows_block_m must cover M up to max_rows")
+        for bound, bm in self.rows_block_m:
+            _pow2("rows_block_m block", bm, 16, 128)
+
+    def gemv_config(self, fmt: str, n: int, k: int) -> GemvConfig:
+        return next((c for f, tn, tk, c in self.gemv_table if (f, tn, tk) == (fmt, n, k)), self.gemv)
+
+    def rows_config(self, fmt: str, n: int, k: int, m: int) -> RowsConfig:
+        cfg = next((c for f, tn, tk, c in self.rows_table if (f, tn, tk) == (fmt, n, k)), self.rows)
+        bm = next(bm for bound, bm in self.rows_block_m if m <= bound)
+        return cfg if cfg.block_m == bm else RowsConfig(bm, cfg.block_n, cfg.num_warps)
+
+
+DEFAULT_TUNING = QuantTuning()

@@ -55,3 +55,12 @@ def test_other_prompt_gets_no_draft_and_the_drafter_says_it_is_an_oracle():
     assert stats.tau == 1.0
     with pytest.raises(InvalidRequestError, match="replay-corrupt"):
         DraftOptions(replay_corrupt=1.5)
+
+
+def test_a_shorter_pass_does_not_hide_the_longer_record():
+    d = ReplayDrafter(num_draft=3, vocab_size=100)
+    d.add_record([1, 2, 3, 4, 5, 6, 7, 8])
+    d.add_record([1, 2, 3, 4])  # a prefix of the kept record: nothing to add
+    d.add_record([9, 9])
+    d.add_record([9, 9, 9])  # replaces its prefix [9, 9]
+    assert d.records == [[1, 2, 3, 4, 5, 6, 7, 8], [9, 9, 9]]

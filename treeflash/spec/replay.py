@@ -38,9 +38,16 @@ class ReplayDrafter(Drafter):
         self._record: list[int] | None = None  # the recorded sequence this request follows
         self._searched = False
 
+    def add_record(self, tokens: list[int]) -> None:
+        """Keep a committed sequence (prompt + output) to replay; a longer one replaces its prefixes,
+        and a prefix of a kept one adds nothing."""
+        if any(r[: len(tokens)] == tokens for r in self.records):
+            return
+        self.records = [r for r in self.records if tokens[: len(r)] != r][-(self.max_records - 1):] + [list(tokens)]
+
     def reset(self) -> None:
-        if self._seq:  # the sequence that just ended becomes a record (a longer one replaces its prefix)
-            self.records = [r for r in self.records if self._seq[: len(r)] != r][-(self.max_records - 1):] + [self._seq]
+        if self._seq:  # the sequence that just ended becomes a record
+            self.add_record(self._seq)
         self._seq, self._record, self._searched = [], None, False
 
     def observe(self, committed_ids: list[int], hidden) -> None:

@@ -62,3 +62,36 @@ class OracleDrafter(Drafter):
                     main_node = len(tokens) - 1
             parent = main_node
         return DraftTree(torch.tensor(tokens), parents)
+
+
+class FactorizedDrafter(Drafter):
+    """A block drafter in miniature: a small LM's processed distributions at each depth of its own
+    greedy continuation (one per depth, whatever the tokens above: DFlash's factorization), turned
+    into a tree by the production builders. deterministic=True keeps DDTree's top-k children but
+    still attaches q (a deliberately wrong input for recursive rejection)."""
+
+    name = "factorized"
+
+    def __init__(self, draft_lm, budget: int = 5, depth: int = 2, deterministic: bool = False):
+        self.lm, self.budget, self.depth, self.deterministic = draft_lm, budget, depth, deterministic
+
+    @torch.inference_mode()
+    def propose(self, ctx: DraftContext) -> DraftTree:
+        from treeflash.spec.ddtree import build_tree, sample_tree
+        from treeflash.spec.sampling import target_probs
+
+        budget = min(self.budget, ctx.max_nodes - 1)
+        if budget < 1:
+            return DraftTree.root_only(ctx.root)
+        seq, rows = list(ctx.tokens) + [ctx.root], []
+        for _ in range(self.depth):
+            logits = self.lm(StepInput.plain(torch.tensor(seq), 0), self.lm.new_cache(len(seq))).logits[-1:]
+            rows.append(target_probs(logits, ctx.params)[0])
+            seq.append(int(logits.argmax()))
+        q = torch.stack(rows)  # [depth, vocab]
+        if self.deterministic:
+            tree = build_tree(q.log(), ctx.root, budget)
+            depth = torch.tensor(tree.depths()).clamp(max=self.depth - 1)
+            tree.child_probs = q[depth]
+            return tree
+        return sample_tree(q, ctx.root, budget, ctx.generator)

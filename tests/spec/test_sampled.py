@@ -4,13 +4,15 @@ On a random tiny model with 8 tokens, the joint distribution of the first NUM_TO
 tokens is computed exactly (by enumeration), and the tokens that speculative decoding generates in
 NUM_SAMPLES runs are tested against it. The first token comes from prefill; the others come from
 verification: sample-and-match on trees and on chains without draft probabilities, Leviathan
-rejection sampling on chains with child_probs, each under temperature, top-k, top-p and min-p.
+rejection sampling on chains with child_probs, recursive rejection on trees whose children were
+drawn from q without replacement, each under temperature, top-k, top-p and min-p.
 
 False failures: every chi-square test in this file, test_verify.py and tests/models/test_mtp_gguf.py uses the threshold
 chi2.ppf(1 - ALPHA / NUM_TESTS, df), so a correct verifier fails one of them with probability
 below ALPHA = 1e-3 (Bonferroni); the seeds are fixed, so a run is also reproducible. The test
-can fail: a verifier that accepts every draft, and one that resamples rejections from p instead
-of the residual max(p - q, 0), both fail it.
+can fail: a verifier that accepts every draft, one that resamples rejections from p instead
+of the residual max(p - q, 0), and recursive rejection over deterministic top-k children (which
+verify.py says is biased) all fail it.
 """
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ import math
 import pytest
 import torch
 
-from tests.spec.oracle_drafter import OracleDrafter
+from tests.spec.oracle_drafter import FactorizedDrafter, OracleDrafter
 from tests.spec.test_draft_model import tiny_lm  # noqa: F401 (fixture)
 from treeflash.models.step import StepInput
 from treeflash.spec import decoder as decoder_module
@@ -31,7 +33,7 @@ from treeflash.spec.sampling import SamplingParams, sample, target_probs
 from treeflash.spec.verify import VerifyResult
 
 ALPHA = 1e-3  # false-failure rate of the whole file (and test_verify.py), by design
-NUM_TESTS = 10  # chi-square tests that must pass: 6 here, 2 in test_verify.py, 2 in tests/models/test_mtp_gguf.py
+NUM_TESTS = 14  # chi-square tests that must pass: 9 here, 3 in test_verify.py, 2 in tests/models/test_mtp_gguf.py
 VOCAB = 8
 PROMPT = [1, 5, 2, 7, 1, 5]
 NUM_TOKENS = 3  # the joint of (prefill token, two speculated tokens): 512 cells
@@ -137,6 +139,10 @@ CASES = {
     "chain without q (ngram)": (lambda t: NgramDrafter(num_draft=2, ngram_max=2), SamplingParams(temperature=0.7)),
     "chain rejection": (lambda t: DraftModelDrafter(sharp_lm(1, "qwen3"), 2, VOCAB), T1),
     "chain rejection top-k/top-p/min-p": (lambda t: DraftModelDrafter(sharp_lm(2, "qwen2"), 2, VOCAB), PROCESSED),
+    "tree recursive rejection": (lambda t: FactorizedDrafter(sharp_lm(1, "qwen3"), budget=5), T1),
+    "tree recursive rejection T=0.6": (lambda t: FactorizedDrafter(sharp_lm(3, "qwen3"), budget=4),
+                                       SamplingParams(temperature=0.6)),
+    "tree recursive rejection top-k/top-p/min-p": (lambda t: FactorizedDrafter(sharp_lm(2, "qwen2"), budget=5), PROCESSED),
 }
 
 
@@ -167,6 +173,15 @@ def resample_from_p(tree, logits, params, generator, argmax=None):
             continue
         return VerifyResult(path, tokens + [int(sample(p[None], generator)[0])])
     return VerifyResult(path, tokens + [int(sample(probs[-1:], generator)[0])])
+
+
+def test_recursive_rejection_over_deterministic_children_fails():
+    """WRONG: the top-k children (DDTree's build_tree) verified by recursive rejection, as if drawn
+    from q. verify.py's docstring argues this is biased; the chi-square must see it."""
+    target = sharp_lm(0)
+    drafter = FactorizedDrafter(sharp_lm(1, "qwen3"), budget=5, deterministic=True)
+    stat, limit = statistic(target, drafter, T1, check=False)
+    assert stat > limit, f"deterministic children went unnoticed: chi-square {stat:.1f} < {limit:.1f}"
 
 
 @pytest.mark.parametrize("wrong", [accept_everything, resample_from_p])

@@ -134,3 +134,61 @@ def test_first_token_is_distributed_as_the_target(with_q):
         counts = first_token_counts(tree, logits[[0, 1, 1, 1]], T1, N, seed=3)
     stat, df = chi_square(counts, {(i,): float(v) for i, v in enumerate(p.tolist())}, N)
     assert stat < threshold(df)
+
+
+# -- recursive rejection (trees with children drawn from q without replacement) --
+def test_recursive_rejection_bookkeeping():
+    g = torch.Generator().manual_seed(0)
+    #      root(0)
+    #     /      \
+    #   1:1      2:2
+    #    |
+    #   3:3
+    p_rows = [dist(t1=0.5, t2=0.5), dist(t3=1.0), dist(t5=1.0), dist(t6=1.0)]
+    tree = DraftTree(torch.tensor([0, 1, 2, 3]), [-1, 0, 0, 1], child_probs=torch.tensor(p_rows))
+    rejection = SamplingParams(temperature=1.0, tree_sampling="rejection")
+    for _ in range(20):  # q == p: the first child is always accepted, then its child, then the last node's bonus
+        r = verify(tree, log_probs(p_rows), rejection, g)
+        assert r.path == [0, 1, 3] and r.tokens == [1, 3, 6]
+    # the first child is impossible under p: rejected; q without it leaves only the second child, which p holds
+    p_rows = [dist(t2=1.0), dist(t3=1.0), dist(t5=1.0), dist(t6=1.0)]
+    q_rows = [dist(t1=0.5, t2=0.5), dist(t3=1.0), [0.0] * V, [0.0] * V]
+    tree = DraftTree(torch.tensor([0, 1, 2, 3]), [-1, 0, 0, 1], child_probs=torch.tensor(q_rows))
+    for _ in range(20):
+        r = verify(tree, log_probs(p_rows), rejection, g)
+        assert r.path == [0, 2] and r.tokens == [2, 5]
+    # every child rejected: the bonus comes from the residual, never a rejected child
+    p_rows = [dist(t4=0.5, t1=0.5), dist(t3=1.0), dist(t5=1.0), dist(t6=1.0)]
+    q_rows = [dist(t1=0.6, t2=0.4), dist(t3=1.0), [0.0] * V, [0.0] * V]
+    tree = DraftTree(torch.tensor([0, 1, 2, 3]), [-1, 0, 0, 1], child_probs=torch.tensor(q_rows))
+    seen = {tuple(verify(tree, log_probs(p_rows), rejection, g).tokens[:1]) for _ in range(200)}
+    assert seen == {(1,), (4,)}  # 1 accepted (p/q = 5/6), or 4 from the residual; 2 (p = 0) never
+
+
+def test_match_rule_ignores_child_probs_on_trees():
+    """tree_sampling="match": sample-and-match even when the tree carries q (it is exact for any tree)."""
+    q_rows = [dist(t1=1.0), dist(t3=1.0), [0.0] * V, [0.0] * V]
+    tree = DraftTree(torch.tensor([0, 1, 2, 3]), [-1, 0, 0, 1], child_probs=torch.tensor(q_rows))
+    p_rows = [dist(t2=1.0), dist(t3=1.0), dist(t5=1.0), dist(t6=1.0)]
+    r = verify(tree, log_probs(p_rows), SamplingParams(temperature=1.0, tree_sampling="match"), torch.Generator().manual_seed(0))
+    assert r.path == [0, 2] and r.tokens == [2, 5]
+
+
+def test_recursive_rejection_first_token_is_distributed_as_the_target():
+    """Three children drawn from q without replacement (ddtree.sample_tree) at every trial: the token
+    leaving the root is distributed as p, whatever q, filtered tokens included."""
+    from treeflash.spec.ddtree import sample_tree
+
+    p = torch.tensor([0.30, 0.05, 0.20, 0.0, 0.15, 0.10, 0.05, 0.10, 0.0, 0.05])
+    q = torch.tensor([0.05, 0.40, 0.05, 0.20, 0.05, 0.05, 0.10, 0.0, 0.10, 0.0])
+    logits = torch.stack((p,) * 4).log()
+    g, gd = torch.Generator().manual_seed(4), torch.Generator().manual_seed(5)
+    counts: dict[tuple[int], int] = {}
+    rejection = SamplingParams(temperature=1.0, tree_sampling="rejection")
+    for _ in range(N):
+        tree = sample_tree(q[None], 9, 3, gd)  # one depth: the root and three children
+        assert tree.parents == [-1, 0, 0, 0] and len(set(tree.token_ids[1:].tolist())) == 3
+        key = (verify(tree, logits, rejection, g).tokens[0],)
+        counts[key] = counts.get(key, 0) + 1
+    stat, df = chi_square(counts, {(i,): float(v) for i, v in enumerate(p.tolist())}, N)
+    assert stat < threshold(df)

@@ -112,6 +112,7 @@ def run(args: argparse.Namespace) -> int:
         **info,
         "prompts": [p.as_dict() for p in prompts],
         "summary": summary,
+        "oracle": _oracle_note(targets),
         "collapse_warnings": warnings,
         "runs": [r.as_dict() for r in records],
     }
@@ -126,6 +127,16 @@ def run(args: argparse.Namespace) -> int:
         plot(args.plot, summary, args.sweep.split("=")[0] if args.sweep else None, title)
         print(f"[bench] wrote {args.plot}", file=sys.stderr)
     return 0
+
+
+def _oracle_note(targets) -> str | None:
+    """The note of an oracle drafter among the targets (--draft replay), printed and kept in the JSON."""
+    for t in targets:
+        info = t.describe().get("drafter") or {}
+        if info.get("oracle"):
+            print(f"[bench] ORACLE: {info['note']}; its first pass of each prompt records (plain decoding)", file=sys.stderr)
+            return info["note"]
+    return None
 
 
 def command_line(args: argparse.Namespace) -> str:
@@ -195,7 +206,8 @@ def _engine_targets(args, prompts):
     requested = args.max_context if isinstance(args.max_context, int) else loaded.config.max_position_embeddings
     max_context = min(requested, longest + args.max_tokens + 256)
     options = DraftOptions(num_draft=args.num_draft, draft_model=args.draft_model, budget=parse_budget(args.budget),
-                           tree=not args.no_tree, mtp_tree=args.mtp_tree)
+                           tree=not args.no_tree, mtp_tree=args.mtp_tree,
+                           replay_corrupt=getattr(args, "replay_corrupt", 0.0))
     base = EngineConfig(max_context=max_context, draft=args.draft, draft_options=options,
                         cache_type_k=args.cache_type_k, cache_type_v=args.cache_type_v,
                         cache_k_exact_layers=args.cache_k_exact_layers)

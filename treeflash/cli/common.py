@@ -25,13 +25,15 @@ def add_model_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--cache-k-exact-layers", type=non_negative_int, default=0, metavar="N",
                    help="keep K uncompressed in the first N attention layers (1 rescues q4_0/tq3_0 keys on Qwen2.5; docs/kv.md)")
     d = p.add_argument_group("speculative decoding")
-    d.add_argument("--draft", default=None, help="drafter: ngram, draft, mtp, dflash (default: none, plain decoding)")
+    d.add_argument("--draft", default=None, help="drafter: ngram, draft, mtp, dflash, or replay (an oracle for benchmarks: the target's own recorded output) (default: none, plain decoding)")
     d.add_argument("--draft-model", default=None, help="drafter weights for --draft draft / dflash (dflash on the embedded default: its shipped drafter)")
     d.add_argument("--num-draft", type=int, default=5, help="tokens per chain draft for ngram/draft/mtp (default 5)")
     d.add_argument("--budget", default="auto", help="DDTree node budget for dflash: an integer or 'auto' (default)")
     d.add_argument("--no-tree", action="store_true", help="dflash: verify the plain DFlash chain instead of a DDTree")
     d.add_argument("--mtp-tree", action="store_true",
                    help="mtp: draft a DDTree from the MTP head's per-depth top-k (--budget nodes; auto: 3 per --num-draft depth) instead of a chain")
+    d.add_argument("--replay-corrupt", type=float, default=0.0, metavar="P",
+                   help="--draft replay (oracle): replace each replayed draft token with probability P (default 0: tau = num-draft + 1)")
 
 
 def non_negative_int(value: str) -> int:
@@ -90,6 +92,7 @@ def build_engine(args: argparse.Namespace, progress: bool = True):
         budget=parse_budget(args.budget),
         tree=not args.no_tree,
         mtp_tree=getattr(args, "mtp_tree", False),
+        replay_corrupt=getattr(args, "replay_corrupt", 0.0),
     )
     config = EngineConfig(
         max_context=start.max_context,

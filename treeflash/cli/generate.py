@@ -81,5 +81,7 @@ def run(args: argparse.Namespace) -> int:
             info = engine.drafter.describe()
             if "budget" in info:
                 line += f" budget={info['budget']}"
+            if info.get("oracle"):
+                line += f" [ORACLE: {info['note']}]"
     print(line, file=sys.stderr)
     return 0

@@ -7,7 +7,9 @@ step (their target hidden states arrive through `observe`), and read B - 1 distr
 
 - tree (default): DDTree best-first over the per-depth log-probabilities, `budget` nodes (with
   seed_chain, Lucebox's variant, the top-1 chain first: it accepted less, bench/ddtree_policy_sim.py).
-  Sampled requests are verified by sample-and-match, lossless for any tree.
+  Sampled requests draw each node's children from the drafter's processed distribution without
+  replacement (ddtree.sample_tree) and are verified by recursive rejection (verify.py), or, with
+  tree_sampling="match", keep the top-k children and sample-and-match; both are lossless.
 - chain (`tree=False`): the top-1 token per depth (greedy), or one sample per depth from the
   request's processed distribution q, attached as `child_probs` so that verification uses
   rejection sampling. DFlash samples each depth independently of the tokens above it, so q is
@@ -29,7 +31,7 @@ from treeflash.errors import ModelLoadError
 from treeflash.models.default_model import default_drafter_path, is_default_model
 from treeflash.models.transformer import CausalLM
 from treeflash.spec.budget import BudgetTuner, measure_verify_times, runner_verify_timer
-from treeflash.spec.ddtree import build_tree, tree_from_top
+from treeflash.spec.ddtree import build_tree, sample_tree, tree_from_top
 from treeflash.spec.device_loop import DeviceLoop
 from treeflash.spec.device_step import DeviceStep, supported
 from treeflash.spec.dflash_model import DFlashModel, load_dflash
@@ -163,7 +165,10 @@ class DFlashDrafter(Drafter):
         else:
             logits = static.logits if static is not None else self.draft_logits(ctx.root)  # [B-1, vocab] fp32
             if self.tree:
-                tree = build_tree(self._tree_logprobs(logits, ctx), ctx.root, budget, self.seed_chain)
+                if ctx.params.greedy or ctx.params.tree_sampling == "match":
+                    tree = build_tree(self._tree_logprobs(logits, ctx), ctx.root, budget, self.seed_chain)
+                else:  # recursive rejection (verify.py) needs children drawn from q
+                    tree = sample_tree(target_probs(logits, ctx.params), ctx.root, budget, ctx.generator, self.seed_chain)
             else:
                 tree = self._chain(logits[:budget], ctx)
         self._last = (tree, time.perf_counter() - t0)

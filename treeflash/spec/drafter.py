@@ -33,12 +33,15 @@ class DraftOptions:
     mtp_tree: bool = False  # mtp: a DDTree from the head's per-depth distributions instead of a chain
     ngram_max: int = 4  # ngram: longest suffix to match
     ngram_min: int = 1
+    replay_corrupt: float = 0.0  # replay (an oracle for benchmarks): chance that a drafted token is replaced
 
     def __post_init__(self) -> None:
         if self.num_draft < 1 or self.num_draft > 64:
             raise InvalidRequestError(f"--num-draft must be in [1, 64], got {self.num_draft}", "num_draft")
         if self.budget != "auto" and (not isinstance(self.budget, int) or not 1 <= self.budget <= 512):
             raise InvalidRequestError(f"--budget must be 'auto' or an integer in [1, 512], got {self.budget!r}", "budget")
+        if not 0.0 <= self.replay_corrupt <= 1.0:
+            raise InvalidRequestError(f"--replay-corrupt must be in [0, 1], got {self.replay_corrupt}", "replay_corrupt")
 
 
 @dataclass
@@ -101,7 +104,7 @@ def build_drafter(name: str, target: Any, options: DraftOptions) -> Drafter:
 def _load_builtin() -> None:
     import importlib
 
-    for mod in ("ngram", "draft_model", "mtp", "dflash"):
+    for mod in ("ngram", "draft_model", "mtp", "dflash", "replay"):
         try:
             importlib.import_module(f"treeflash.spec.{mod}")
         except ModuleNotFoundError as e:

@@ -13,6 +13,9 @@ import torch
 from treeflash.errors import InvalidRequestError
 
 
+TREE_SAMPLING = ("rejection", "match")
+
+
 @dataclass(frozen=True)
 class SamplingParams:
     temperature: float = 0.0  # 0 = greedy
@@ -20,6 +23,10 @@ class SamplingParams:
     top_p: float = 1.0
     min_p: float = 0.0
     seed: int | None = None
+    # sampled DDTrees (spec/verify.py): "rejection" draws each node's children from the drafter's q
+    # without replacement and verifies by recursive rejection; "match" keeps the deterministic top-k
+    # children and sample-and-match. Both are exact; the device path (device_step.py) always matches.
+    tree_sampling: str = "match"  # "rejection" is exact (tests/spec/test_sampled.py); default once its tau is measured on real weights
 
     def __post_init__(self) -> None:
         if not (0.0 <= self.temperature <= 100.0):
@@ -30,6 +37,8 @@ class SamplingParams:
             raise InvalidRequestError(f"top_p must be in (0, 1], got {self.top_p}", "top_p")
         if not (0.0 <= self.min_p <= 1.0):
             raise InvalidRequestError(f"min_p must be in [0, 1], got {self.min_p}", "min_p")
+        if self.tree_sampling not in TREE_SAMPLING:
+            raise InvalidRequestError(f"tree_sampling must be one of {', '.join(TREE_SAMPLING)}, got {self.tree_sampling!r}", "tree_sampling")
 
     @property
     def greedy(self) -> bool:

@@ -6,8 +6,35 @@
   committed token is a fresh target sample, so the output distribution is the target's.
 - rejection sampling (chains with draft probabilities q; Leviathan et al. 2023): accept draft x
   with probability min(1, p(x)/q(x)); on rejection draw the bonus from normalize(max(p - q, 0)).
+- recursive rejection (trees with draft probabilities, SamplingParams.tree_sampling="rejection", opt-in for now;
+  SpecInfer's multi-candidate rule, drawn without replacement as in Jeon et al. 2024): at a node
+  whose children x_1..x_m were drawn from q without replacement, try them in draw order: accept
+  x_i with probability min(1, p(x_i)/q(x_i)); on rejection p <- normalize(max(p - q, 0)) and
+  q <- q without x_i, renormalized; when all are rejected the bonus is drawn from the last p.
 In every case the walk ends with one bonus token drawn from the target, so a pass commits
 accepted + 1 tokens.
+
+Why recursive rejection is exact: one stage is Leviathan's lemma (x ~ q, accepted with
+min(1, p/q), else a draw from normalize(max(p - q, 0)) gives a token ~ p). Here the "else" is the
+next stage, which must produce a token ~ p' = normalize(max(p - q, 0)): by induction it does, given
+that its candidate x_{i+1} is drawn from q' = q without x_i, whatever x_i was (true of a draw without
+replacement; and p'(x_i) = 0 whenever x_i can be rejected, so q' loses nothing p' needs). The last
+stage's "else" is a draw from p' itself. So the token leaving a node is ~ p, conditioned on the path
+so far; the children of the next node are drawn independently of this node's decisions, so the
+argument repeats along the path and the committed sequence has the target's distribution.
+
+Why it needs sampled children (ddtree.sample_tree), and sample-and-match does not: the lemma needs
+x_i ~ q. DDTree's deterministic top-k children are not a draw: with q = p, rejection over them
+would commit argmax q every time (tests/spec/test_sampled.py shows such a verifier failing). Nor could any exact rule beat sample-and-match
+on a deterministic tree: the committed tokens must be distributed as the target's, and a token
+outside the tree's children is never accepted, so every exact rule accepts p(children) at a node,
+which is what sample-and-match accepts. Sampling the children couples them with the target's draw:
+one child accepts with probability sum_x min(p(x), q(x)) = 1 - TV(p, q) instead of p(argmax q).
+
+The device path (spec/device_step.py, kernels/accept.py) keeps sample-and-match over its own
+deterministic tree until its kernel implements this rule; `_rejection_tree` is the reference a kernel
+mirrors: the uniforms for every node drawn at once, vector updates over the vocabulary, a loop only
+over the path and each visited node's children.
 """
 
 from __future__ import annotations
@@ -40,9 +67,12 @@ def verify(
     if params.greedy:
         return _walk(tree, (logits.argmax(-1) if argmax is None else argmax).tolist())
     probs = target_probs(logits, params)  # [N, vocab] fp32
-    if tree.child_probs is not None and tree.is_chain() and tree.num_nodes > 1:
-        return _rejection_chain(tree, probs, generator)
-    return _sample_and_match(tree, probs, generator)
+    if tree.child_probs is not None and tree.num_nodes > 1:
+        if tree.is_chain():
+            return _rejection_chain(tree, probs, generator)
+        if params.tree_sampling == "rejection":
+            return _rejection_tree(tree, probs, generator)
+    return _sample_and_match(tree, probs, generator)  # exact for any tree, sampled children included
 
 
 def _walk(tree: DraftTree, target_tokens: list[int]) -> VerifyResult:
@@ -94,3 +124,42 @@ def _rejection_chain(tree: DraftTree, probs: torch.Tensor, generator: torch.Gene
         return VerifyResult(path, tokens)
     tokens.append(int(sample(probs[n - 1 : n], generator)[0]))  # all accepted: bonus from the last node
     return VerifyResult(path, tokens)
+
+
+def _rejection_tree(tree: DraftTree, probs: torch.Tensor, generator: torch.Generator | None) -> VerifyResult:
+    """Recursive rejection over a tree whose children were drawn from child_probs without
+    replacement, in node order (ddtree.sample_tree). probs: [N, vocab] fp32, the target's processed
+    distribution at every node."""
+    q_all = tree.child_probs  # [N, vocab] fp32: row i = what node i's children were drawn from
+    assert q_all is not None
+    q_all = q_all.to(probs.device).float()
+    kids = tree.children()
+    ids = tree.token_ids.tolist()
+    u = torch.rand(tree.num_nodes, generator=generator, device=probs.device).tolist()  # [N]: node i's acceptance draw
+    path, tokens, node = [0], [], 0
+    while True:
+        p, q = probs[node], q_all[node]
+        nxt = None
+        for c in kids[node]:  # in draw order
+            x = ids[c]
+            px, qx = float(p[x]), float(q[x])
+            if qx > 0 and u[c] * qx < px:  # accept with probability min(1, p(x)/q(x))
+                nxt = c
+                break
+            residual = (p - q).clamp_min(0.0)
+            total = float(residual.sum())
+            if total <= 0:  # p == q: a rejection has probability 0 (rounding); p itself is exact
+                break
+            p = residual / total
+            q = q.clone()
+            q[x] = 0.0  # the next sibling was drawn from q without x
+            left = float(q.sum())
+            if left <= 0:
+                break
+            q = q / left
+        if nxt is None:
+            tokens.append(int(sample(p[None], generator)[0]))  # every child rejected: the bonus from the residual
+            return VerifyResult(path, tokens)
+        path.append(nxt)
+        tokens.append(ids[nxt])
+        node = nxt

@@ -1,0 +1,93 @@
+"""The engine's speculative ceiling at real shapes, with an ORACLE drafter (`--draft replay`).
+
+Random weights say nothing about a real drafter's acceptance, so this runs the one drafter whose
+acceptance is known: the target's own greedy continuation, replayed as chains of tau - 1 tokens
+(spec/replay.py). Plain decoding and each replayed tau run one after another in one process on
+the same prompt; the ratio of tokens/s is the ceiling of any drafter that reaches that tau with a
+free draft. Labelled as an oracle in its output; tau is the measured one (a bf16 verify pass that
+disagrees with plain decoding ends the replay, and shows here as a lower tau).
+
+    python bench/oracle_ceiling.py --shapes qwen3.5-27b,qwen3-8b --taus 4 8 16 --out oracle.json
+    python bench/oracle_ceiling.py --shapes tiny-dense --tokens 64 --out /tmp/oracle.json   # CPU check
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from gpu_shapes import DEV, build_model, sync  # noqa: E402
+from treeflash.spec.decoder import Decoder  # noqa: E402
+from treeflash.spec.replay import ORACLE_NOTE, ReplayDrafter  # noqa: E402
+from treeflash.spec.sampling import SamplingParams  # noqa: E402
+
+
+def decode(model, cache, runner, prompt: list[int], n: int, drafter=None) -> tuple[list[int], float, float]:
+    """(output tokens, decode seconds after the first token, tau)."""
+    dec = Decoder(model, cache, SamplingParams(), drafter, runner=runner)
+    out = [dec.prefill(prompt)]
+    sync()
+    t0 = time.perf_counter()
+    while len(out) < n:
+        out.extend(dec.step())
+    sync()
+    return out[:n], time.perf_counter() - t0, dec.stats.tau if drafter is not None else 1.0
+
+
+def bench_shape(shape: str, args) -> dict:
+    from treeflash.models.runner import CudaGraphRunner, EagerRunner
+
+    model = build_model(shape)
+    model.fuse_projections()
+    c = model.config
+    top = max(args.taus)
+    cache = model.new_cache(args.prompt_len + args.tokens + 2 * top + 64)
+    buckets = tuple(sorted({1, *args.taus}))
+    runner = CudaGraphRunner(model, cache, buckets=buckets) if DEV == "cuda" else EagerRunner(model, cache)
+    torch.manual_seed(1)
+    prompt = torch.randint(0, c.vocab_size, (args.prompt_len,)).tolist()
+    decode(model, cache, runner, prompt, 16)  # warm-up
+    ref, t_plain, _ = decode(model, cache, runner, prompt, args.tokens)
+    plain_tps = (len(ref) - 1) / t_plain
+    rows = []
+    for tau in args.taus:
+        drafter = ReplayDrafter(num_draft=tau - 1, vocab_size=c.vocab_size)
+        drafter.add_record(prompt + ref)
+        decode(model, cache, runner, prompt, 32, drafter)  # warm-up (graphs of this tree size)
+        drafter.reset()
+        out, t, measured = decode(model, cache, runner, prompt, args.tokens, drafter)
+        tps = (len(out) - 1) / t
+        rows.append({"tau_asked": tau, "tau": measured, "tokens_per_s": tps, "ratio_vs_plain": tps / plain_tps,
+                     "same_as_plain": out == ref})
+        print(f"[oracle] {shape}: tau {measured:.2f} (asked {tau}): {tps:.1f} tok/s, {tps / plain_tps:.2f}x plain "
+              f"({plain_tps:.1f} tok/s){'' if out == ref else ', output differs from plain'}")
+    return {"shape": shape, "plain_tokens_per_s": plain_tps, "tokens": args.tokens, "prompt_len": args.prompt_len,
+            "oracle": rows}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--shapes", default="qwen3.5-27b", help="comma-separated gpu_shapes.SHAPES names")
+    ap.add_argument("--taus", type=int, nargs="+", default=[4, 8, 16], help="replayed chain lengths + 1")
+    ap.add_argument("--tokens", type=int, default=512)
+    ap.add_argument("--prompt-len", type=int, default=128)
+    ap.add_argument("--out", type=Path, required=True)
+    args = ap.parse_args()
+    if min(args.taus) < 2:
+        ap.error("--taus: each tau must be >= 2")
+    res = {"tool": "oracle_ceiling", "oracle": ORACLE_NOTE, "device": torch.cuda.get_device_name() if DEV == "cuda" else "cpu",
+           "shapes": [bench_shape(s, args) for s in args.shapes.split(",")]}
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(res, indent=1))
+
+
+if __name__ == "__main__":
+    main()

@@ -30,6 +30,8 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from treeflash.models.layers import PackedLinear
+
 GROUP = 32
 
 
@@ -62,7 +64,7 @@ def recover_q4(w: torch.Tensor, group: int = GROUP) -> tuple[torch.Tensor, torch
     return q.reshape(n, k).to(torch.int32), scale, zero
 
 
-class Int4Linear(nn.Module):
+class Int4Linear(PackedLinear):
     """y = x @ W^T (+ b) with W held as 4-bit codes, bf16 group scales and zeros (see the module doc)."""
 
     def __init__(self, q: torch.Tensor, scale: torch.Tensor, zero: torch.Tensor, bias: torch.Tensor | None = None):
@@ -133,21 +135,21 @@ def use_int4_model(model) -> dict[str, int]:
     """A CausalLM's linear layers to int4 where 4-bit representable, and its head to bf16.
 
     q/k/v of each attention layer and gate/up of each MLP also get one fused Int4Linear
-    (`qkv_int4`, `gate_up_int4`), which their forward passes use. The head (SmolLM2: the tied Q8_0
+    (`qkv_packed`, `gate_up_packed`), which their forward passes use. The head (SmolLM2: the tied Q8_0
     embedding, 49152 x 576) is not 4-bit; a bf16 copy halves the bytes it reads per token.
     Returns the counts."""
     if not int4_kernel_available():
         raise RuntimeError(f"this PyTorch ({torch.__version__}) has no CPU int4 kernel (_weight_int4pack_mm_for_cpu)")
     fused = 0
     for mod in list(model.model.modules()):
-        if hasattr(mod, "qkv_int4") and getattr(mod, "qkv_weight", None) is None:
+        if hasattr(mod, "qkv_packed") and getattr(mod, "qkv_weight", None) is None:
             qkv = _fuse(mod, ("q_proj", "k_proj", "v_proj"))
             if qkv is not None:
-                mod.qkv_int4, fused = qkv, fused + 1
-        if hasattr(mod, "gate_up_int4") and getattr(mod, "gate_up", None) is None:
+                mod.qkv_packed, fused = qkv, fused + 1
+        if hasattr(mod, "gate_up_packed") and getattr(mod, "gate_up", None) is None:
             gu = _fuse(mod, ("gate_proj", "up_proj"))
             if gu is not None:
-                mod.gate_up_int4, fused = gu, fused + 1
+                mod.gate_up_packed, fused = gu, fused + 1
     kept = use_int4_weights(model.model)["float"]
     stats: dict = {"int4": sum(isinstance(m, Int4Linear) for m in model.model.modules()) - fused, "fused": fused, "float": kept}
     w = model.model.embed_tokens.weight if model.lm_head is None else model.lm_head.weight

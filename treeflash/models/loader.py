@@ -26,6 +26,15 @@ from treeflash.models.transformer import CausalLM
 MTP_PREFIX = "mtp."
 
 
+@dataclass(frozen=True)
+class QuantBlocks:
+    """A 2-D weight as stored GGUF blocks (for models.quant_linear.QuantLinear)."""
+
+    blocks: torch.Tensor  # [N, K / block_values * block_bytes] uint8, rows in our order
+    fmt: str  # gguf type name
+    in_index: torch.Tensor | None  # [K] long: a column permutation the layer applies to its input
+
+
 @dataclass
 class TensorRef:
     """One checkpoint tensor, not yet read."""
@@ -33,6 +42,8 @@ class TensorRef:
     shape: tuple[int, ...]  # as our model expects it (after any layout fix-up)
     read: Callable[[torch.device, torch.dtype], torch.Tensor]  # -> tensor of `shape` on device, dtype
     origin: str  # the tensor's name in the file, for error messages
+    ggml_type: int | None = None  # GGUF: the type the file stores it as
+    read_blocks: Callable[[torch.device], QuantBlocks] | None = None  # GGUF 2-D block types: the raw rows
 
 
 @dataclass
@@ -56,10 +67,14 @@ class LoadedModel:
     chat_template: str | None
     config: ModelConfig
     source: str
-    weights: str = "float"  # "int4": 4-bit linear layers on the CPU (models/int4_linear.py)
+    weights: str = "float"  # WEIGHT_FORMATS
+    weight_plan: dict[str, dict[str, int]] = field(default_factory=dict)  # stored type -> {"quantized": n, "dequantized": n}
 
 
-WEIGHT_FORMATS = ("float", "int4")
+# float: every tensor dequantized to the model dtype. native: GGUF blocks kept as stored where a fast path
+# runs them (CUDA: treeflash.kernels.quant's kernels, per format; CPU: the int4 kernel for Q4_0/Q4_1), the
+# rest dequantized. int4: the CPU int4 path, an error where no layer is 4-bit.
+WEIGHT_FORMATS = ("float", "native", "int4")
 
 
 def resolve_device(device: str | torch.device) -> torch.device:
@@ -95,7 +110,10 @@ def load_model(
 
     dtype defaults to float32 on a CPU and bfloat16 on a GPU. Raises ModelLoadError naming the file
     and the tensor for anything that does not fit the architecture exactly. weights="int4" keeps
-    4-bit (Q4_0/Q4_1) linear layers at 4 bits on the CPU (see models/int4_linear.py).
+    4-bit (Q4_0/Q4_1) linear layers at 4 bits on the CPU (see models/int4_linear.py); weights="native"
+    keeps each GGUF linear weight in its stored blocks where a fast path runs its format (on CUDA a
+    QuantLinear for the formats treeflash.kernels.quant has kernels for; on the CPU int4), the rest
+    dequantized. `weight_plan` of the result says, per stored type, how many tensors went which way.
     """
     if weights not in WEIGHT_FORMATS:
         raise InvalidRequestError(f"--weights must be one of {', '.join(WEIGHT_FORMATS)}, got {weights!r}", "weights")
@@ -110,17 +128,50 @@ def load_model(
     tokenizer = ckpt.load_tokenizer()  # before the weights: a broken tokenizer should fail fast
     if weights == "int4" and dev.type != "cpu":
         raise InvalidRequestError(f"--weights int4 runs on the CPU only (device {dev}); on a GPU the weights are {dtype}", "weights")
-    model = build_model(ckpt, dev, dtype, progress)
-    if weights == "int4":
-        from treeflash.models.int4_linear import use_int4_model
+    keep = None
+    if weights == "native" and dev.type == "cuda":
+        from treeflash.models.quant_backend import has_kernel
 
-        stats = use_int4_model(model)
-        if not stats["int4"]:
+        keep = has_kernel
+    model = build_model(ckpt, dev, dtype, progress, keep_quantized=keep)
+    int4_stats = None
+    if weights == "int4" or (weights == "native" and dev.type == "cpu" and _has_4bit(ckpt)):
+        from treeflash.models.int4_linear import int4_kernel_available, use_int4_model
+
+        if weights == "int4" or int4_kernel_available():
+            int4_stats = use_int4_model(model)
+        if weights == "int4" and not int4_stats["int4"]:
             raise InvalidRequestError(f"--weights int4: no linear layer of {ckpt.source} is 4-bit (Q4_0/Q4_1 GGUF blocks); use --weights float", "weights")
-    return LoadedModel(model=model, tokenizer=tokenizer, chat_template=ckpt.chat_template, config=ckpt.config, source=ckpt.source, weights=weights)
+    return LoadedModel(model=model, tokenizer=tokenizer, chat_template=ckpt.chat_template, config=ckpt.config, source=ckpt.source,
+                       weights=weights, weight_plan=weight_plan(ckpt, model))
 
 
-def build_model(ckpt: Checkpoint, device: torch.device, dtype: torch.dtype, progress: bool = True) -> CausalLM:
+def _has_4bit(ckpt: Checkpoint) -> bool:
+    from gguf import GGMLQuantizationType as T
+
+    return any(ref.ggml_type in (T.Q4_0, T.Q4_1) for ref in ckpt.tensors.values())
+
+
+def weight_plan(ckpt: Checkpoint, model: CausalLM) -> dict[str, dict[str, int]]:
+    """Per stored GGUF block type: how many tensors the model runs quantized (GGUF blocks or int4 codes)
+    and how many it holds dequantized. Empty for a float checkpoint (and F32/F16/BF16 tensors are left out)."""
+    from treeflash.models.gguf_dequant import FLOAT_TYPES, type_name
+    from treeflash.models.layers import PackedLinear
+
+    packed = {name for name, m in model.named_modules() if isinstance(m, PackedLinear)}
+    plan: dict[str, dict[str, int]] = {}
+    for name, ref in ckpt.tensors.items():
+        if ref.ggml_type is None or ref.ggml_type in FLOAT_TYPES:
+            continue
+        row = plan.setdefault(type_name(ref.ggml_type), {"quantized": 0, "dequantized": 0})
+        row["quantized" if name.rpartition(".")[0] in packed else "dequantized"] += 1
+    return plan
+
+
+def build_model(ckpt: Checkpoint, device: torch.device, dtype: torch.dtype, progress: bool = True,
+                keep_quantized: Callable[[str], bool] | None = None) -> CausalLM:
+    """The model with every tensor read onto `device`. keep_quantized(fmt): which GGUF block formats an
+    nn.Linear weight keeps as stored (the layer becomes a models.quant_linear.QuantLinear); None: none."""
     config = ckpt.config
     with _empty_weights():
         model = CausalLM(config)
@@ -140,6 +191,8 @@ def build_model(ckpt: Checkpoint, device: torch.device, dtype: torch.dtype, prog
     with torch.no_grad():
         for name in tqdm(names, desc=f"loading {Path(ckpt.source).name}", unit="tensor", disable=not progress):
             ref = ckpt.tensors[name]
+            if keep_quantized is not None and _keep_blocks(model, name, ref, device, keep_quantized):
+                continue
             try:
                 value = ref.read(device, dtype)
             except ModelLoadError:
@@ -162,6 +215,30 @@ def build_model(ckpt: Checkpoint, device: torch.device, dtype: torch.dtype, prog
             raise ModelLoadError(f"{ckpt.source}: {name} was not loaded")
     model.requires_grad_(False)
     return model.eval()
+
+
+def _keep_blocks(model: nn.Module, name: str, ref: TensorRef, device: torch.device, keep: Callable[[str], bool]) -> bool:
+    """Swap the nn.Linear that owns weight `name` for a QuantLinear over the tensor's stored blocks,
+    when the tensor has blocks and `keep` takes their format; returns whether it did (its bias, if
+    any, is read afterwards like any parameter)."""
+    from treeflash.models.gguf_dequant import type_name
+
+    module_path, _, leaf = name.rpartition(".")
+    if leaf != "weight" or ref.read_blocks is None or not keep(type_name(ref.ggml_type)):
+        return False
+    parent_path, _, child = module_path.rpartition(".")
+    parent = model.get_submodule(parent_path)
+    lin = getattr(parent, child)
+    if type(lin) is not nn.Linear:
+        return False
+    from treeflash.models.quant_linear import QuantLinear
+
+    try:
+        q = ref.read_blocks(device)
+    except Exception as e:
+        raise ModelLoadError(f"cannot read the blocks of tensor {ref.origin}: {e}") from e
+    setattr(parent, child, QuantLinear(q.blocks, q.fmt, lin.in_features, bias=lin.bias, in_index=q.in_index))
+    return True
 
 
 def _check_names_and_shapes(ckpt: Checkpoint, expected: dict[str, tuple[int, ...]]) -> None:

@@ -14,6 +14,7 @@ EXAMPLES = """examples:
       --draft-model ./Qwen2.5-Coder-0.5B-Instruct.gguf --chat "Write quicksort in Python"
   treeflash generate --chat "Tell me a story" --temperature 0.8 --top-p 0.95 --seed 7
   treeflash generate --chat "Write a haiku" --weights int4 --threads 1   # CPU: the GGUF's 4-bit layers stay 4-bit (~2x)
+  treeflash generate --model ./Qwen3.5-27B-Q4_K_M.gguf --weights native --chat "Hi"   # GPU: weights stay in their GGUF blocks
 """
 
 

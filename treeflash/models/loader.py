@@ -10,6 +10,7 @@ so a checkpoint never sits in memory twice.
 from __future__ import annotations
 
 import contextlib
+import sys
 import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -133,23 +134,32 @@ def load_model(
         from treeflash.models.quant_backend import has_kernel
 
         keep = has_kernel
+    elif weights == "native":
+        from treeflash.models.int4_linear import INT4_FORMATS, int4_kernel_available
+
+        keep = INT4_FORMATS.__contains__ if int4_kernel_available() else None
     model = build_model(ckpt, dev, dtype, progress, keep_quantized=keep)
-    int4_stats = None
-    if weights == "int4" or (weights == "native" and dev.type == "cpu" and _has_4bit(ckpt)):
-        from treeflash.models.int4_linear import int4_kernel_available, use_int4_model
+    if weights == "native" and dev.type == "cpu" and keep is not None:
+        from treeflash.models.int4_linear import use_int4_blocks
 
-        if weights == "int4" or int4_kernel_available():
-            int4_stats = use_int4_model(model)
-        if weights == "int4" and not int4_stats["int4"]:
+        use_int4_blocks(model)  # the CPU runs 4-bit blocks through torch's int4 kernel, never dequantize-per-call
+    if weights == "int4":
+        from treeflash.models.int4_linear import use_int4_model
+
+        stats = use_int4_model(model)
+        if not stats["int4"]:
             raise InvalidRequestError(f"--weights int4: no linear layer of {ckpt.source} is 4-bit (Q4_0/Q4_1 GGUF blocks); use --weights float", "weights")
+    plan = weight_plan(ckpt, model)
+    if progress and weights != "float" and plan:
+        print(format_weight_plan(plan, dev), file=sys.stderr, flush=True)
     return LoadedModel(model=model, tokenizer=tokenizer, chat_template=ckpt.chat_template, config=ckpt.config, source=ckpt.source,
-                       weights=weights, weight_plan=weight_plan(ckpt, model))
+                       weights=weights, weight_plan=plan)
 
 
-def _has_4bit(ckpt: Checkpoint) -> bool:
-    from gguf import GGMLQuantizationType as T
-
-    return any(ref.ggml_type in (T.Q4_0, T.Q4_1) for ref in ckpt.tensors.values())
+def format_weight_plan(plan: dict[str, dict[str, int]], device: torch.device) -> str:
+    """The weight plan as a few lines: per stored type, how many matrices run quantized on `device`."""
+    rows = [f"  {t:8s} {c['quantized']:4d} kept quantized, {c['dequantized']:4d} dequantized" for t, c in sorted(plan.items())]
+    return "\n".join([f"weights on {device.type} (per GGUF type):", *rows])
 
 
 def weight_plan(ckpt: Checkpoint, model: CausalLM) -> dict[str, dict[str, int]]:

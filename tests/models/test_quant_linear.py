@@ -144,3 +144,21 @@ def test_type_without_any_reader_names_tensor_and_type(tmp_path):
     w.close()
     with pytest.raises(ModelLoadError, match=r"q8k\.gguf: tensor blk\.1\.ffn_up\.weight has type Q8_K"):
         load_model(str(bad), device="cpu", progress=False)
+
+
+def test_default_model_real_blocks_equal_dequantized():
+    """SmolLM2's real Q4_1 blocks (llama q/k rows permuted as blocks) through the reference path:
+    the dequantized model's logits. Skips when the default model is not in the cache (no download here)."""
+    from treeflash.models.default_model import FILE_NAME, cache_dir
+
+    path = cache_dir() / FILE_NAME
+    if not path.is_file():
+        pytest.skip(f"{path} not fetched")
+    ckpt = open_checkpoint(path)
+    ref = build_model(ckpt, torch.device("cpu"), torch.float32, progress=False)
+    blocks = build_model(ckpt, torch.device("cpu"), torch.float32, progress=False, keep_quantized=lambda fmt: True)
+    assert {m.fmt for m in blocks.modules() if isinstance(m, QuantLinear)} == {"Q4_1"}  # Q8_0: the tied embedding, read as a table
+    ids = torch.tensor([1, 504, 3458, 314, 260, 3575, 282, 4649, 47])
+    a, b = _logits(ref, ids), _logits(blocks, ids)
+    torch.testing.assert_close(b, a, rtol=1e-4, atol=1e-4)
+    assert torch.equal(a.argmax(-1), b.argmax(-1))

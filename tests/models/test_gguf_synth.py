@@ -68,3 +68,18 @@ def test_make_gguf_tool(tmp_path):
     assert res["file_bytes"] == (tmp_path / "t.gguf").stat().st_size > res["tensor_bytes"] > 0
     assert set(res["bytes_by_type"]) == {"Q4_K", "Q6_K", "F32"}
     assert np.isclose(sum(res["bytes_by_type"].values()), res["tensor_bytes"])
+
+
+def test_generate_weights_native_prints_the_plan(tmp_path):
+    """`treeflash generate --weights native` on a Q4_K_M file: runs, and says per type what stayed quantized."""
+    import os
+
+    path = write_synth_gguf(tmp_path / "m.gguf", "tiny-dense", "q4_k_m")
+    env = os.environ | {"PYTHONPATH": str(ROOT)}
+    cmd = [sys.executable, "-m", "treeflash.cli.main", "generate", "--model", str(path), "--prompt", "ab", "--max-tokens", "4",
+           "--ignore-eos", "--device", "cpu", "--threads", "1", "--weights", "native"]
+    proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert "weights on cpu (per GGUF type):" in proc.stderr
+    assert "Q4_K       12 kept quantized,    1 dequantized" in proc.stderr  # 2 layers x 7 matrices but 2 at Q6_K; the embedding
+    assert "Q6_K        0 kept quantized,    3 dequantized" in proc.stderr  # the head, attn_v / ffn_down of "more bits" layers

@@ -139,6 +139,8 @@ def load_model(
 
         keep = INT4_FORMATS.__contains__ if int4_kernel_available() else None
     model = build_model(ckpt, dev, dtype, progress, keep_quantized=keep)
+    if weights == "native":
+        model.weights_format = "native"  # what bench/machine reports
     if weights == "native" and dev.type == "cpu" and keep is not None:
         from treeflash.models.int4_linear import use_int4_blocks
 
@@ -235,6 +237,8 @@ def _keep_blocks(model: nn.Module, name: str, ref: TensorRef, device: torch.devi
 
     module_path, _, leaf = name.rpartition(".")
     if leaf != "weight" or ref.read_blocks is None or not keep(type_name(ref.ggml_type)):
+        return False
+    if name.startswith(MTP_PREFIX):  # MTPHead reads fc.weight for its cache's dtype: its matrices stay float
         return False
     parent_path, _, child = module_path.rpartition(".")
     parent = model.get_submodule(parent_path)

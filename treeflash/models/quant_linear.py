@@ -52,7 +52,7 @@ class QuantLinear(PackedLinear):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # x [..., K] -> [..., N] in x.dtype
         lead = x.shape[:-1]
-        x2 = x.reshape(-1, self.in_features)
+        x2 = x.reshape(-1, self.in_features).contiguous()  # the kernels read rows densely (no copy when already so)
         if self.in_index is not None:
             x2 = x2.index_select(1, self.in_index)
         y = quant_matmul(x2, self.blocks, self.fmt, self.in_features, out_dtype=x.dtype)

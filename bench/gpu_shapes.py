@@ -113,12 +113,21 @@ def build_model(shape: str, device=None, dtype=torch.bfloat16, layers: int | Non
 
 
 def weight_bytes(model: CausalLM) -> int:
-    """Bytes a decode step reads: every parameter once, except the embedding table (one row)."""
+    """Bytes a decode step reads: every parameter once, except the embedding table (one row), and every
+    GGUF block kept quantized (QuantLinear blocks, scales included; fused layers' parts are views of one
+    storage, counted once)."""
+    from treeflash.models.quant_linear import QuantLinear
+
     total = sum(p.numel() * p.element_size() for p in model.parameters())
     emb = model.model.embed_tokens.weight
     if model.lm_head is not None:
         total -= emb.numel() * emb.element_size()
-    return total
+    storages = {}
+    for m in model.modules():
+        if isinstance(m, QuantLinear):
+            s = m.blocks.untyped_storage()
+            storages[s.data_ptr()] = s.nbytes()
+    return total + sum(storages.values())
 
 
 def state_bytes(model: CausalLM) -> int:

@@ -6,7 +6,17 @@ measured copy bandwidth (bytes per token = every weight read once + the KV/state
 step time for 1..128 nodes as a ratio to the one-token decode step; prefill tokens/s; and, for the
 dense shape, transformers' generate on the same weights. Writes JSON.
 
+Quantized rows (--quant SHAPE:MIX,...): the same measurements on a random-weight GGUF of that shape and
+type mix (treeflash/models/gguf_synth.py), written into --gguf-dir on first use and loaded with its
+matrices kept in their GGUF blocks where treeflash.kernels.quant has a kernel (the CPU: every matrix,
+through the reference path); the roofline counts the bytes actually read (blocks + scales + the float
+tensors + KV + state), and "weights" says per type how many matrices stayed quantized.
+
     python -m bench.gpu_speed --shapes qwen3-8b,qwen3.5-27b --out bench/results/gpu_speed.json
+    python -m bench.gpu_speed --shapes qwen3.5-27b,qwen3-8b --quant qwen3.5-27b:q4_k_m,qwen3.5-27b:ud-q3_k_xl,qwen3-8b:q4_k_m \
+        --gguf-dir /tmp/gguf --buckets 1,32 --prefill "" --out $OUT/gpu_speed_quant.json
+    python -m bench.gpu_speed --shapes tiny-hybrid --quant tiny-hybrid:q4_k_m,tiny-dense:q4_k_m --buckets 1,4 \
+        --prefill "" --decode-tokens 4 --drafter-layers 0 --out /tmp/gpu_speed_toy.json   # CPU check
 """
 
 from __future__ import annotations
@@ -60,10 +70,33 @@ def max_depth(parents: list[int]) -> int:
     return max(depth)
 
 
+def quant_model(spec: str, gguf_dir: str) -> tuple[CausalLM, dict]:
+    """SHAPE:MIX -> (the model of a random-weight GGUF of that shape and mix, its weight plan). The file is
+    written on first use (gguf_synth; a 27B Q4_K_M takes a few minutes at disk speed)."""
+    from treeflash.models.gguf_synth import write_synth_gguf
+    from treeflash.models.loader import build_model as load_blocks, open_checkpoint, weight_plan
+    from treeflash.kernels.quant import has_kernel
+
+    shape, _, mix = spec.partition(":")
+    path = Path(gguf_dir) / f"{shape}-{mix}.gguf"
+    if not path.is_file():
+        t0 = time.perf_counter()
+        write_synth_gguf(path.with_suffix(".part"), shape, mix).rename(path)
+        print(f"wrote {path} ({path.stat().st_size / 1e9:.2f} GB) in {time.perf_counter() - t0:.0f} s", flush=True)
+    ckpt = open_checkpoint(path)
+    keep = has_kernel if DEV == "cuda" else (lambda fmt: True)  # the CPU check runs the reference path on every block
+    model = load_blocks(ckpt, torch.device(DEV), torch.bfloat16, progress=False, keep_quantized=keep)
+    return model, {"gguf": str(path), "file_gb": path.stat().st_size / 1e9, "weights": weight_plan(ckpt, model)}
+
+
 @torch.inference_mode()
 def bench_shape(shape: str, args, bandwidth: float) -> dict:
     dev = DEV
-    model = build_model(shape)
+    extra: dict = {}
+    if ":" in shape:
+        model, extra = quant_model(shape, args.gguf_dir)
+    else:
+        model = build_model(shape)
     for m in model.modules():  # --no-fla: every Gated DeltaNet layer prefills through the torch reference
         if hasattr(m, "use_fla"):
             m.use_fla = args.fla
@@ -74,7 +107,7 @@ def bench_shape(shape: str, args, bandwidth: float) -> dict:
         model.fuse_projections(fused_rows=args.fused_rows, folded_decode=folded)
     c = model.config
     res: dict = {"shape": shape, "fused_rows": model.fused_rows, "folded_decode": model.folded_decode, "params_b": sum(p.numel() for p in model.parameters()) / 1e9,
-                 "weight_gb": weight_bytes(model) / 1e9}
+                 "weight_gb": weight_bytes(model) / 1e9, **extra}
     ctx = args.context
     need = ctx + 2 * max(args.buckets) + args.decode_tokens + 64
     cache = model.new_cache(max(need, args.cache_len or 0))  # --cache-len: a server-sized buffer (the graphs read only its filled part)
@@ -179,7 +212,7 @@ def bench_shape(shape: str, args, bandwidth: float) -> dict:
     if args.drafter_layers:
         res["drafter"] = bench_drafter(model, runner, args)
 
-    if args.hf and c.arch == "qwen3":
+    if args.hf and c.arch == "qwen3" and ":" not in shape:
         res["transformers"] = bench_transformers(model, args)
     del runner, cache, model
     if DEV == "cuda":
@@ -291,6 +324,9 @@ def bench_transformers(model: CausalLM, args) -> dict:
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--shapes", default="qwen3-8b,qwen3.5-27b")
+    p.add_argument("--quant", default="", help="quantized rows after --shapes: SHAPE:MIX,... (mixes of treeflash/models/gguf_synth.py, "
+                                                 "e.g. qwen3.5-27b:q4_k_m,qwen3.5-27b:ud-q3_k_xl,qwen3-8b:q4_k_m)")
+    p.add_argument("--gguf-dir", default="/tmp/treeflash-gguf", help="where --quant's random GGUF files are written and reused")
     p.add_argument("--context", type=int, default=512)
     p.add_argument("--decode-tokens", type=int, default=64)
     p.add_argument("--cache-len", type=int, default=None, help="KV cache slots to allocate (default: just enough for the run)")
@@ -326,7 +362,7 @@ def main() -> None:
     result = {"args": vars(args), "gpu": torch.cuda.get_device_name() if DEV == "cuda" else platform.processor() or "cpu", "torch": torch.__version__, "python": platform.python_version(),
               "copy_bandwidth_gb_s": bw / 1e9, "shapes": {}}
     print(f"copy bandwidth {bw / 1e9:.0f} GB/s", flush=True)
-    for shape in args.shapes.split(","):
+    for shape in [s for s in args.shapes.split(",") + args.quant.split(",") if s]:
         r = bench_shape(shape, args, bw)
         result["shapes"][shape] = r
         d = r["decode"]

@@ -1,4 +1,5 @@
-"""Our GGUF dequantization equals gguf-py's reference (`gguf.quants.dequantize`) on every type we read."""
+"""GGUF dequantization reads every type llama.cpp's standard and Unsloth Dynamic mixes use, equal to
+gguf-py's reference (`gguf.quants.dequantize`), and refuses a type nothing can decode."""
 
 import numpy as np
 import pytest
@@ -6,22 +7,13 @@ import torch
 from gguf import GGMLQuantizationType as T
 from gguf import quants
 
-from treeflash.models.gguf_dequant import BLOCK_LAYOUT, dequantize, nbytes
+from treeflash.models import gguf_dequant
+from treeflash.models.gguf_dequant import can_dequantize, dequantize, dequantize_rows, nbytes
+from treeflash.models.gguf_synth import random_blocks
 
 QUANTIZABLE = [T.Q8_0, T.Q4_0, T.Q4_1, T.Q5_0, T.Q5_1, T.BF16, T.F16]  # gguf-py can quantize these
-K_TYPES = [T.Q4_K, T.Q5_K, T.Q6_K]  # reference dequantizes only: random blocks with sane scales
-
-
-def _random_k_blocks(qtype, n_blocks: int, rng) -> np.ndarray:
-    """Random bytes, with every fp16 scale field overwritten by a finite value."""
-    _, size = BLOCK_LAYOUT[qtype]
-    blocks = rng.integers(0, 256, size=(n_blocks, size), dtype=np.uint8)
-    scales = rng.uniform(-0.05, 0.05, size=(n_blocks, 2)).astype(np.float16).view(np.uint8)
-    if qtype == T.Q6_K:
-        blocks[:, 208:210] = scales[:, :2]  # d last
-    else:
-        blocks[:, 0:4] = scales  # d, dmin first
-    return blocks
+MIX_TYPES = [T.Q8_0, T.Q4_0, T.Q4_1, T.Q5_0, T.Q5_1, T.Q2_K, T.Q3_K, T.Q4_K, T.Q5_K, T.Q6_K,
+             T.IQ4_NL, T.IQ4_XS, T.IQ2_XXS, T.IQ2_XS, T.IQ2_S, T.IQ3_XXS, T.IQ3_S]
 
 
 @pytest.mark.parametrize("qtype", QUANTIZABLE, ids=lambda t: t.name)
@@ -36,13 +28,16 @@ def test_quantizable_types_match_reference(qtype):
     np.testing.assert_array_equal(ours.numpy(), ref.astype(np.float32))
 
 
-@pytest.mark.parametrize("qtype", K_TYPES, ids=lambda t: t.name)
-def test_k_types_match_reference(qtype):
-    rng = np.random.default_rng(1)
-    blocks = _random_k_blocks(qtype, 6, rng)
-    ref = quants.dequantize(blocks.reshape(3, -1), qtype)  # [3, 512]
-    ours = dequantize(torch.from_numpy(blocks.reshape(-1)), qtype, (3, 512))
-    np.testing.assert_allclose(ours.numpy(), ref, rtol=1e-6, atol=1e-6)
+@pytest.mark.parametrize("qtype", MIX_TYPES, ids=lambda t: t.name)
+def test_every_mix_type_reads_finite_and_equal_to_reference(qtype, monkeypatch):
+    """Random blocks with sane scales (gguf_synth); chunked reads (a small MAX_CHUNK_ELEMS) equal one read."""
+    blocks = random_blocks(qtype, (6, 512), np.random.default_rng(1))  # [6, row bytes]
+    ref = quants.dequantize(blocks, qtype)
+    assert np.isfinite(ref).all() and 0 < np.abs(ref).max() < 1.0
+    monkeypatch.setattr(gguf_dequant, "MAX_CHUNK_ELEMS", 512)
+    ours = dequantize_rows(torch.from_numpy(blocks), qtype, 512)
+    np.testing.assert_array_equal(ours.numpy(), ref)
+    assert dequantize(torch.from_numpy(blocks.reshape(-1)), qtype, (6, 512), torch.bfloat16).dtype == torch.bfloat16
 
 
 def test_f32_and_output_dtype():
@@ -57,5 +52,6 @@ def test_bad_sizes_and_types_raise():
         dequantize(torch.zeros(33, dtype=torch.uint8), T.Q8_0, (32,))
     with pytest.raises(ValueError, match="multiple"):
         nbytes(T.Q8_0, (2, 48))
-    with pytest.raises(ValueError, match="unsupported"):
-        dequantize(torch.zeros(66, dtype=torch.uint8), T.Q2_K, (256,))
+    assert not can_dequantize(T.Q8_K) and not can_dequantize(T.I32) and not can_dequantize(999)
+    with pytest.raises(ValueError, match="unsupported tensor type Q8_K"):
+        dequantize(torch.zeros(292, dtype=torch.uint8), T.Q8_K, (256,))

@@ -13,8 +13,10 @@ def add_model_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--model", default=None, help="Hugging Face directory, .gguf file, or Hub id org/name[:file.gguf][@revision] (default: the embedded SmolLM2-135M-Instruct)")
     g.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"], help="where to run (default: cuda if present)")
     g.add_argument("--dtype", default=None, choices=["float32", "bfloat16", "float16"], help="runtime dtype (default: float32 on CPU, bfloat16 on CUDA)")
-    g.add_argument("--weights", default="float", choices=["float", "int4"],
-                   help="float: dequantize to --dtype (default); int4: keep a GGUF's Q4_0/Q4_1 layers at 4 bits (CPU; ~2x faster decode, bf16-level precision)")
+    g.add_argument("--weights", default="float", choices=["float", "native", "int4"],
+                   help="float: dequantize a GGUF to --dtype (default); native: keep each GGUF matrix in its stored blocks where a "
+                        "fast path runs its type (CUDA: the quantized kernels; CPU: int4 for Q4_0/Q4_1), dequantize the rest "
+                        "(docs/quant.md has the table); int4: the CPU int4 path alone (~2x faster decode, bf16-level precision)")
     g.add_argument("--threads", type=int, default=None, help="CPU threads for PyTorch (default: PyTorch's choice; serve on a CPU: 1; 1 is faster on a busy machine)")
     g.add_argument("--max-context", type=context_arg, default=8192,
                    help="tokens of KV cache to allocate, or auto: the most that fits (default 8192; checked against the memory plan)")

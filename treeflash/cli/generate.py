@@ -17,6 +17,7 @@ EXAMPLES = """examples:
   treeflash generate --chat "Write a haiku" --weights int4 --threads 1   # CPU: the GGUF's 4-bit layers stay 4-bit (~2x)
   treeflash generate --model ./Qwen3.6-27B-MTP.gguf --draft mtp --num-draft 3 --no-think --chat "Sort a list in Rust"
   treeflash generate --model ./Qwen3-8B --chat-template-kwargs '{"enable_thinking": false}' --chat "Hi"
+  treeflash generate --model ./Qwen3.5-27B-Q4_K_M.gguf --weights native --chat "Hi"   # GPU: weights stay in their GGUF blocks
 """
 
 

@@ -12,7 +12,7 @@ from treeflash.kernels.rotary import norm_rotary
 from treeflash.kernels import projection
 from treeflash.kv.attention_cache import AttentionCache
 from treeflash.models.config import ModelConfig
-from treeflash.models.layers import RMSNorm, fuse_linears
+from treeflash.models.layers import RMSNorm, fuse_linears, fuse_packed_runs, packed_outputs
 from treeflash.models.step import StepInput
 
 
@@ -43,14 +43,17 @@ class Attention(nn.Module):
         self.register_buffer("qkv_weight", None, persistent=False)  # [q_out + 2 * kv_out, hidden] once fused
         self.register_buffer("qkv_bias", None, persistent=False)
         self.register_buffer("qkv_folded", None, persistent=False)  # [q_out + 2 * kv_out, hidden]: fold_norm
-        self.qkv_int4 = None  # models.int4_linear: one 4-bit GEMV for q, k and v (CPU)
+        self.qkv_packed = None  # q, k and v fused: one Int4Linear (models.int4_linear), or PackedRuns of QuantLinear
 
     def fuse(self) -> None:
         """One GEMV for q, k and v: the three weights (and biases) become views of one tensor."""
-        if self.qkv_weight is not None:
+        if self.qkv_weight is not None or self.qkv_packed is not None:
             return
-        # registered buffers: .to() carries them
-        self.qkv_weight, self.qkv_bias = fuse_linears([self.q_proj, self.k_proj, self.v_proj])
+        lins = [self.q_proj, self.k_proj, self.v_proj]
+        if all(type(lin) is nn.Linear for lin in lins):  # registered buffers: .to() carries them
+            self.qkv_weight, self.qkv_bias = fuse_linears(lins)
+        else:
+            self.qkv_packed = fuse_packed_runs(lins)
 
     def fold_norm(self, norm: RMSNorm) -> None:
         """qkv_folded = the fused q/k/v weight with the input norm's scale folded into its columns, for
@@ -106,8 +109,8 @@ class Attention(nn.Module):
         elif norm is not None:
             q, k, v = norm.linear(x, self.qkv_weight, self.qkv_bias).split(
                 [self.q_proj.weight.shape[0], self.k_proj.weight.shape[0], self.v_proj.weight.shape[0]], dim=-1)
-        elif self.qkv_int4 is not None:
-            q, k, v = self.qkv_int4(x).split([self.q_proj.out_features, self.k_proj.out_features, self.v_proj.out_features], dim=-1)
+        elif self.qkv_packed is not None:
+            q, k, v = packed_outputs(self.qkv_packed, x, [self.q_proj.out_features, self.k_proj.out_features, self.v_proj.out_features])
         elif self.qkv_weight is not None:
             q, k, v = projection.linear(x, self.qkv_weight, self.qkv_bias).split(
                 [self.q_proj.weight.shape[0], self.k_proj.weight.shape[0], self.v_proj.weight.shape[0]], dim=-1)

@@ -12,6 +12,15 @@ import torch
 from treeflash.models.config import ModelConfig
 
 
+@dataclass(frozen=True)
+class QuantBlocks:
+    """A 2-D weight as stored GGUF blocks (for models.quant_linear.QuantLinear)."""
+
+    blocks: torch.Tensor  # [N, K / block_values * block_bytes] uint8, rows in our order
+    fmt: str  # gguf type name
+    in_index: torch.Tensor | None  # [K] long: a column permutation the layer applies to its input
+
+
 @dataclass
 class TensorRef:
     """One checkpoint tensor, not yet read."""
@@ -19,6 +28,8 @@ class TensorRef:
     shape: tuple[int, ...]  # as our model expects it (after any layout fix-up)
     read: Callable[[torch.device, torch.dtype], torch.Tensor]  # -> tensor of `shape` on device, dtype
     origin: str  # the tensor's name in the file, for error messages
+    ggml_type: int | None = None  # GGUF: the type the file stores it as
+    read_blocks: Callable[[torch.device], QuantBlocks] | None = None  # GGUF 2-D block types: the raw rows
 
 
 @dataclass

@@ -38,6 +38,7 @@ from treeflash.kernels.norm import rmsnorm_gated
 from treeflash.kernels import projection
 from treeflash.kv.recurrent_cache import PendingNodes, RecurrentCache
 from treeflash.models.config import ModelConfig
+from treeflash.models.layers import fuse_packed_runs, packed_outputs
 from treeflash.models.step import StepInput
 
 if TYPE_CHECKING:
@@ -178,12 +179,16 @@ class GatedDeltaNet(nn.Module):
         self.in_proj_a = nn.Linear(c.hidden_size, self.num_v_heads, bias=False)
         self.register_buffer("in_proj", None, persistent=False)  # [conv_dim + value_dim + 2 Hv, hidden] once fused
         self.use_fla = True  # prefill through flash-linear-attention where available; off once it failed here
+        self.in_proj_packed = None  # the same over QuantLinear layers: PackedRuns (runs of one format fused)
 
     def fuse(self) -> None:
         """One GEMV for the four input projections (they become views of one weight)."""
-        if self.in_proj is not None:
+        if self.in_proj is not None or self.in_proj_packed is not None:
             return
         lins = (self.in_proj_qkv, self.in_proj_z, self.in_proj_b, self.in_proj_a)
+        if not all(type(lin) is nn.Linear for lin in lins):
+            self.in_proj_packed = fuse_packed_runs(list(lins))  # None: no two neighbours share a format
+            return
         fused = torch.cat([lin.weight.data for lin in lins], dim=0)
         for lin, part in zip(lins, fused.split([lin.weight.shape[0] for lin in lins], dim=0)):
             lin.weight = nn.Parameter(part, requires_grad=False)
@@ -200,6 +205,8 @@ class GatedDeltaNet(nn.Module):
             mixed, z, b, a = norm.linear(x, self.in_proj).split([self.conv_dim, self.value_dim, self.num_v_heads, self.num_v_heads], dim=-1)
         elif self.in_proj is not None:
             mixed, z, b, a = projection.linear(x, self.in_proj).split([self.conv_dim, self.value_dim, self.num_v_heads, self.num_v_heads], dim=-1)
+        elif self.in_proj_packed is not None:
+            mixed, z, b, a = packed_outputs(self.in_proj_packed, x, [self.conv_dim, self.value_dim, self.num_v_heads, self.num_v_heads])
         else:
             mixed, z, b, a = self.in_proj_qkv(x), self.in_proj_z(x), self.in_proj_b(x), self.in_proj_a(x)
         # mixed: [T, conv_dim], the conv inputs, kept per node for commit

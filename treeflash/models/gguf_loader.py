@@ -1,8 +1,10 @@
 """Open a GGUF file (llama.cpp's format): config, tensors under Hugging Face names, tokenizer.
 
-Metadata and raw tensor bytes come from gguf-py's GGUFReader; dequantization is ours
-(gguf_dequant). llama.cpp's converter changes some tensors on the way in; each change is undone
-here so the weights equal the Hugging Face checkpoint's:
+Metadata and raw tensor bytes come from gguf-py's GGUFReader, dequantization from gguf-py's own
+dequantizer (gguf_dequant); each tensor keeps the type the file gives it. A 2-D block-quantized tensor
+can also be read as its raw block rows (TensorRef.read_blocks, for models.quant_linear). llama.cpp's
+converter changes some tensors on the way in; each change is undone here so the weights equal the
+Hugging Face checkpoint's (row and column permutations as `Permute`, which also applies to blocks):
 
 - llama: q_proj / k_proj rows are permuted per head (from rotate-half to interleaved rope pairs).
 - qwen35 (Qwen3.5/3.6): zero-centred norm weights are stored as w + 1 (except the DeltaNet's
@@ -23,6 +25,7 @@ here so the weights equal the Hugging Face checkpoint's:
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
@@ -32,8 +35,8 @@ from gguf import GGML_QUANT_SIZES, GGMLQuantizationType, GGUFReader
 
 from treeflash.errors import ModelLoadError
 from treeflash.models.config import ModelConfig
-from treeflash.models.gguf_dequant import BLOCK_LAYOUT, dequantize, type_name
-from treeflash.models.checkpoint import Checkpoint, TensorRef
+from treeflash.models.checkpoint import Checkpoint, QuantBlocks, TensorRef
+from treeflash.models.gguf_dequant import FLOAT_TYPES, can_dequantize, dequantize, readable_types, type_name
 from treeflash.models.gguf_nextn import NEXTN_NAMES, NEXTN_REFUSED, mtp_name
 from treeflash.models.rope import rope_parameters_from_gguf
 
@@ -256,19 +259,48 @@ def ours_to_gguf(name: str) -> str:
 
 
 def _tensor_ref(source: str, t, fixup: "Fixup | None", ours: str) -> TensorRef:
-    """A GGUF tensor -> TensorRef that dequantizes (on the target device) and undoes llama.cpp's changes."""
+    """A GGUF tensor -> TensorRef that dequantizes (on the target device) and undoes llama.cpp's changes;
+    a 2-D block-quantized one whose fix-up (if any) is a Permute can also be read as its block rows."""
     gguf_shape = tuple(int(d) for d in reversed(t.shape.tolist()))  # ggml lists dims innermost first
-    if int(t.tensor_type) not in BLOCK_LAYOUT:
-        raise ModelLoadError(f"{source}: tensor {t.name} has type {type_name(int(t.tensor_type))}, which treeflash cannot dequantize")
+    ggml_type = int(t.tensor_type)
+    if not can_dequantize(ggml_type):
+        raise ModelLoadError(f"{source}: tensor {t.name} has type {type_name(ggml_type)}, which treeflash can neither "
+                             f"run nor dequantize (readable types: {', '.join(readable_types())})")
     shape = tuple(fixup(torch.empty(gguf_shape, device="meta")).shape) if fixup else gguf_shape
 
-    def read(device: torch.device, dtype: torch.dtype) -> torch.Tensor:
-        raw = torch.from_numpy(np.array(t.data.reshape(-1).view(np.uint8))).to(device)
-        if fixup is None:
-            return dequantize(raw, int(t.tensor_type), gguf_shape, dtype)
-        return fixup(dequantize(raw, int(t.tensor_type), gguf_shape, torch.float32)).to(dtype).contiguous()
+    def raw_bytes(device: torch.device) -> torch.Tensor:  # [nbytes] uint8
+        return torch.from_numpy(np.array(t.data.reshape(-1).view(np.uint8))).to(device)
 
-    return TensorRef(shape=shape, read=read, origin=f"{t.name} ({ours})")
+    def read(device: torch.device, dtype: torch.dtype) -> torch.Tensor:
+        if fixup is None:
+            return dequantize(raw_bytes(device), ggml_type, gguf_shape, dtype)
+        return fixup(dequantize(raw_bytes(device), ggml_type, gguf_shape, torch.float32)).to(dtype).contiguous()
+
+    read_blocks = None
+    if len(gguf_shape) == 2 and ggml_type not in FLOAT_TYPES and (fixup is None or isinstance(fixup, Permute)):
+        def read_blocks(device: torch.device) -> QuantBlocks:
+            blocks = raw_bytes(device).view(gguf_shape[0], -1)  # [N, row bytes]: each row's blocks
+            in_index = None
+            if isinstance(fixup, Permute) and fixup.dim == 0:
+                blocks = blocks.index_select(0, fixup.index.to(device))
+            elif isinstance(fixup, Permute):  # columns: x W[:, p]^T = x[:, p^-1] W^T
+                in_index = torch.argsort(fixup.index).to(device)
+            return QuantBlocks(blocks.contiguous(), type_name(ggml_type), in_index)
+
+    return TensorRef(shape=shape, read=read, origin=f"{t.name} ({ours})", ggml_type=ggml_type, read_blocks=read_blocks)
+
+
+@dataclass(frozen=True)
+class Permute:
+    """A fix-up that reorders one axis of a 2-D (or 1-D) tensor: w.index_select(dim, index). Unlike an
+    arbitrary function it also applies to a tensor kept as GGUF blocks (rows: reorder block rows;
+    columns: the layer gathers its input instead)."""
+
+    dim: int
+    index: torch.Tensor  # [size of dim] long
+
+    def __call__(self, w: torch.Tensor) -> torch.Tensor:
+        return w.index_select(self.dim, self.index.to(w.device))
 
 
 # -- undoing llama.cpp's conversion --
@@ -289,8 +321,8 @@ def grouped_from_tiled(num_k_heads: int, v_per_k: int, head_dim: int = 1) -> tor
 def _fixups(arch: str, c: ModelConfig) -> dict[str, Fixup]:
     """Per parameter leaf name (without `model.layers.N.`): the function undoing llama.cpp's change."""
     if arch == "llama":
-        q = lambda w: unpermute_qk(w, c.num_heads)  # noqa: E731
-        k = lambda w: unpermute_qk(w, c.num_kv_heads)  # noqa: E731
+        q = Permute(0, unpermute_qk(torch.arange(c.num_heads * c.head_dim), c.num_heads))
+        k = Permute(0, unpermute_qk(torch.arange(c.num_kv_heads * c.head_dim), c.num_kv_heads))
         return {"self_attn.q_proj.weight": q, "self_attn.q_proj.bias": q, "self_attn.k_proj.weight": k, "self_attn.k_proj.bias": k}
     if arch != "qwen35":
         return {}
@@ -302,8 +334,7 @@ def _fixups(arch: str, c: ModelConfig) -> dict[str, Fixup]:
     def minus_one(w):
         return w - 1.0
 
-    def value_rows(w):  # fused q, k, v channels: only the v block is reordered
-        return torch.cat((w[:qk_rows], w[qk_rows:][per_value.to(w.device)]))
+    value_rows = Permute(0, torch.cat((torch.arange(qk_rows), qk_rows + per_value)))  # fused q, k, v: only v reordered
 
     fix: dict[str, Fixup] = {
         "model.norm.weight": minus_one,
@@ -316,12 +347,12 @@ def _fixups(arch: str, c: ModelConfig) -> dict[str, Fixup]:
         "self_attn.k_norm.weight": minus_one,
         "linear_attn.A_log": lambda a: torch.log(-a)[per_head.to(a.device)],
         "linear_attn.dt_bias": lambda b: b[per_head.to(b.device)],
-        "linear_attn.in_proj_a.weight": lambda w: w[per_head.to(w.device)],
-        "linear_attn.in_proj_b.weight": lambda w: w[per_head.to(w.device)],
-        "linear_attn.in_proj_z.weight": lambda w: w[per_value.to(w.device)],
+        "linear_attn.in_proj_a.weight": Permute(0, per_head),
+        "linear_attn.in_proj_b.weight": Permute(0, per_head),
+        "linear_attn.in_proj_z.weight": Permute(0, per_value),
         "linear_attn.in_proj_qkv.weight": value_rows,
         "linear_attn.conv1d.weight": lambda w: value_rows(w)[:, None, :],
-        "linear_attn.out_proj.weight": lambda w: w[:, per_value.to(w.device)],
+        "linear_attn.out_proj.weight": Permute(1, per_value),
     }
     return fix
 

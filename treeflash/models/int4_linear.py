@@ -30,6 +30,8 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from treeflash.models.layers import PackedLinear
+
 GROUP = 32
 
 
@@ -62,7 +64,7 @@ def recover_q4(w: torch.Tensor, group: int = GROUP) -> tuple[torch.Tensor, torch
     return q.reshape(n, k).to(torch.int32), scale, zero
 
 
-class Int4Linear(nn.Module):
+class Int4Linear(PackedLinear):
     """y = x @ W^T (+ b) with W held as 4-bit codes, bf16 group scales and zeros (see the module doc)."""
 
     def __init__(self, q: torch.Tensor, scale: torch.Tensor, zero: torch.Tensor, bias: torch.Tensor | None = None):
@@ -133,25 +135,129 @@ def use_int4_model(model) -> dict[str, int]:
     """A CausalLM's linear layers to int4 where 4-bit representable, and its head to bf16.
 
     q/k/v of each attention layer and gate/up of each MLP also get one fused Int4Linear
-    (`qkv_int4`, `gate_up_int4`), which their forward passes use. The head (SmolLM2: the tied Q8_0
+    (`qkv_packed`, `gate_up_packed`), which their forward passes use. The head (SmolLM2: the tied Q8_0
     embedding, 49152 x 576) is not 4-bit; a bf16 copy halves the bytes it reads per token.
     Returns the counts."""
     if not int4_kernel_available():
         raise RuntimeError(f"this PyTorch ({torch.__version__}) has no CPU int4 kernel (_weight_int4pack_mm_for_cpu)")
     fused = 0
     for mod in list(model.model.modules()):
-        if hasattr(mod, "qkv_int4") and getattr(mod, "qkv_weight", None) is None:
+        if hasattr(mod, "qkv_packed") and getattr(mod, "qkv_weight", None) is None:
             qkv = _fuse(mod, ("q_proj", "k_proj", "v_proj"))
             if qkv is not None:
-                mod.qkv_int4, fused = qkv, fused + 1
-        if hasattr(mod, "gate_up_int4") and getattr(mod, "gate_up", None) is None:
+                mod.qkv_packed, fused = qkv, fused + 1
+        if hasattr(mod, "gate_up_packed") and getattr(mod, "gate_up", None) is None:
             gu = _fuse(mod, ("gate_proj", "up_proj"))
             if gu is not None:
-                mod.gate_up_int4, fused = gu, fused + 1
+                mod.gate_up_packed, fused = gu, fused + 1
     kept = use_int4_weights(model.model)["float"]
     stats: dict = {"int4": sum(isinstance(m, Int4Linear) for m in model.model.modules()) - fused, "fused": fused, "float": kept}
     w = model.model.embed_tokens.weight if model.lm_head is None else model.lm_head.weight
     model.register_buffer("head_weight_bf16", w.detach().to(torch.bfloat16).contiguous(), persistent=False)
     stats["head"] = "bf16"
     model.weights_format = "int4"
+    return stats
+
+
+# -- from the stored GGUF blocks (--weights native on the CPU) --
+
+INT4_FORMATS = ("Q4_0", "Q4_1", "Q4_K")  # every 32 values: 4-bit codes q, w = a * q + b
+
+
+def _f16(b: torch.Tensor) -> torch.Tensor:
+    """[..., 2] uint8 -> [...] fp32 (one little-endian fp16 each)."""
+    return b.contiguous().view(torch.float16).squeeze(-1).float()
+
+
+def codes_from_blocks(
+    blocks: torch.Tensor,  # [N, K / block_values * block_bytes] uint8, a Q4_0 / Q4_1 / Q4_K weight as stored
+    fmt: str,
+    k: int,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:  # q [N, K] int32 0..15, scale, zero [N, K / 32] fp32
+    """The blocks' codes with w = (q - 8) * scale + zero per group of 32 (no float round trip, so any
+    block, not only what llama.cpp's quantizer writes). Q4_0: w = d (q - 8); Q4_1: w = d q + m;
+    Q4_K: per sub-block j of 32, w = d sc_j q - dmin mn_j, its 6-bit sc / mn packed in 12 bytes (j < 4:
+    low 6 bits of bytes j / j + 4; j >= 4: nibbles of byte j + 4, top 2 bits of bytes j - 4 / j)."""
+    n = blocks.shape[0]
+    if fmt in ("Q4_0", "Q4_1"):
+        head = 2 if fmt == "Q4_0" else 4
+        b = blocks.reshape(n, k // GROUP, head + 16)
+        qs = b[..., head:]
+        q = torch.cat((qs & 0x0F, qs >> 4), dim=-1)  # [N, K/32, 32]: low nibbles = values 0..15
+        d = _f16(b[..., 0:2])
+        zero = torch.zeros_like(d) if fmt == "Q4_0" else _f16(b[..., 2:4]) + 8 * d
+        return q.reshape(n, k).to(torch.int32), d, zero
+    if fmt == "Q4_K":
+        b = blocks.reshape(n, k // 256, 144)
+        d, dmin, s = _f16(b[..., 0:2])[..., None], _f16(b[..., 2:4])[..., None], b[..., 4:16]
+        sc = torch.cat((s[..., 0:4] & 63, (s[..., 8:12] & 0x0F) | ((s[..., 0:4] >> 6) << 4)), dim=-1).float()
+        mn = torch.cat((s[..., 4:8] & 63, (s[..., 8:12] >> 4) | ((s[..., 4:8] >> 6) << 4)), dim=-1).float()
+        chunks = b[..., 16:144].reshape(n, k // 256, 4, 1, 32)  # chunk j: sub-block 2j low nibbles, 2j + 1 high
+        q = torch.cat((chunks & 0x0F, chunks >> 4), dim=3).reshape(n, k)
+        scale = (d * sc).reshape(n, k // GROUP)
+        return q.to(torch.int32), scale, 8 * scale - (dmin * mn).reshape(n, k // GROUP)
+    raise ValueError(f"{fmt} is not a 4-bit format ({', '.join(INT4_FORMATS)})")
+
+
+def _group_order(in_index: torch.Tensor) -> torch.Tensor | None:
+    """A QuantLinear's input gather as whole groups of 32 (the model's column j = the file's p[j]):
+    the file's group per model group, or None when the permutation splits a group."""
+    p = torch.argsort(in_index)
+    g = p.reshape(-1, GROUP)
+    if bool((g[:, 0] % GROUP != 0).any()) or not torch.equal(g - g[:, :1], torch.arange(GROUP).expand_as(g)):
+        return None
+    return g[:, 0] // GROUP
+
+
+def int4_codes(lin) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None:
+    """(q, scale, zero) of a QuantLinear in INT4_FORMATS, in the model's column order; None otherwise."""
+    if lin.fmt not in INT4_FORMATS:
+        return None
+    q, scale, zero = codes_from_blocks(lin.blocks, lin.fmt, lin.in_features)
+    if lin.in_index is not None:
+        order = _group_order(lin.in_index)
+        if order is None:
+            return None
+        cols = (order[:, None] * GROUP + torch.arange(GROUP)).reshape(-1)
+        q, scale, zero = q[:, cols], scale[:, order], zero[:, order]
+    return q, scale, zero
+
+
+def use_int4_blocks(model) -> dict[str, int]:
+    """Every QuantLinear of a CausalLM (loaded with keep_quantized for INT4_FORMATS) to an Int4Linear
+    built from its codes, q/k/v and gate/up fused where all are 4-bit (`qkv_packed`, `gate_up_packed`);
+    a layer that cannot be (its input gather splits a group) becomes a dequantized nn.Linear.
+    Returns {"int4": layers, "fused": fused groups, "float": layers dequantized}."""
+    from treeflash.models.quant_linear import QuantLinear
+
+    if not int4_kernel_available():
+        raise RuntimeError(f"this PyTorch ({torch.__version__}) has no CPU int4 kernel (_weight_int4pack_mm_for_cpu)")
+    stats = {"int4": 0, "fused": 0, "float": 0}
+    for parent in list(model.modules()):
+        groups = {"qkv_packed": ("q_proj", "k_proj", "v_proj"), "gate_up_packed": ("gate_proj", "up_proj")}
+        for slot, names in groups.items():
+            lins = [getattr(parent, n, None) for n in names]
+            if getattr(parent, slot, "absent") is not None or not all(isinstance(m, QuantLinear) for m in lins):
+                continue
+            codes = [int4_codes(m) for m in lins]
+            if any(c is None for c in codes) or len({m.bias is None for m in lins}) != 1:
+                continue
+            bias = None if lins[0].bias is None else torch.cat([m.bias.detach() for m in lins])
+            setattr(parent, slot, Int4Linear(*(torch.cat(parts) for parts in zip(*codes)), bias=bias))
+            stats["fused"] += 1
+        for name, child in list(parent.named_children()):
+            if not isinstance(child, QuantLinear):
+                continue
+            codes = int4_codes(child)
+            if codes is None:
+                lin = nn.Linear(child.in_features, child.out_features, bias=child.bias is not None, device="meta")
+                lin.weight = nn.Parameter(child.dequantized(), requires_grad=False)
+                if child.bias is not None:
+                    lin.bias = nn.Parameter(child.bias.detach(), requires_grad=False)
+                setattr(parent, name, lin)
+                stats["float"] += 1
+            else:
+                setattr(parent, name, Int4Linear(*codes, bias=child.bias))
+                stats["int4"] += 1
+    model.weights_format = "native"
     return stats

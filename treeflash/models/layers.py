@@ -14,6 +14,16 @@ from treeflash.models.config import ModelConfig
 from treeflash.models.rope import inv_freq_and_scale
 
 
+class PackedLinear(nn.Module):
+    """A linear layer whose weight is not one float tensor (4-bit CPU codes, GGUF blocks): it has
+    in_features / out_features and a forward, no `.weight`. The fused and folded paths, which hand
+    `.weight` to their own kernels, skip a model that holds one; `fuse()` concatenates such layers
+    only through their own class (QuantLinear.concat)."""
+
+    in_features: int
+    out_features: int
+
+
 class RMSNorm(nn.Module):
     """y = x / rms(x) * w, computed in fp32; `unit_offset` scales by (1 + w) instead (qwen3_5)."""
 
@@ -128,6 +138,62 @@ def fuse_linears(lins: list[nn.Linear]) -> tuple[torch.Tensor, torch.Tensor | No
     return weight, bias
 
 
+def fuse_packed(layers: list[nn.Module]) -> nn.Module | None:
+    """One PackedLinear over the outputs of `layers` where they can share a launch (GGUF blocks of one
+    format: QuantLinear.concat), else None (each layer then runs alone)."""
+    from treeflash.models.quant_linear import QuantLinear
+
+    return QuantLinear.concat(layers)
+
+
+def can_fuse_packed(layers: list[nn.Module]) -> bool:
+    from treeflash.models.quant_linear import QuantLinear
+
+    return QuantLinear.can_concat(layers)
+
+
+class PackedRuns(nn.Module):
+    """Projections of one input where only runs of neighbours share a format (a Q4_K_M file keeps
+    attn_v at Q6_K in some layers, the DeltaNet's alpha/beta at Q8_0): each run of 2+ layers fused
+    into one launch, the others alone. forward -> every original layer's output, in order."""
+
+    def __init__(self, runs: list[nn.Module], sizes: list[list[int]]):
+        super().__init__()
+        self.runs = nn.ModuleList(runs)
+        self.sizes = sizes  # per run: the out_features of the layers it holds
+
+    def forward(self, x: torch.Tensor) -> list[torch.Tensor]:
+        outs: list[torch.Tensor] = []
+        for run, sizes in zip(self.runs, self.sizes):
+            y = run(x)
+            outs.extend(y.split(sizes, dim=-1) if len(sizes) > 1 else (y,))
+        return outs
+
+
+def fuse_packed_runs(layers: list[nn.Module]) -> PackedRuns | None:
+    """PackedRuns over `layers` (all PackedLinear), or None where no two neighbours fuse."""
+    if not all(isinstance(m, PackedLinear) for m in layers):
+        return None
+    runs, sizes, i = [], [], 0
+    while i < len(layers):
+        j = len(layers)
+        while j > i + 1 and not can_fuse_packed(layers[i:j]):  # the longest run from i that fuses
+            j -= 1
+        group = layers[i:j]
+        runs.append(fuse_packed(group) if len(group) > 1 else group[0])
+        sizes.append([m.out_features for m in group])
+        i = j
+    if all(len(s) == 1 for s in sizes):
+        return None
+    return PackedRuns(runs, sizes)
+
+
+def packed_outputs(module: nn.Module, x: torch.Tensor, sizes: list[int]) -> list[torch.Tensor]:
+    """The outputs of fused projections: PackedRuns gives them apart, one PackedLinear concatenated."""
+    y = module(x)
+    return list(y) if isinstance(y, list) else list(y.split(sizes, dim=-1))
+
+
 class MLP(nn.Module):
     """SwiGLU: down(silu(gate(x)) * up(x))."""
 
@@ -139,13 +205,17 @@ class MLP(nn.Module):
 
         self.register_buffer("gate_up", None, persistent=False)  # [2 * inner, hidden] once fused (gate_proj/up_proj become views)
         self.register_buffer("gate_up_folded", None, persistent=False)  # the same times the norm's scale: fold_norm
-        self.gate_up_int4 = None  # models.int4_linear: one 4-bit GEMV for gate and up (CPU)
+        self.gate_up_packed = None  # one PackedLinear for gate and up (models.int4_linear, models.quant_linear)
 
     def fuse(self) -> None:
         """One GEMV for gate and up: the two weights become views of one [2I, H] tensor."""
-        if self.gate_up is not None:
+        if self.gate_up is not None or self.gate_up_packed is not None:
             return
-        self.gate_up, _ = fuse_linears([self.gate_proj, self.up_proj])  # a registered buffer: .to() carries it
+        lins = [self.gate_proj, self.up_proj]
+        if all(type(lin) is nn.Linear for lin in lins):
+            self.gate_up, _ = fuse_linears(lins)  # a registered buffer: .to() carries it
+        else:
+            self.gate_up_packed = fuse_packed(lins)
 
     def fold_norm(self, norm: RMSNorm) -> None:
         """gate_up_folded = gate_up with the norm's scale folded into its columns (forward_folded); needs fuse()."""
@@ -163,8 +233,8 @@ class MLP(nn.Module):
         return linear_fused(act, self.down_proj.weight, residual=s)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if self.gate_up_int4 is not None:
-            return self.down_proj(silu_mul(self.gate_up_int4(x)))
+        if self.gate_up_packed is not None:
+            return self.down_proj(silu_mul(self.gate_up_packed(x)))
         if self.gate_up is not None:
             return projection.apply(self.down_proj, projection.swiglu(x, self.gate_up))
         act = F.silu(projection.apply(self.gate_proj, x)) * projection.apply(self.up_proj, x)  # apply: CPU row padding

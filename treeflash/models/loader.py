@@ -10,16 +10,17 @@ so a checkpoint never sits in memory twice.
 from __future__ import annotations
 
 import contextlib
+import sys
 import warnings
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import torch
 from torch import nn
 
 from treeflash.errors import InvalidRequestError, ModelLoadError
-from treeflash.models.checkpoint import Checkpoint
+from treeflash.models.checkpoint import Checkpoint, TensorRef
 from treeflash.models.config import ModelConfig
 from treeflash.models.layers import Rotary
 from treeflash.models.transformer import CausalLM
@@ -34,10 +35,14 @@ class LoadedModel:
     chat_template: str | None
     config: ModelConfig
     source: str
-    weights: str = "float"  # "int4": 4-bit linear layers on the CPU (models/int4_linear.py)
+    weights: str = "float"  # WEIGHT_FORMATS
+    weight_plan: dict[str, dict[str, int]] = field(default_factory=dict)  # stored type -> {"quantized": n, "dequantized": n}
 
 
-WEIGHT_FORMATS = ("float", "int4")
+# float: every tensor dequantized to the model dtype. native: GGUF blocks kept as stored where a fast path
+# runs them (CUDA: treeflash.kernels.quant's kernels, per format; CPU: the int4 kernel for Q4_0/Q4_1), the
+# rest dequantized. int4: the CPU int4 path, an error where no layer is 4-bit.
+WEIGHT_FORMATS = ("float", "native", "int4")
 
 
 def resolve_device(device: str | torch.device) -> torch.device:
@@ -77,7 +82,10 @@ def load_model(
 
     dtype defaults to float32 on a CPU and bfloat16 on a GPU. Raises ModelLoadError naming the file
     and the tensor for anything that does not fit the architecture exactly. weights="int4" keeps
-    4-bit (Q4_0/Q4_1) linear layers at 4 bits on the CPU (see models/int4_linear.py).
+    4-bit (Q4_0/Q4_1) linear layers at 4 bits on the CPU (see models/int4_linear.py); weights="native"
+    keeps each GGUF linear weight in its stored blocks where a fast path runs its format (on CUDA a
+    QuantLinear for the formats treeflash.kernels.quant has kernels for; on the CPU int4), the rest
+    dequantized. `weight_plan` of the result says, per stored type, how many tensors went which way.
     """
     if weights not in WEIGHT_FORMATS:
         raise InvalidRequestError(f"--weights must be one of {', '.join(WEIGHT_FORMATS)}, got {weights!r}", "weights")
@@ -92,17 +100,61 @@ def load_model(
     tokenizer = ckpt.load_tokenizer()  # before the weights: a broken tokenizer should fail fast
     if weights == "int4" and dev.type != "cpu":
         raise InvalidRequestError(f"--weights int4 runs on the CPU only (device {dev}); on a GPU the weights are {dtype}", "weights")
-    model = build_model(ckpt, dev, dtype, progress)
+    keep = None
+    if weights == "native" and dev.type == "cuda":
+        from treeflash.kernels.quant import has_kernel
+
+        keep = has_kernel
+    elif weights == "native":
+        from treeflash.models.int4_linear import INT4_FORMATS, int4_kernel_available
+
+        keep = INT4_FORMATS.__contains__ if int4_kernel_available() else None
+    model = build_model(ckpt, dev, dtype, progress, keep_quantized=keep)
+    if weights == "native":
+        model.weights_format = "native"  # what bench/machine reports
+    if weights == "native" and dev.type == "cpu" and keep is not None:
+        from treeflash.models.int4_linear import use_int4_blocks
+
+        use_int4_blocks(model)  # the CPU runs 4-bit blocks through torch's int4 kernel, never dequantize-per-call
     if weights == "int4":
         from treeflash.models.int4_linear import use_int4_model
 
         stats = use_int4_model(model)
         if not stats["int4"]:
             raise InvalidRequestError(f"--weights int4: no linear layer of {ckpt.source} is 4-bit (Q4_0/Q4_1 GGUF blocks); use --weights float", "weights")
-    return LoadedModel(model=model, tokenizer=tokenizer, chat_template=ckpt.chat_template, config=ckpt.config, source=ckpt.source, weights=weights)
+    plan = weight_plan(ckpt, model)
+    if progress and weights != "float" and plan:
+        print(format_weight_plan(plan, dev), file=sys.stderr, flush=True)
+    return LoadedModel(model=model, tokenizer=tokenizer, chat_template=ckpt.chat_template, config=ckpt.config, source=ckpt.source,
+                       weights=weights, weight_plan=plan)
 
 
-def build_model(ckpt: Checkpoint, device: torch.device, dtype: torch.dtype, progress: bool = True) -> CausalLM:
+def format_weight_plan(plan: dict[str, dict[str, int]], device: torch.device) -> str:
+    """The weight plan as a few lines: per stored type, how many matrices run quantized on `device`."""
+    rows = [f"  {t:8s} {c['quantized']:4d} kept quantized, {c['dequantized']:4d} dequantized" for t, c in sorted(plan.items())]
+    return "\n".join([f"weights on {device.type} (per GGUF type):", *rows])
+
+
+def weight_plan(ckpt: Checkpoint, model: CausalLM) -> dict[str, dict[str, int]]:
+    """Per stored GGUF block type: how many tensors the model runs quantized (GGUF blocks or int4 codes)
+    and how many it holds dequantized. Empty for a float checkpoint (and F32/F16/BF16 tensors are left out)."""
+    from treeflash.models.gguf_dequant import FLOAT_TYPES, type_name
+    from treeflash.models.layers import PackedLinear
+
+    packed = {name for name, m in model.named_modules() if isinstance(m, PackedLinear)}
+    plan: dict[str, dict[str, int]] = {}
+    for name, ref in ckpt.tensors.items():
+        if ref.ggml_type is None or ref.ggml_type in FLOAT_TYPES:
+            continue
+        row = plan.setdefault(type_name(ref.ggml_type), {"quantized": 0, "dequantized": 0})
+        row["quantized" if name.rpartition(".")[0] in packed else "dequantized"] += 1
+    return plan
+
+
+def build_model(ckpt: Checkpoint, device: torch.device, dtype: torch.dtype, progress: bool = True,
+                keep_quantized: Callable[[str], bool] | None = None) -> CausalLM:
+    """The model with every tensor read onto `device`. keep_quantized(fmt): which GGUF block formats an
+    nn.Linear weight keeps as stored (the layer becomes a models.quant_linear.QuantLinear); None: none."""
     config = ckpt.config
     with _empty_weights():
         model = CausalLM(config)
@@ -122,6 +174,8 @@ def build_model(ckpt: Checkpoint, device: torch.device, dtype: torch.dtype, prog
     with torch.no_grad():
         for name in tqdm(names, desc=f"loading {Path(ckpt.source).name}", unit="tensor", disable=not progress):
             ref = ckpt.tensors[name]
+            if keep_quantized is not None and _keep_blocks(model, name, ref, device, keep_quantized):
+                continue
             try:
                 value = ref.read(device, dtype)
             except ModelLoadError:
@@ -144,6 +198,32 @@ def build_model(ckpt: Checkpoint, device: torch.device, dtype: torch.dtype, prog
             raise ModelLoadError(f"{ckpt.source}: {name} was not loaded")
     model.requires_grad_(False)
     return model.eval()
+
+
+def _keep_blocks(model: nn.Module, name: str, ref: TensorRef, device: torch.device, keep: Callable[[str], bool]) -> bool:
+    """Swap the nn.Linear that owns weight `name` for a QuantLinear over the tensor's stored blocks,
+    when the tensor has blocks and `keep` takes their format; returns whether it did (its bias, if
+    any, is read afterwards like any parameter)."""
+    from treeflash.models.gguf_dequant import type_name
+
+    module_path, _, leaf = name.rpartition(".")
+    if leaf != "weight" or ref.read_blocks is None or not keep(type_name(ref.ggml_type)):
+        return False
+    if name.startswith(MTP_PREFIX):  # MTPHead reads fc.weight for its cache's dtype: its matrices stay float
+        return False
+    parent_path, _, child = module_path.rpartition(".")
+    parent = model.get_submodule(parent_path)
+    lin = getattr(parent, child)
+    if type(lin) is not nn.Linear:
+        return False
+    from treeflash.models.quant_linear import QuantLinear
+
+    try:
+        q = ref.read_blocks(device)
+    except Exception as e:
+        raise ModelLoadError(f"cannot read the blocks of tensor {ref.origin}: {e}") from e
+    setattr(parent, child, QuantLinear(q.blocks, q.fmt, lin.in_features, bias=lin.bias, in_index=q.in_index))
+    return True
 
 
 def _check_names_and_shapes(ckpt: Checkpoint, expected: dict[str, tuple[int, ...]]) -> None:

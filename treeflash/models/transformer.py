@@ -16,7 +16,7 @@ from treeflash.kv.cache import ATTENTION, RECURRENT, CacheLayout, CacheSpec, Mod
 from treeflash.kv.recurrent_cache import RecurrentShape
 from treeflash.models.attention import Attention
 from treeflash.models.config import FULL_ATTENTION, ModelConfig
-from treeflash.models.layers import MLP, RMSNorm, Rotary
+from treeflash.models.layers import MLP, PackedLinear, RMSNorm, Rotary
 from treeflash.models.step import StepInput
 
 # Steps of 2..FUSED_ROWS tokens (verify trees) may run forward_fused: norms, SwiGLU and residual adds inside
@@ -176,9 +176,13 @@ class CausalLM(nn.Module):
         on_gpu = self.device.type == "cuda" and self.dtype in (torch.float16, torch.bfloat16)
         largest = max((p.numel() * p.element_size() for name, p in self.model.layers.named_parameters()
                        if name.endswith("weight") and p.dim() == 2), default=0)
-        small = on_gpu and largest <= FUSED_WEIGHT_BYTES
+        packed = self.has_packed()  # GGUF blocks: the fused layers would need `.weight`
+        small = on_gpu and largest <= FUSED_WEIGHT_BYTES and not packed
         if fused_rows is None:
             fused_rows = FUSED_ROWS if small else 0
+        if fused_rows and packed:
+            raise ValueError("fuse_projections: the fused layers (fused_rows) need float projection weights; "
+                             "this model keeps some as GGUF blocks or int4 codes")
         foldable = self.foldable()
         if folded_rows is None:
             folded_rows = FOLDED_ROWS if small and foldable else 0
@@ -186,7 +190,7 @@ class CausalLM(nn.Module):
             folded_decode = self.folded_decode or folded_decode_default(on_gpu, foldable, small, fused_rows)
         if (folded_rows or folded_decode) and not foldable:
             raise ValueError(f"fuse_projections: folded norms need a dense attention-only model without q/k/v bias, "
-                             f"output gate or int4 projections ({self.config.arch})")
+                             f"output gate or packed (int4, GGUF block) projections ({self.config.arch})")
         if folded_decode and fused_rows:
             raise ValueError("fuse_projections: folded_decode folds the weights in place; the fused layers (fused_rows) "
                              "need them unfolded")
@@ -200,10 +204,15 @@ class CausalLM(nn.Module):
 
     def foldable(self) -> bool:
         """Whether forward_folded applies: every layer full attention, no q/k/v bias, no output gate, no
-        int4 projections (GatedDeltaNet and gated attention keep the norm launches)."""
+        packed projections (GatedDeltaNet and gated attention keep the norm launches)."""
         c = self.config
         return (all(t == FULL_ATTENTION for t in c.layer_types) and not c.attention_bias and not c.attn_output_gate
-                and all(layer.self_attn.qkv_int4 is None and layer.mlp.gate_up_int4 is None for layer in self.model.layers))
+                and not self.has_packed())
+
+    def has_packed(self) -> bool:
+        """Whether some projection is a PackedLinear (int4 codes, GGUF blocks): no `.weight` for the
+        fused and folded paths."""
+        return any(isinstance(m, PackedLinear) for m in self.model.layers.modules())
 
     # -- shared with drafters (DFlash and MTP reuse the target's embedding and head) --
     def embed(self, input_ids: torch.Tensor) -> torch.Tensor:
@@ -214,6 +223,8 @@ class CausalLM(nn.Module):
         low = getattr(self, "head_weight_bf16", None)  # set by models.int4_linear.use_int4_model
         if low is not None:
             return torch.nn.functional.linear(hidden.to(low.dtype), low).float()
+        if isinstance(self.lm_head, PackedLinear):  # a head kept as GGUF blocks
+            return self.lm_head(hidden).float()
         w = self.model.embed_tokens.weight if self.lm_head is None else self.lm_head.weight
         return projection.cpu_padded_linear(hidden, w, rows=projection.CPU_PAD_HEAD_ROWS).float()
 

@@ -221,7 +221,9 @@ def _build(target, options: DraftOptions) -> Drafter:
         raise InvalidRequestError("--draft draft needs --draft-model PATH: a smaller model with the target's vocabulary", "draft_model")
     from treeflash.models.loader import load_model
 
-    draft = load_model(options.draft_model, device=target.model.device, dtype=target.model.dtype, progress=False)
+    # a quantized target (--weights native) keeps the draft's GGUF blocks too, through the same loader path
+    weights = "native" if getattr(target, "weights", "float") == "native" else "float"
+    draft = load_model(options.draft_model, device=target.model.device, dtype=target.model.dtype, progress=False, weights=weights)
     check_vocab(target, draft)
     draft.model.fuse_projections()  # fewer, larger GEMVs: the draft runs num_draft passes per step
     return DraftModelDrafter(draft.model, options.num_draft, target.config.vocab_size, source=draft.source)

@@ -89,7 +89,7 @@ def run(args: argparse.Namespace) -> int:
           f"{', '.join(t.label for t in targets)}", file=sys.stderr)
     records = run_schedule(targets, prompts, settings, progress=not args.quiet)
     if "memory" in info:
-        from treeflash.bench.memory import measured
+        from treeflash.cli.bench_memory import measured
 
         info["memory"] = measured(info["memory"], targets[-1].engine.model.device.type)
     summary, warnings = summarize(records, [t.label for t in targets], baseline, sweep_values, greedy=args.temperature == 0)
@@ -192,7 +192,7 @@ def _engine_targets(args, prompts):
     """Load the model once; build one Engine per configuration over it (baseline first)."""
     from treeflash.bench import machine
     from treeflash.bench.endpoint import EndpointTarget
-    from treeflash.bench.memory import planned
+    from treeflash.cli.bench_memory import planned
     from treeflash.bench.runner import EngineTarget
     from treeflash.data.prompts import encode_prompt
     from treeflash.bench.sweep import engine_configs, parse_sweep

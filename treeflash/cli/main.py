@@ -1,4 +1,4 @@
-"""The `treeflash` command: generate, serve, bench, train-drafter."""
+"""The `treeflash` command: generate, serve, bench, fit, train-drafter."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import sys
 from treeflash import __version__
 from treeflash.errors import TreeflashError
 
-COMMANDS = ("generate", "serve", "bench", "train_drafter")  # modules of treeflash.cli, each with add_parser
+COMMANDS = ("generate", "serve", "bench", "fit", "train_drafter")  # modules of treeflash.cli, each with add_parser
 
 EXAMPLES = """examples:
   treeflash generate --chat "What is the capital of France?"

@@ -30,7 +30,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from treeflash.models.layers import PackedLinear
+from treeflash.models.packed_linear import PackedLinear
 
 GROUP = 32
 

@@ -12,16 +12,8 @@ from treeflash.kernels.norm import rmsnorm
 from treeflash.kernels import projection
 from treeflash.models.config import ModelConfig
 from treeflash.models.rope import inv_freq_and_scale
-
-
-class PackedLinear(nn.Module):
-    """A linear layer whose weight is not one float tensor (4-bit CPU codes, GGUF blocks): it has
-    in_features / out_features and a forward, no `.weight`. The fused and folded paths, which hand
-    `.weight` to their own kernels, skip a model that holds one; `fuse()` concatenates such layers
-    only through their own class (QuantLinear.concat)."""
-
-    in_features: int
-    out_features: int
+from treeflash.models.packed_linear import PackedLinear
+from treeflash.models.quant_linear import QuantLinear
 
 
 class RMSNorm(nn.Module):
@@ -141,14 +133,10 @@ def fuse_linears(lins: list[nn.Linear]) -> tuple[torch.Tensor, torch.Tensor | No
 def fuse_packed(layers: list[nn.Module]) -> nn.Module | None:
     """One PackedLinear over the outputs of `layers` where they can share a launch (GGUF blocks of one
     format: QuantLinear.concat), else None (each layer then runs alone)."""
-    from treeflash.models.quant_linear import QuantLinear
-
     return QuantLinear.concat(layers)
 
 
 def can_fuse_packed(layers: list[nn.Module]) -> bool:
-    from treeflash.models.quant_linear import QuantLinear
-
     return QuantLinear.can_concat(layers)
 
 

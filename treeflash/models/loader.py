@@ -139,7 +139,7 @@ def weight_plan(ckpt: Checkpoint, model: CausalLM) -> dict[str, dict[str, int]]:
     """Per stored GGUF block type: how many tensors the model runs quantized (GGUF blocks or int4 codes)
     and how many it holds dequantized. Empty for a float checkpoint (and F32/F16/BF16 tensors are left out)."""
     from treeflash.models.gguf_dequant import FLOAT_TYPES, type_name
-    from treeflash.models.layers import PackedLinear
+    from treeflash.models.packed_linear import PackedLinear
 
     packed = {name for name, m in model.named_modules() if isinstance(m, PackedLinear)}
     plan: dict[str, dict[str, int]] = {}

@@ -20,7 +20,7 @@ import torch
 from torch import nn
 
 from treeflash.models.gguf_dequant import dequantize_rows
-from treeflash.models.layers import PackedLinear
+from treeflash.models.packed_linear import PackedLinear
 from treeflash.kernels.quant import has_kernel, quant_matmul
 
 

@@ -16,7 +16,8 @@ from treeflash.kv.cache import ATTENTION, RECURRENT, CacheLayout, CacheSpec, Mod
 from treeflash.kv.recurrent_cache import RecurrentShape
 from treeflash.models.attention import Attention
 from treeflash.models.config import FULL_ATTENTION, ModelConfig
-from treeflash.models.layers import MLP, PackedLinear, RMSNorm, Rotary
+from treeflash.models.layers import MLP, RMSNorm, Rotary
+from treeflash.models.packed_linear import PackedLinear
 from treeflash.models.step import StepInput
 
 # Steps of 2..FUSED_ROWS tokens (verify trees) may run forward_fused: norms, SwiGLU and residual adds inside

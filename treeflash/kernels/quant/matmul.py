@@ -16,7 +16,7 @@ import os
 import torch
 import triton
 
-from treeflash.kernels.quant import kernels
+import treeflash.kernels.quant.kernels as kernels
 from treeflash.kernels.quant.config import DEFAULT_TUNING, QuantTuning
 from treeflash.kernels.quant.decode import FMT_ID, GROUPS
 from treeflash.kernels.quant.formats import BlockFormat, BlockFormatError, check_blocks, get_format

@@ -49,8 +49,11 @@ class CheckpointHeader:
 
 
 def read_header(path: str | Path) -> CheckpointHeader:
-    """A Hugging Face directory (config.json + *.safetensors) or a .gguf file -> its header."""
-    p = Path(path).expanduser()
+    """A Hugging Face directory (config.json + *.safetensors) or a .gguf file -> its header. A path that
+    does not exist but reads as a Hub id is fetched first, as the loader does (models/hub.py)."""
+    from treeflash.models.hub import resolve_model_path
+
+    p = resolve_model_path(path)
     if p.is_dir():
         return read_hf_header(p)
     if p.is_file() and p.suffix.lower() == ".gguf":
@@ -64,6 +67,7 @@ def read_gguf_header(path: Path) -> CheckpointHeader:
     from gguf import GGMLQuantizationType
 
     from treeflash.models.gguf_loader import ARCH_MODEL_TYPE, TOKENIZER_ARRAYS, gguf_to_ours, hf_config_dict, read_gguf
+    from treeflash.models.gguf_nextn import mtp_name
 
     reader = read_gguf(path)
     meta = {k: f.contents() for k, f in reader.fields.items() if k not in TOKENIZER_ARRAYS}
@@ -75,7 +79,9 @@ def read_gguf_header(path: Path) -> CheckpointHeader:
     tensors, skipped = [], []
     for name, t in by_name.items():
         ours = None if name == "rope_freqs.weight" else gguf_to_ours(name)  # rope_freqs divides a computed buffer
-        if ours is None or (arch == "qwen35" and name.startswith(f"blk.{config.num_layers}.")):
+        if arch == "qwen35" and ours is not None and ours.startswith("model.layers."):
+            ours = mtp_name(ours, name, config.num_layers, config.mtp_num_layers, str(path))  # the MTP (nextn) blocks
+        if ours is None:
             skipped.append(name)
             continue
         shape = tuple(int(d) for d in reversed(t.shape.tolist()))

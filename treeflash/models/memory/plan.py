@@ -14,7 +14,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from treeflash.kernels import kv_formats as formats
-from treeflash.models.memory import parts
+import treeflash.models.memory.parts as parts
 from treeflash.models.memory.header import CheckpointHeader
 from treeflash.models.memory.overheads import Overheads
 from treeflash.models.memory.placement import WEIGHT_MODES, device_bytes

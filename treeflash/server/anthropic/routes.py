@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import time
 import uuid
-from typing import TYPE_CHECKING
 
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
@@ -20,8 +19,6 @@ from treeflash.server.prompt import render_messages, sampling_params, single_req
 from treeflash.server.protocol import parse
 from treeflash.server.streaming import SSEFormat, encode_named_event
 
-if TYPE_CHECKING:
-    from treeflash.server.app import ServerState
 
 ANTHROPIC_SSE = SSEFormat(encode_named_event, error_event, None)
 

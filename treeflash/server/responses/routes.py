@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import time
 import uuid
-from typing import TYPE_CHECKING
 
 from fastapi import FastAPI, Request
 from fastapi.responses import Response
@@ -20,8 +19,6 @@ from treeflash.server.responses.protocol import Item, ResponsesRequest, chat_mes
 from treeflash.server.responses.store import ResponseStore
 from treeflash.server.streaming import SSEFormat, encode_named_event
 
-if TYPE_CHECKING:
-    from treeflash.server.app import ServerState
 
 RESPONSES_SSE = SSEFormat(encode_named_event, error_event, None)
 NO_THINKING_EFFORTS = ("none", "minimal")  # reasoning.effort values that switch a thinking template's thinking off

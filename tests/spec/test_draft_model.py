@@ -157,7 +157,7 @@ def test_registry_builds_it(monkeypatch):
     draft = loaded(tiny_lm("qwen3", 1), words, "draft.gguf")
     calls = []
 
-    def fake_load(path, device, dtype, progress):
+    def fake_load(path, device, dtype, progress, weights="float"):
         calls.append((path, device, dtype))
         return draft
 

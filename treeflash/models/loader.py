@@ -102,9 +102,9 @@ def load_model(
         raise InvalidRequestError(f"--weights int4 runs on the CPU only (device {dev}); on a GPU the weights are {dtype}", "weights")
     keep = None
     if weights == "native" and dev.type == "cuda":
-        from treeflash.kernels.quant import has_kernel
+        from treeflash.kernels.quant import FORMATS, has_kernel
 
-        keep = has_kernel
+        keep = lambda fmt: fmt in FORMATS and has_kernel(fmt)  # noqa: E731 (other block types are dequantized)
     elif weights == "native":
         from treeflash.models.int4_linear import INT4_FORMATS, int4_kernel_available
 

@@ -17,11 +17,12 @@ x[:, p^-1] W^T.
 from __future__ import annotations
 
 import torch
+from gguf import GGMLQuantizationType
 from torch import nn
 
 from treeflash.models.gguf_dequant import dequantize_rows
 from treeflash.models.packed_linear import PackedLinear
-from treeflash.kernels.quant import has_kernel, quant_matmul
+from treeflash.kernels.quant import FORMATS, has_kernel, quant_matmul
 
 
 class QuantLinear(PackedLinear):
@@ -48,14 +49,18 @@ class QuantLinear(PackedLinear):
 
     @property
     def has_kernel(self) -> bool:
-        return has_kernel(self.fmt)
+        return self.fmt in FORMATS and has_kernel(self.fmt)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # x [..., K] -> [..., N] in x.dtype
         lead = x.shape[:-1]
         x2 = x.reshape(-1, self.in_features).contiguous()  # the kernels read rows densely (no copy when already so)
         if self.in_index is not None:
             x2 = x2.index_select(1, self.in_index)
-        y = quant_matmul(x2, self.blocks, self.fmt, self.in_features, out_dtype=x.dtype)
+        if self.fmt in FORMATS:
+            y = quant_matmul(x2, self.blocks, self.fmt, self.in_features, out_dtype=x.dtype)
+        else:  # a format kernels.quant does not decode (the i-quants below IQ4): gguf's dequantizer, then torch
+            w = dequantize_rows(self.blocks, int(GGMLQuantizationType[self.fmt]), self.in_features, torch.float32)
+            y = (x2.float() @ w.t()).to(x.dtype)
         if self.bias is not None:
             y = y + self.bias
         return y.reshape(*lead, self.out_features)

@@ -39,7 +39,7 @@ import torch
 
 
 from treeflash.data.prompts import encode_prompt
-from treeflash.kernels.ddtree import best_first
+from treeflash.kernels.spec.ddtree import best_first
 from treeflash.models.default_model import default_drafter_path, default_model_path
 from treeflash.models.loader import load_model
 from treeflash.models.step import StepInput

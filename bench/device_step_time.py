@@ -6,10 +6,10 @@ drafter (speed does not depend on the weights), each replayed N times back to ba
     verify-16     the target's verify graph at 16 nodes (the chain's bucket)
     draft         the drafter's pass graph over 16 new rows
     device-chain  DeviceStep's whole chain step (draft + verify + accept + next state; spec/device_step.py)
-    device-ddtree-N  the same with a DDTree of N nodes built on the device (kernels/ddtree.py) and its commit
+    device-ddtree-N  the same with a DDTree of N nodes built on the device (kernels/spec/ddtree.py) and its commit
     device-ddtree-N-sampled  the same for a sampled request with top-k / top-p (the sort of every node's
                              distribution, then a draw at every node)
-    device-ddtree-N-sampled-nosort  a sampled request with neither (temperature, min-p): kernels/sample.py
+    device-ddtree-N-sampled-nosort  a sampled request with neither (temperature, min-p): kernels/spec/sample.py
 
 Per graph: the host's enqueue time per replay and the elapsed GPU time per replay (CUDA events around
 the N replays; when the host enqueues faster than the GPU runs, this is the GPU's time), and the
@@ -154,7 +154,7 @@ def main() -> None:
     p.add_argument("--out", default="device_step_time.json")
     args = p.parse_args()
     if args.balanced_splits is not None:
-        from treeflash.kernels import quant_attention
+        from treeflash.kernels.attention import quant_attention
 
         quant_attention.BALANCED_SPLITS = args.balanced_splits
     res = {"shape": "smollm2-135m", "drafter": "3 layers, block 16", "balanced_splits": args.balanced_splits,

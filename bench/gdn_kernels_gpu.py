@@ -21,10 +21,10 @@ from pathlib import Path
 import torch
 
 
-from treeflash.kernels import gdn_tree
-from treeflash.kernels.gdn_decode import (conv_step, conv_step_ref, decode_step, recurrent_step,
+from treeflash.kernels.gdn import gdn_tree
+from treeflash.kernels.gdn.gdn_decode import (conv_step, conv_step_ref, decode_step, recurrent_step,
                                           recurrent_step_ref)
-from treeflash.kernels.gdn_tree import recurrent_path, tree_recurrent, tree_recurrent_ref
+from treeflash.kernels.gdn.gdn_tree import recurrent_path, tree_recurrent, tree_recurrent_ref
 
 HK, HV, DK, DV, K = 16, 48, 128, 128, 4
 C = 2 * HK * DK + HV * DV

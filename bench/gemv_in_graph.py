@@ -29,7 +29,7 @@ from pathlib import Path
 import torch
 
 from bench.gpu_shapes import build_model, cuda_time, measure_bandwidth, step_bytes, sync
-from treeflash.kernels import gemv
+from treeflash.kernels.linear import gemv
 from treeflash.models.runner import CudaGraphRunner
 from treeflash.spec.decoder import Decoder
 from treeflash.spec.sampling import SamplingParams

@@ -89,7 +89,7 @@ def prefill_attention_check() -> dict:
 
 def _restore_tables(tuned: dict, tuned_swiglu: dict) -> None:
     """gemv's shape tables back as they were before a check added its tiny shapes."""
-    from treeflash.kernels import gemv
+    from treeflash.kernels.linear import gemv
 
     for table, saved in ((gemv.TUNED, tuned), (gemv.TUNED_SWIGLU, tuned_swiglu)):
         table.clear()
@@ -102,7 +102,7 @@ def gemv_decode_check() -> dict:
     eagerly (fp32 logits) and through the CUDA-graph runner (tokens), plus speculation."""
     from tests.models.gemv_model_checks import decode_logits
     from tests.models.test_gated_deltanet import tiny_model
-    from treeflash.kernels import gemv
+    from treeflash.kernels.linear import gemv
 
     model = tiny_model().cuda().fuse_projections(fused_rows=0)
     saved = dict(gemv.TUNED), dict(gemv.TUNED_SWIGLU)
@@ -132,7 +132,7 @@ def folded_decode_check() -> dict:
     decode step runs the folded GEMVs: the residual adds in gemv's epilogue (down with split-K), 1 / rms in
     gemv_swiglu's. fp32 logits against transformers (eager prefill and decode), graphed plain and speculative
     tokens against the same model's graphed plain decoding before folding."""
-    from treeflash.kernels import gemv
+    from treeflash.kernels.linear import gemv
 
     hf, ours = make_pair("qwen3")
     hf, ours = hf.cuda(), ours.cuda()
@@ -167,8 +167,8 @@ def rotated_keys_check() -> dict:
     un-rotated; then a tiny qwen3 in fp32 decoding through CUDA graphs over q8_0 and q4_0 caches
     (rotation on write and the query's turn inside the graphs): speculative tokens equal plain ones."""
     from tests.kernels.interpret_checks import _planes
-    from treeflash.kernels import kv_formats as formats
-    from treeflash.kernels.quant_attention import (quant_attention, quant_attention_masked, quant_attention_masked_reference,
+    from treeflash.kernels.kv import kv_formats as formats
+    from treeflash.kernels.attention.quant_attention import (quant_attention, quant_attention_masked, quant_attention_masked_reference,
                                                    quant_attention_reference)
 
     def cuda(p):
@@ -206,15 +206,15 @@ def rotated_keys_check() -> dict:
 
 
 def kv_write_check() -> dict:
-    """The cache's rotation and tq3_0 writes on CUDA (kernels/rotate.py, kv_quant's tq3_0 kernel, both tiled by
+    """The cache's rotation and tq3_0 writes on CUDA (kernels/kv/rotate.py, kv_quant's tq3_0 kernel, both tiled by
     32-value column blocks since stop 29): rotate_rows against its fp32 reference (query to fp16, centered keys,
     an output un-rotated to bf16), quantize_into against the torch quantizer for every format and
     quantize_rotated_into (q8_0 / q4_0 keys centered and rotated in the write) against rotate-then-quantize (codes
     may differ where a value sits on a cut within fp32 rounding: counted), then a tiny qwen3 in fp32 decoding through
     CUDA graphs over tq3_0 / tq3_0 and q8_0 / tq3_0 caches: speculative tokens equal plain ones."""
-    from treeflash.kernels.kv_formats import get_format
-    from treeflash.kernels.kv_quant import quantize_into, quantize_into_reference, quantize_rotated_into, quantize_rotated_into_reference
-    from treeflash.kernels.rotate import rotate_rows, rotate_rows_reference
+    from treeflash.kernels.kv.kv_formats import get_format
+    from treeflash.kernels.kv.kv_quant import quantize_into, quantize_into_reference, quantize_rotated_into, quantize_rotated_into_reference
+    from treeflash.kernels.kv.rotate import rotate_rows, rotate_rows_reference
 
     res: dict = {}
     torch.manual_seed(0)
@@ -294,7 +294,7 @@ def main() -> None:
         ids = torch.randint(0, 97, (1, 40), device="cuda")
         ref = hf(ids).logits[0].float()
         err, inc = prefill_and_decode_errors(ours, ids[0], ref)
-        # the fused layers (kernels/linear.py: norms and residual adds inside the GEMVs), fp32 on the
+        # the fused layers (kernels/linear/fused.py: norms and residual adds inside the GEMVs), fp32 on the
         # GPU: the prefill of 40 tokens and the incremental steps both take them
         ours.fuse_projections(fused_rows=128)
         fused_err, fused_inc = prefill_and_decode_errors(ours, ids[0], ref)

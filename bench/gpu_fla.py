@@ -1,4 +1,4 @@
-"""flash-linear-attention's chunked Gated DeltaNet (kernels/gdn_chunk.py) against our torch reference
+"""flash-linear-attention's chunked Gated DeltaNet (kernels/gdn/gdn_chunk.py) against our torch reference
 (models/gated_deltanet.py: delta_rule_chunked) on the GPU: parity of outputs and final state, then
 the time of one layer's delta rule at 4K and 32K tokens, then a hybrid model's prefill both ways.
 
@@ -20,7 +20,7 @@ import torch
 import torch.nn.functional as F
 
 
-from treeflash.kernels import gdn_chunk
+from treeflash.kernels.gdn import gdn_chunk
 from treeflash.models.gated_deltanet import delta_rule_chunked, l2norm
 
 HK, HV, DK, DV = 16, 48, 128, 128  # Qwen3.5-27B's linear-attention heads

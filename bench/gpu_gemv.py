@@ -1,4 +1,4 @@
-"""The one-row GEMV (kernels/gemv.py) against cuBLAS at the decode projections of the Qwen3-8B and
+"""The one-row GEMV (kernels/linear/gemv.py) against cuBLAS at the decode projections of the Qwen3-8B and
 Qwen3.5-27B shapes: time per call and the fraction of the copy bandwidth, for a sweep of launch
 configurations. Each configuration is first checked against gemv_reference.
 
@@ -27,8 +27,8 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from treeflash.kernels.activation import silu_mul
-from treeflash.kernels.gemv import (GemvConfig, gemv, gemv_config, gemv_reference, gemv_swiglu,
+from treeflash.kernels.pointwise.activation import silu_mul
+from treeflash.kernels.linear.gemv import (GemvConfig, gemv, gemv_config, gemv_reference, gemv_swiglu,
                                     gemv_swiglu_reference)
 
 
@@ -155,7 +155,7 @@ def main() -> None:
     p.add_argument("--out", default="bench/results/gpu_gemv.json")
     args = p.parse_args()
     if not torch.cuda.is_available():
-        sys.exit("gpu_gemv.py needs a CUDA GPU (the kernel's correctness on the CPU: tests/kernels/test_gemv.py)")
+        sys.exit("gpu_gemv.py needs a CUDA GPU (the kernel's correctness on the CPU: tests/kernels/linear/test_gemv.py)")
     bw = copy_bandwidth()
     result = {"grid": args.grid, "gpu": torch.cuda.get_device_name(), "torch": torch.__version__, "copy_bandwidth_gb_s": bw / 1e9, "runs": []}
     print(f"copy bandwidth {bw / 1e9:.0f} GB/s", flush=True)

@@ -335,14 +335,14 @@ def main() -> None:
     p.add_argument("--prefill-chunk", type=int, default=4096)
     p.add_argument("--unfused", action="store_true", help="skip fusing q/k/v, gate/up and linear-attention projections")
     p.add_argument("--fused-rows", type=int, default=None,
-                   help="steps of up to this many tokens run the fused layers (kernels/linear.py); 0: off; default: the model's (128 on CUDA bf16)")
+                   help="steps of up to this many tokens run the fused layers (kernels/linear/fused.py); 0: off; default: the model's (128 on CUDA bf16)")
     p.add_argument("--swiglu", action=argparse.BooleanOptionalAction, default=True,
                    help="the decode step's gate_up + SiLU-mul as one GEMV for the shapes in gemv.TUNED_SWIGLU; --no-swiglu: cuBLAS + silu_mul")
     p.add_argument("--folded-decode", action=argparse.BooleanOptionalAction, default=None,
                    help="decode steps of a foldable (dense) shape with every RMSNorm folded into the projection after it, "
                         "or (--no-folded-decode) none; default: the model's choice (models.transformer folded_decode_default)")
     p.add_argument("--fla", action=argparse.BooleanOptionalAction, default=True,
-                   help="Gated DeltaNet prefill through flash-linear-attention when it imports (kernels/gdn_chunk.py); --no-fla: the torch reference")
+                   help="Gated DeltaNet prefill through flash-linear-attention when it imports (kernels/gdn/gdn_chunk.py); --no-fla: the torch reference")
     p.add_argument("--drafter-layers", type=int, default=5, help="time a random DFlash drafter's pass with this many layers (0: skip)")
     p.add_argument("--block-size", type=int, default=16, help="the drafter's block size")
     p.add_argument("--hf", action="store_true", help="also time transformers' generate on the dense shape")
@@ -350,12 +350,12 @@ def main() -> None:
     p.add_argument("--hf-tokens", type=int, default=32)
     p.add_argument("--out", default="bench/results/gpu_speed.json")
     args = p.parse_args()
-    from treeflash.kernels import gemv
+    from treeflash.kernels.linear import gemv
     if not args.swiglu:
         gemv.TUNED_SWIGLU.clear()
     args.gemv_tuned = {f"{n}x{k}": str(c) for (n, k), c in gemv.TUNED.items()}
     args.gemv_swiglu_tuned = {f"{n}x{k}": str(c) for (n, k), c in gemv.TUNED_SWIGLU.items()}
-    from treeflash.kernels import gdn_chunk
+    from treeflash.kernels.gdn import gdn_chunk
     args.fla_used = DEV == "cuda" and args.fla and gdn_chunk._fla_chunk() is not None
     print("Gated DeltaNet prefill:", "flash-linear-attention" if args.fla_used else "torch reference", flush=True)
     bw = measure_bandwidth(4.0 if DEV == "cuda" else 0.25)

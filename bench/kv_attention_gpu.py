@@ -35,10 +35,10 @@ import torch.nn.functional as F
 import triton
 from triton.testing import do_bench, do_bench_cudagraph
 
-from treeflash.kernels import attention_launch as launch
-from treeflash.kernels import quant_attention as qa
-from treeflash.kernels.kv_quant import Planes, quantize_into
-from treeflash.kernels.kv_formats import get_format
+from treeflash.kernels.attention import attention_launch as launch
+from treeflash.kernels.attention import quant_attention as qa
+from treeflash.kernels.kv.kv_quant import Planes, quantize_into
+from treeflash.kernels.kv.kv_formats import get_format
 
 TYPES = ("bf16", "q8_0", "q4_0", "tq3_0")
 VERIFY_NODES = 16

@@ -30,7 +30,7 @@ import torch
 
 from bench.gpu_shapes import DEV, SHAPES, build_model, cuda_time, measure_bandwidth, state_bytes, wall_time, weight_bytes
 
-from treeflash.kernels.kv_formats import bytes_per_token_per_layer
+from treeflash.kernels.kv.kv_formats import bytes_per_token_per_layer
 from treeflash.models.runner import CudaGraphRunner
 from treeflash.models.step import StepInput
 

@@ -56,7 +56,7 @@ import torch
 from torch.nn.attention.bias import CausalBias
 
 from bench.kv_quality_variants import NOROT, _no_rotation, _split_pair, variant  # noqa: F401 (tests use the helpers)
-from treeflash.kernels import kv_formats as formats
+from treeflash.kernels.kv import kv_formats as formats
 from treeflash.models.step import StepInput
 
 GRID_TYPES = ("bf16", "q8_0", "q4_0", "tq3_0")

@@ -27,7 +27,7 @@ import re
 
 import torch
 
-from treeflash.kernels import kv_formats as formats
+from treeflash.kernels.kv import kv_formats as formats
 
 NOROT = "tq3_0-norot"  # tq3_0 with the rotation replaced by the identity
 

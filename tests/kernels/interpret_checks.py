@@ -15,16 +15,16 @@ import traceback
 
 import torch
 
-from tests.kernels.kv_write_checks import (check_cache_kernel_path, check_quantize, check_quantize_at_slots,
+from tests.kernels.kv.kv_write_checks import (check_cache_kernel_path, check_quantize, check_quantize_at_slots,
                                             check_quantize_rejects_bad_input, check_quantize_rotated)
-from treeflash.kernels import kv_formats as formats
+from treeflash.kernels.kv import kv_formats as formats
 
 QUANT = ("q8_0", "q4_0", "tq3_0")
 ALL = ("bf16", "q8_0", "q4_0", "tq3_0")
 
 
 def _planes(name: str, x: torch.Tensor):
-    from treeflash.kernels.kv_quant import Planes, quantize_into_reference
+    from treeflash.kernels.kv.kv_quant import Planes, quantize_into_reference
 
     fmt = formats.get_format(name)
     if fmt.is_dense:
@@ -53,8 +53,8 @@ def check_attention(
 ) -> None:
     import dataclasses
 
-    from treeflash.kernels.attention_launch import launch_config
-    from treeflash.kernels.quant_attention import quant_attention, quant_attention_reference
+    from treeflash.kernels.attention.attention_launch import launch_config
+    from treeflash.kernels.attention.quant_attention import quant_attention, quant_attention_reference
 
     length = start + num_new + 5  # rows past start + T exist but must not be read
     k = _planes(fmt_k, torch.randn(length, kv_heads, head_dim))
@@ -76,7 +76,7 @@ def check_attention_rotated_keys(fmt_k: str, fmt_v: str, num_new: int, head_dim:
     """q8_0 / q4_0 keys stored rotated (Planes.rotated, CacheSpec.rotate_keys): the kernel rotates the query,
     the reference reads the keys back un-rotated; both equal, and equal to attention over the keys quantized
     in the rotated domain."""
-    from treeflash.kernels.quant_attention import (quant_attention, quant_attention_masked, quant_attention_masked_reference,
+    from treeflash.kernels.attention.quant_attention import (quant_attention, quant_attention_masked, quant_attention_masked_reference,
                                                    quant_attention_reference)
 
     heads, kv_heads, start = 6, 2, 120
@@ -102,7 +102,7 @@ def check_attention_rotated_keys(fmt_k: str, fmt_v: str, num_new: int, head_dim:
 
 def check_attention_masked(fmt_k: str, fmt_v: str, num_new: int, splits: int | None) -> None:
     """Static mode: every slot of the cache under a [T, S] key mask (holes included)."""
-    from treeflash.kernels.quant_attention import quant_attention_masked, quant_attention_masked_reference
+    from treeflash.kernels.attention.quant_attention import quant_attention_masked, quant_attention_masked_reference
 
     length, heads, kv_heads, d = 150, 4, 2, 64
     k = _planes(fmt_k, torch.randn(length, kv_heads, d))
@@ -119,7 +119,7 @@ def check_attention_masked(fmt_k: str, fmt_v: str, num_new: int, splits: int | N
 def check_attention_masked_end(fmt_k: str, fmt_v: str, num_new: int, splits: int | None, length: int = 300) -> None:
     """Static mode with `slots`: only slots [0, slots[-1]] are read. Every row past it is NaN, so
     reading one (even under the mask: 0 * NaN) would show; splits past the end do no work."""
-    from treeflash.kernels.quant_attention import quant_attention_masked, quant_attention_masked_reference
+    from treeflash.kernels.attention.quant_attention import quant_attention_masked, quant_attention_masked_reference
 
     heads, kv_heads, d, start = 4, 2, 64, 70
     k = _planes(fmt_k, torch.randn(length, kv_heads, d))
@@ -144,7 +144,7 @@ def check_attention_all_visible(fmt_k: str, fmt_v: str, num_new: int, splits: in
     """Static mode without a key mask (a bidirectional draft block): every slot up to slots[-1] is seen,
     nothing past it is read (those rows are NaN), and the result equals the reference under the mask
     that says so."""
-    from treeflash.kernels.quant_attention import quant_attention_masked, quant_attention_masked_reference, visible_up_to
+    from treeflash.kernels.attention.quant_attention import quant_attention_masked, quant_attention_masked_reference, visible_up_to
 
     heads, kv_heads, d, start = 4, 2, 64, 70
     k = _planes(fmt_k, torch.randn(length, kv_heads, d))
@@ -166,7 +166,7 @@ def check_attention_all_visible(fmt_k: str, fmt_v: str, num_new: int, splits: in
 
 def check_with_options(options: dict, fn, *args) -> None:
     """Run a check with quant_attention's module options (FUSED_COMBINE, STATIC_SPLIT_CAP, BALANCED_SPLITS) set."""
-    from treeflash.kernels import quant_attention as qa
+    from treeflash.kernels.attention import quant_attention as qa
 
     saved = {name: getattr(qa, name) for name in options}
     for name, value in options.items():
@@ -180,7 +180,7 @@ def check_with_options(options: dict, fn, *args) -> None:
 
 
 def check_attention_rejects_bad_input() -> None:
-    from treeflash.kernels.quant_attention import quant_attention
+    from treeflash.kernels.attention.quant_attention import quant_attention
 
     k = _planes("q8_0", torch.randn(16, 2, 64))
     q = torch.randn(2, 6, 64)

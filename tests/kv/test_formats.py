@@ -10,8 +10,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from treeflash.kernels import kv_formats as formats
-from treeflash.kernels.kv_formats import bytes_per_token_per_layer, dequantize, get_format, quantize
+from treeflash.kernels.kv import kv_formats as formats
+from treeflash.kernels.kv.kv_formats import bytes_per_token_per_layer, dequantize, get_format, quantize
 
 
 def _roundtrip(name, x):

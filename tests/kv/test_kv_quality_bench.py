@@ -54,7 +54,7 @@ def test_fast_attention_matches_reference():
 
 
 def test_no_rotation_variant_and_pairs():
-    from treeflash.kernels import kv_formats as formats
+    from treeflash.kernels.kv import kv_formats as formats
 
     bench = _load()
     assert len(bench.GRID) == 16 and bench._split_pair("tq3_0-norot/bf16") == ("tq3_0", "bf16", True)

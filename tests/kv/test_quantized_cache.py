@@ -6,10 +6,10 @@ import pytest
 import torch
 
 from tests.models.hf_oracle import make_pair
-from treeflash.kernels import kv_formats as formats
+from treeflash.kernels.kv import kv_formats as formats
 from treeflash.kv.cache import make_attention_cache
 from treeflash.kv.cache import CacheSpec
-from treeflash.kernels.kv_formats import bytes_per_token_per_layer
+from treeflash.kernels.kv.kv_formats import bytes_per_token_per_layer
 from treeflash.kv.quantized import QuantizedAttentionCache
 from treeflash.models.step import StepInput
 

@@ -9,7 +9,7 @@ import json
 import torch
 
 from tests.models.test_gated_deltanet import tiny_model
-from treeflash.kernels import gemv
+from treeflash.kernels.linear import gemv
 from treeflash.models.step import StepInput
 
 

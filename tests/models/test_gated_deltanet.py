@@ -7,7 +7,7 @@ import random
 import pytest
 import torch
 
-from treeflash.kernels.gdn_tree import recurrent_path_ref, tree_conv_ref, tree_recurrent_ref
+from treeflash.kernels.gdn.gdn_tree import recurrent_path_ref, tree_conv_ref, tree_recurrent_ref
 from treeflash.kv.recurrent_cache import RecurrentCache
 from treeflash.models.config import ModelConfig
 from treeflash.models.gated_deltanet import causal_conv, delta_rule_chunked, delta_rule_tree, l2norm

@@ -1,4 +1,4 @@
-"""The flash-linear-attention prefill path (kernels/gdn_chunk.py): its dispatch, and how the model
+"""The flash-linear-attention prefill path (kernels/gdn/gdn_chunk.py): its dispatch, and how the model
 hands it q, k, v, gates and state. fla itself only runs on CUDA (bench/gpu_fla.py checks it on the
 H200 against the reference); here a stand-in with fla's documented contract replaces it:
 [B, T, H, K] inputs, grouped-value heads (v head h reads k head h // (Hv / Hk)), q/k l2-normed in
@@ -7,7 +7,7 @@ the kernel, `scale` applied to q, state [N, Hv, K, V], returns (o [B, T, Hv, V],
 import torch
 
 from tests.models.test_gated_deltanet import tiny_model
-from treeflash.kernels import gdn_chunk
+from treeflash.kernels.gdn import gdn_chunk
 from treeflash.models.gated_deltanet import delta_rule_chunked, l2norm
 from treeflash.models.step import StepInput
 

@@ -6,7 +6,7 @@ always on, neutral where off) and sample_static (inverse CDF over a counter-base
 then walks the tree like sample-and-match. Tested here:
 - the static sampler against target_probs, one row drawn 20,000 times, per parameter set;
 - whole decodes (prefill token + two tokens from device steps, 512 joint cells) against the exact
-  joint: a DDTree under temperature (the sort-free sampler, kernels/sample.py's reference on the CPU)
+  joint: a DDTree under temperature (the sort-free sampler, kernels/spec/sample.py's reference on the CPU)
   and under top-k/top-p/min-p (the sorting graph), a chain under the latter;
 - the test's power: device steps that take the argmax instead of a draw fail it.
 
@@ -25,7 +25,7 @@ from treeflash.models.runner import CudaGraphRunner
 from treeflash.spec.decoder import Decoder
 from treeflash.spec.device_step import DeviceStep
 from treeflash.spec.dflash import DFlashDrafter
-from treeflash.kernels.sample import sample_static
+from treeflash.kernels.spec.sample import sample_static
 from treeflash.spec.sampling import needs_order, processed_probs_static, static_params, target_probs
 
 ALPHA = 1e-3
@@ -74,7 +74,7 @@ def device_runs(params, tree: bool, seed: int = 0, targets=None, check: bool = T
             out.extend(dec.step())
         counts[tuple(out[:NUM_TOKENS])] = counts.get(tuple(out[:NUM_TOKENS]), 0) + 1
     assert dec._dev is not None and dec._dev.sampled and not verifies
-    # top-k / top-p sort in a graph of their own; temperature and min-p draw with kernels/sample.py's sampler
+    # top-k / top-p sort in a graph of their own; temperature and min-p draw with kernels/spec/sample.py's sampler
     assert dec._dev is drafter.loops["device_step_filtered" if needs_order(params) else "device_step_sampled"]
     assert dec._dev.filtered == needs_order(params)
     stats = dec.stats

@@ -13,11 +13,11 @@ import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 from torch.nn.attention.bias import CausalBias, causal_lower_right
 
-from treeflash.kernels.kv_quant import Planes
-from treeflash.kernels.norm import _interpreting, scale_rows
-from treeflash.kernels.quant_attention import quant_attention_masked, visible_up_to
-from treeflash.kernels.rotary import norm_rotary, norm_rotary_into_cache
-from treeflash.kernels.commit import RowTable, commit_rows_table
+from treeflash.kernels.kv.kv_quant import Planes
+from treeflash.kernels.pointwise.norm import _interpreting, scale_rows
+from treeflash.kernels.attention.quant_attention import quant_attention_masked, visible_up_to
+from treeflash.kernels.pointwise.rotary import norm_rotary, norm_rotary_into_cache
+from treeflash.kernels.spec.commit import RowTable, commit_rows_table
 
 if TYPE_CHECKING:
     from treeflash.kv.spec import CacheSpec
@@ -170,7 +170,7 @@ def static_buffer_attention(
     fallback=grouped_attention,
 ) -> torch.Tensor:  # [T, H, D]
     """Attention of a static-shape (CUDA-graph) step over a cache buffer. On CUDA, for bf16/fp16 buffers,
-    the split-K Triton kernel straight from the buffer (kernels/quant_attention.py), reading only up to
+    the split-K Triton kernel straight from the buffer (kernels/attention/quant_attention.py), reading only up to
     slots[-1] and sharing those keys among its splits, so its time follows the context, not the buffer's
     length; elsewhere `fallback(q, keys[:S], values[:S], key_mask, scale)` in q's dtype.
 
@@ -214,7 +214,7 @@ class DenseAttentionCache:
         """attend_static for q and k before their (norm +) rotary: on the GPU one kernel turns the
         query heads and writes the turned keys and the values into the cache rows (no separate
         norm_rotary launches, no index_copy_). rows: None or (stream, eps), the input norm folded
-        into the projection (kernels/rotary.py): q, k and v are first scaled by 1 / rms(stream)."""
+        into the projection (kernels/pointwise/rotary.py): q, k and v are first scaled by 1 / rms(stream)."""
         cos, sin, q_w, k_w, eps, unit = rotary
         if (q.is_cuda or _interpreting()) and self.k.dtype == k.dtype and self.v.dtype == v.dtype:
             q = norm_rotary_into_cache(q, k, v, cos, sin, q_w, k_w, eps, unit, self.k, self.v, slots, rows)

@@ -14,7 +14,7 @@ from dataclasses import dataclass, replace
 
 import torch
 
-from treeflash.kernels.commit import RowTable
+from treeflash.kernels.spec.commit import RowTable
 from treeflash.kv.attention_cache import DENSE_TYPES, AttentionCache, DenseAttentionCache
 from treeflash.kv.quantized import QuantizedAttentionCache
 from treeflash.kv.recurrent_cache import RecurrentCache, RecurrentShape

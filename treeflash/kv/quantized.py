@@ -5,8 +5,8 @@ stored rows only, the new ones included: the result of a step does not depend on
 tokens before it were batched. Rows are quantized one token and one KV head at a time along
 head_dim, so `commit` (compacting the accepted verify nodes) is a row gather in the planes.
 
-On CUDA, writes and decode/verify attention run Triton kernels (treeflash/kernels/kv_quant.py,
-treeflash/kernels/quant_attention.py) that read the packed blocks directly; long steps
+On CUDA, writes and decode/verify attention run Triton kernels (treeflash/kernels/kv/kv_quant.py,
+treeflash/kernels/attention/quant_attention.py) that read the packed blocks directly; long steps
 (prefill) and CPU runs dequantize the rows and call SDPA (the plain-torch reference path).
 """
 
@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from treeflash.kernels import kv_formats as formats
+from treeflash.kernels.kv import kv_formats as formats
 from treeflash.kv import attention_cache
 from treeflash.kv.attention_cache import attention_reference, new_token_attention
 
@@ -49,7 +49,7 @@ class _Rows:
         """x: [N, Hkv, D] -> slots start..start+N-1 (slots: int start) or slots[i] ([N] long tensor)."""
         n = x.shape[0]
         if use_kernel and not self.fmt.is_dense:
-            from treeflash.kernels.kv_quant import quantize_into
+            from treeflash.kernels.kv.kv_quant import quantize_into
 
             quantize_into(self.fmt.name, x.contiguous(), self.scales, self.codes, slots)
             return
@@ -65,7 +65,7 @@ class _Rows:
 
     def write_rotated(self, slots: int | torch.Tensor, x: torch.Tensor, offset: torch.Tensor | None) -> None:
         """Kernel path, q8_0 / q4_0: (x - offset) rotated, then quantized, in one launch (keys under rotate_keys)."""
-        from treeflash.kernels.kv_quant import quantize_rotated_into
+        from treeflash.kernels.kv.kv_quant import quantize_rotated_into
 
         quantize_rotated_into(self.fmt.name, x if x.stride(-1) == 1 else x.contiguous(), self.scales, self.codes, slots, offset)
 
@@ -83,7 +83,7 @@ class _Rows:
                 t.index_copy_(0, dest, t.index_select(0, src))
 
     def planes(self, rotated: bool = False):
-        from treeflash.kernels.kv_quant import Planes
+        from treeflash.kernels.kv.kv_quant import Planes
 
         return Planes(self.fmt.name, self.scales, self.codes, rotated)
 
@@ -157,7 +157,7 @@ class QuantizedAttentionCache:
         self._write_keys(start, k, start)
         self.v.write(start, v, self.use_kernels)
         if self.use_kernels and n <= MAX_KERNEL_TOKENS:
-            from treeflash.kernels.quant_attention import quant_attention
+            from treeflash.kernels.attention.quant_attention import quant_attention
 
             return quant_attention(q, self._key_planes(), self.v.planes(), start, tree_mask, scale)
         keys = self.k.read(start + n, q.dtype)
@@ -169,7 +169,7 @@ class QuantizedAttentionCache:
         self._write_keys(slots, k, None)
         self.v.write(slots, v, self.use_kernels)
         if self.use_kernels and q.shape[0] <= MAX_KERNEL_TOKENS:
-            from treeflash.kernels.quant_attention import quant_attention_masked
+            from treeflash.kernels.attention.quant_attention import quant_attention_masked
 
             return quant_attention_masked(q, self._key_planes(), self.v.planes(), key_mask, scale,
                                           slots=slots if attention_cache.STATIC_END else None)

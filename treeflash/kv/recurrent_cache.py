@@ -13,8 +13,8 @@ from dataclasses import dataclass
 
 import torch
 
-from treeflash.kernels.gdn_tree import recurrent_path
-from treeflash.kernels.commit import conv_window_commit
+from treeflash.kernels.gdn.gdn_tree import recurrent_path
+from treeflash.kernels.spec.commit import conv_window_commit
 
 
 @dataclass(frozen=True)

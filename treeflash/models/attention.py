@@ -5,18 +5,18 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from treeflash.kernels.activation import sigmoid_gate
-from treeflash.kernels.linear import linear_fused
-from treeflash.kernels.norm import scale_rows
-from treeflash.kernels.rotary import norm_rotary
-from treeflash.kernels import projection
+from treeflash.kernels.pointwise.activation import sigmoid_gate
+from treeflash.kernels.linear.fused import linear_fused
+from treeflash.kernels.pointwise.norm import scale_rows
+from treeflash.kernels.pointwise.rotary import norm_rotary
+from treeflash.kernels.linear import projection
 from treeflash.kv.attention_cache import AttentionCache
 from treeflash.models.config import ModelConfig
 from treeflash.models.layers import RMSNorm, fuse_linears, fuse_packed_runs, packed_outputs
 from treeflash.models.step import StepInput
 
 
-# The fused layers' q/k/v projection with the RMSNorm as its prologue (kernels/linear.py). Off: at SmolLM2's
+# The fused layers' q/k/v projection with the RMSNorm as its prologue (kernels/linear/fused.py). Off: at SmolLM2's
 # shape on the H200 (33 rows, weights from memory: bench/results/s22/gpu_linear_smol_cold.json) it took 6.8 us
 # against 5.9 for the norm kernel + cuBLAS
 QKV_NORM_PROLOGUE = False

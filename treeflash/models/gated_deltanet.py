@@ -11,8 +11,8 @@ Per token t, after a short causal conv (kernel K, SiLU) over the projected q, k,
     out_t = out_proj(rmsnorm(o_t) * w * silu(z_t))
 
 Prefill runs `causal_conv` and `delta_rule_chunked` (the WY form) in PyTorch, or on CUDA with
-flash-linear-attention installed, its chunked kernels (treeflash.kernels.gdn_chunk). Decode and verify
-run the kernels of treeflash.kernels.gdn_decode / gdn_tree (their plain-torch references off CUDA;
+flash-linear-attention installed, its chunked kernels (treeflash.kernels.gdn.gdn_chunk). Decode and verify
+run the kernels of treeflash.kernels.gdn.gdn_decode / gdn_tree (their plain-torch references off CUDA;
 a verify's outputs on the CPU come from `delta_rule_tree`, the WY form over the tree).
 
 A verify step leaves the committed conv window and state untouched: node i's conv window holds
@@ -30,12 +30,13 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from treeflash.kernels import gdn_chunk, gdn_decode
-from treeflash.kernels.gdn_decode import conv_step, decode_step, recurrent_step
-from treeflash.kernels.gdn_tree import tree_conv, tree_recurrent
-from treeflash.kernels.linear import linear_fused
-from treeflash.kernels.norm import rmsnorm_gated
-from treeflash.kernels import projection
+from treeflash.kernels.gdn import gdn_chunk
+from treeflash.kernels.gdn import gdn_decode
+from treeflash.kernels.gdn.gdn_decode import conv_step, decode_step, recurrent_step
+from treeflash.kernels.gdn.gdn_tree import tree_conv, tree_recurrent
+from treeflash.kernels.linear.fused import linear_fused
+from treeflash.kernels.pointwise.norm import rmsnorm_gated
+from treeflash.kernels.linear import projection
 from treeflash.kv.recurrent_cache import PendingNodes, RecurrentCache
 from treeflash.models.config import ModelConfig
 from treeflash.models.layers import fuse_packed_runs, packed_outputs

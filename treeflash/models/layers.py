@@ -6,10 +6,10 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from treeflash.kernels.activation import silu_mul
-from treeflash.kernels.linear import linear_fused
-from treeflash.kernels.norm import rmsnorm
-from treeflash.kernels import projection
+from treeflash.kernels.pointwise.activation import silu_mul
+from treeflash.kernels.linear.fused import linear_fused
+from treeflash.kernels.pointwise.norm import rmsnorm
+from treeflash.kernels.linear import projection
 from treeflash.models.config import ModelConfig
 from treeflash.models.rope import inv_freq_and_scale
 from treeflash.models.packed_linear import PackedLinear
@@ -45,7 +45,7 @@ class RMSNorm(nn.Module):
         return folded
 
     def linear(self, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
-        """linear(norm(x), weight, bias) as one kernel (kernels/linear.py): x [T, dim] -> [T, out]."""
+        """linear(norm(x), weight, bias) as one kernel (kernels/linear/fused.py): x [T, dim] -> [T, out]."""
         return linear_fused(x, weight, bias, self.weight, self.eps, self.unit_offset)
 
     def add_forward(self, x: torch.Tensor, residual: torch.Tensor | None,

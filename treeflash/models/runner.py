@@ -13,7 +13,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from treeflash.kernels.commit import commit_rows_table
+from treeflash.kernels.spec.commit import commit_rows_table
 from treeflash.kv.cache import ModelCache
 from treeflash.kv.recurrent_cache import RecurrentCache
 from treeflash.models.step import StepInput
@@ -125,7 +125,7 @@ class CudaGraphRunner(EagerRunner):
         self.buckets = tuple(sorted(buckets))
         tmax = self.buckets[-1]
         self.max_len = cache.max_len
-        # the commit moves the dense attention layers' kept rows in one launch (kernels/commit.py)
+        # the commit moves the dense attention layers' kept rows in one launch (kernels/spec/commit.py)
         self.commit_table, self.commit_layers = cache.dense_row_table()
         # static inputs: [ids | depths | parents | start | commit_src | commit_dest | path_len | conv_idx]
         self.k1 = (cache.layout.recurrent.conv_kernel - 1) if cache.layout.recurrent else 0

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from treeflash.kernels import projection
+from treeflash.kernels.linear import projection
 from treeflash.kv.cache import ATTENTION, RECURRENT, CacheLayout, CacheSpec, ModelCache
 from treeflash.kv.recurrent_cache import RecurrentShape
 from treeflash.models.attention import Attention
@@ -21,7 +21,7 @@ from treeflash.models.packed_linear import PackedLinear
 from treeflash.models.step import StepInput
 
 # Steps of 2..FUSED_ROWS tokens (verify trees) may run forward_fused: norms, SwiGLU and residual adds inside
-# Triton projections (kernels/linear.py), only where every projection weight is at most FUSED_WEIGHT_BYTES
+# Triton projections (kernels/linear/fused.py), only where every projection weight is at most FUSED_WEIGHT_BYTES
 # (tl.dot lost to cuBLAS at the 8B and 27B shapes: docs/performance.md). Off: at SmolLM2's shape, inside the
 # step graphs on the H200, DDTree-32's step took 1.478 ms with them against 1.435 without, and from memory
 # cuBLAS wins each projection at 33 rows (bench/results/s22/fused_layers_ab.json, gpu_linear_smol_cold.json).
@@ -88,7 +88,7 @@ class DecoderLayer(nn.Module):
     def forward_fused(self, s: torch.Tensor, rope, step: StepInput, cache) -> torch.Tensor:
         """The layer on the materialized residual stream s [T, hidden], with each RMSNorm folded into
         the projection after it and each residual add into the projection before it
-        (kernels/linear.py): s -> s + mixer(norm(s)) -> that + mlp(norm(that))."""
+        (kernels/linear/fused.py): s -> s + mixer(norm(s)) -> that + mlp(norm(that))."""
         norm = self.input_layernorm
         if self.layer_type == FULL_ATTENTION:
             s = self.self_attn(s, rope, step, cache, norm=norm, residual=s)
@@ -288,7 +288,7 @@ class CausalLM(nn.Module):
         x = self.embed(step.input_ids)
         rope = self.rotary.cos_sin(step.positions, x.dtype, limit=cache.max_len)  # positions < max_len
         captured = []
-        if 1 < step.num_tokens <= self.fused_rows:  # one token: the GEMV path (kernels/gemv.py)
+        if 1 < step.num_tokens <= self.fused_rows:  # one token: the GEMV path (kernels/linear/gemv.py)
             for i, layer in enumerate(self.model.layers):
                 x = layer.forward_fused(x, rope, step, cache.layers[i])
                 if i in capture_layers:

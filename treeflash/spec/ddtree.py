@@ -25,7 +25,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from treeflash.kernels.ddtree import best_first  # the host search: the reference beside its GPU kernel
+from treeflash.kernels.spec.ddtree import best_first  # the host search: the reference beside its GPU kernel
 from treeflash.spec.tree import DraftTree
 
 __all__ = ["best_first", "build_tree", "sample_tree", "tree_from_top"]

@@ -8,12 +8,12 @@ decision of a step can be made on the device, so one CUDA graph holds it all:
 
     draft    the DraftGraphs pass over the rows the last step committed (their count is known
              on the device only: the pass is padded to the block, see DFlashModel.forward_static)
-    tree     the chain of top-1 drafts, or DDTree's best-first search in one program (kernels/ddtree.py)
+    tree     the chain of top-1 drafts, or DDTree's best-first search in one program (kernels/spec/ddtree.py)
     verify   the target over the t nodes (the runner's `run_static`, over its `static_inputs`)
     target   the target's token at every node: its argmax (greedy), or one draw from the request's
              processed distribution (sampled: spec/sampling.processed_probs_static, and a
              counter-based hash for randomness, so the graph replays without generator state;
-             without top-k and top-p, kernels/sample.py draws with no sort, in its own graph)
+             without top-k and top-p, kernels/spec/sample.py draws with no sort, in its own graph)
     accept   node i is accepted when it and all its ancestors carry the target's token at their
              parent; the accepted nodes form the path, the target's token at its end is the bonus.
              Sampled, this is sample-and-match (spec/verify.py): each node's draw is independent,
@@ -41,9 +41,9 @@ from __future__ import annotations
 
 import torch
 
-from treeflash.kernels.accept import tree_accept
-from treeflash.kernels.ddtree import ddtree
-from treeflash.kernels.sample import sample_rows, sample_static
+from treeflash.kernels.spec.accept import tree_accept
+from treeflash.kernels.spec.ddtree import ddtree
+from treeflash.kernels.spec.sample import sample_rows, sample_static
 from treeflash.kv.recurrent_cache import RecurrentCache
 from treeflash.models.runner import CudaGraphRunner, capture_graph
 from treeflash.spec.device_loop import DeviceLoop, LossRecord, PendingStep, StepRead
@@ -155,7 +155,7 @@ class DeviceStep(LossRecord, DeviceLoop):
 
     def _accept(self, out, ids, parents, depths, anc, real, commit: bool) -> None:
         """After the verify: acceptance, the commit's inputs, the result row and the next state in one
-        launch (kernels/accept.py), then the runner's commit and the next pass's context rows."""
+        launch (kernels/spec/accept.py), then the runner's commit and the next pass's context rows."""
         g, r, t = self.drafter.graphs, self.runner, self.t
         v = r.static_inputs(t)
         # the commit's sources, destinations and path length straight into the runner's commit inputs

@@ -26,7 +26,7 @@ from typing import Callable
 
 import torch
 
-from treeflash.kernels.topk import MAX_K, topk_logprobs, topk_logprobs_reference
+from treeflash.kernels.spec.topk import MAX_K, topk_logprobs, topk_logprobs_reference
 from treeflash.models.runner import capture_graph
 from treeflash.spec.dflash_model import DFlashModel, DraftCache
 

@@ -33,8 +33,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from treeflash.errors import ModelLoadError
-from treeflash.kernels.draft_slots import draft_slot_ids, draft_slots
-from treeflash.kernels.rotary import norm_rotary_into_cache
+from treeflash.kernels.spec.draft_slots import draft_slot_ids, draft_slots
+from treeflash.kernels.pointwise.rotary import norm_rotary_into_cache
 from treeflash.kv.attention_cache import attention_reference, static_attention_reference, static_buffer_attention
 from treeflash.models.config import ModelConfig
 from treeflash.models.layers import MLP, RMSNorm, Rotary, apply_rotary, fuse_linears

@@ -93,7 +93,7 @@ OFF_TOP_P = 2.0  # a top_p no mass prefix reaches: nothing dropped, as top_p = 1
 
 def needs_order(params: SamplingParams) -> bool:
     """Whether the processed distribution depends on the tokens' order (top-k or top-p on): the device
-    steps then sort (processed_probs_static); without, kernels/sample.py draws with no sort."""
+    steps then sort (processed_probs_static); without, kernels/spec/sample.py draws with no sort."""
     return 0 < params.top_k or params.top_p < 1.0
 
 

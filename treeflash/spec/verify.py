@@ -31,7 +31,7 @@ outside the tree's children is never accepted, so every exact rule accepts p(chi
 which is what sample-and-match accepts. Sampling the children couples them with the target's draw:
 one child accepts with probability sum_x min(p(x), q(x)) = 1 - TV(p, q) instead of p(argmax q).
 
-The device path (spec/device_step.py, kernels/accept.py) keeps sample-and-match over its own
+The device path (spec/device_step.py, kernels/spec/accept.py) keeps sample-and-match over its own
 deterministic tree until its kernel implements this rule; `_rejection_tree` is the reference a kernel
 mirrors: the uniforms for every node drawn at once, vector updates over the vocabulary, a loop only
 over the path and each visited node's children.

@@ -28,7 +28,7 @@ import torch
 import torch.nn.functional as F
 
 from treeflash.errors import InvalidRequestError
-from treeflash.kernels.norm import rmsnorm_ref
+from treeflash.kernels.pointwise.norm import rmsnorm_ref
 from treeflash.models.config import ModelConfig
 from treeflash.models.layers import apply_rotary
 from treeflash.spec.dflash_model import DFlashConfig, DFlashModel

@@ -6,7 +6,7 @@ and recurrent ones against the buffers a real ModelCache allocates.
 
 from __future__ import annotations
 
-from treeflash.kernels import kv_formats as formats
+from treeflash.kernels.kv import kv_formats as formats
 from treeflash.models.config import ModelConfig
 
 LONG_BYTES = 8

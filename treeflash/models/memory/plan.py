@@ -13,7 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from treeflash.kernels import kv_formats as formats
+from treeflash.kernels.kv import kv_formats as formats
 import treeflash.models.memory.parts as parts
 from treeflash.models.memory.header import CheckpointHeader
 from treeflash.models.memory.overheads import Overheads

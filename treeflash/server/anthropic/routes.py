@@ -23,7 +23,7 @@ from treeflash.server.streaming import SSEFormat, encode_named_event
 ANTHROPIC_SSE = SSEFormat(encode_named_event, error_event, None)
 
 
-def add_routes(app: FastAPI, state: ServerState) -> None:
+def add_routes(app: FastAPI, state) -> None:  # state: server.app.ServerState
     async def messages(request: Request) -> Response:
         arrived = time.perf_counter()
         fe = state.frontend()

@@ -24,7 +24,7 @@ RESPONSES_SSE = SSEFormat(encode_named_event, error_event, None)
 NO_THINKING_EFFORTS = ("none", "minimal")  # reasoning.effort values that switch a thinking template's thinking off
 
 
-def add_routes(app: FastAPI, state: ServerState) -> None:
+def add_routes(app: FastAPI, state) -> None:  # state: server.app.ServerState
     store = ResponseStore(state.config.responses_store)
     app.state.responses_store = store
 

@@ -159,6 +159,17 @@ def child(job: dict, timeout: int) -> dict:
     return json.loads(lines[-1])
 
 
+def write(path: str, rows: dict, device: str) -> dict:
+    """The JSON so far (written after every configuration, so a cut-off run keeps its rows)."""
+    measured = [r for r in rows.values() if "within" in r]
+    doc = {"fit_check": 1, "command": " ".join(sys.argv), "device": device, "tolerance": {"fraction": TOLERANCE[0], "bytes": TOLERANCE[1]},
+           "configurations": rows, "all_within": all(r["within"] for r in measured) if measured else None,
+           "measured_count": len(measured)}
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
+    Path(path).write_text(json.dumps(doc, indent=1) + "\n")
+    return doc
+
+
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0], epilog=__doc__.split("\n\n", 1)[1],
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -191,6 +202,7 @@ def main() -> int:
         gpu = "200GiB" if args.toy else "auto"
         rows[name] = child({"flags": flags(*paths, k, v, context, device, gpu), "device": device, "decode": decode}, args.timeout)
         print(f"[fit_check] {name}: {json.dumps(rows[name])[:400]}", file=sys.stderr, flush=True)
+        write(args.out, rows, device)
     name, shape, toy_shape = EMULATED
     if not wanted or name in wanted:
         from fit_synth import write_hf
@@ -201,13 +213,8 @@ def main() -> int:
                "emulate_bytes": None if args.toy else 24 * GiB, "refuse_factor": 1.05}
         first = rows[name] = child(job, args.timeout)
         print(f"[fit_check] {name}: {json.dumps(first)[:400]}", file=sys.stderr, flush=True)
-    measured = [r for r in rows.values() if "within" in r]
-    doc = {"fit_check": 1, "command": " ".join(sys.argv), "device": device, "tolerance": {"fraction": TOLERANCE[0], "bytes": TOLERANCE[1]},
-           "configurations": rows, "all_within": all(r["within"] for r in measured) if measured else None,
-           "measured_count": len(measured)}
-    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out).write_text(json.dumps(doc, indent=1) + "\n")
-    print(f"[fit_check] wrote {args.out}: {len(measured)} measured, all within: {doc['all_within']}", file=sys.stderr)
+    doc = write(args.out, rows, device)
+    print(f"[fit_check] wrote {args.out}: {doc['measured_count']} measured, all within: {doc['all_within']}", file=sys.stderr)
     return 0
 
 

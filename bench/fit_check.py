@@ -54,7 +54,22 @@ EMULATED = ("24gib-8b-bf16-auto", "qwen3-8b", "toy-dense")
 
 
 def prepare(name: str, spec: tuple, args) -> tuple[str, str | None] | None:
-    """(model path, drafter path) for a configuration, writing random checkpoints as needed; None: skipped."""
+    """(model path, drafter path) for a configuration, writing random checkpoints as needed (in a child
+    process: the parent never holds GPU memory, which the measuring child would count as its context);
+    None: skipped."""
+    if args.toy or args.prepare:
+        return _prepare(name, spec, args)
+    proc = subprocess.run([sys.executable, __file__, "--prepare", name, "--workdir", args.workdir]
+                          + (["--gguf", args.gguf] if args.gguf else []) + (["--gguf-drafter", args.gguf_drafter] if args.gguf_drafter else []),
+                          capture_output=True, text=True)
+    lines = [l for l in proc.stdout.splitlines() if l.startswith("[") or l == "null"]
+    if proc.returncode or not lines:
+        raise RuntimeError(f"preparing {name} failed: {(proc.stderr or proc.stdout)[-2000:]}")
+    paths = json.loads(lines[-1])
+    return None if paths is None else (paths[0], paths[1])
+
+
+def _prepare(name: str, spec: tuple, args) -> tuple[str, str | None] | None:
     from fit_synth import write_dflash, write_hf
 
     shape, draft = spec[0], spec[1]
@@ -86,6 +101,8 @@ def write_dflash_for_gguf(gguf_path: str, out: Path, device: str) -> str:
 def flags(model: str, drafter: str | None, k: str, v: str, context, device: str, gpu_memory: str) -> list[str]:
     f = ["generate", "--model", model, "--device", device, "--cache-type-k", k, "--cache-type-v", v,
          "--max-context", str(context), "--gpu-memory", gpu_memory, "--quiet"]
+    if model.endswith(".gguf"):
+        f += ["--weights", "native"]  # the GGUF's blocks kept as stored, as on a 24 GB card
     if drafter:
         f += ["--draft", "dflash", "--draft-model", drafter]
     return f
@@ -119,6 +136,9 @@ def run_one(job: dict) -> dict:
     out = {"max_context": start.max_context, "predicted_bytes": start.plan.total,
            "predicted_parts": {p.name: p.bytes for p in start.plan.parts}}
     engine = build_engine(args, progress=False)
+    if cuda:
+        out["after_build"] = {"allocated_bytes": torch.cuda.memory_allocated(), "reserved_bytes": torch.cuda.memory_reserved(),
+                              "max_reserved_bytes": torch.cuda.max_memory_reserved()}
     decode = job["decode"]
     prompt_len = start.max_context - decode
     g = torch.Generator().manual_seed(0)
@@ -152,7 +172,11 @@ def run_one(job: dict) -> dict:
 
 
 def child(job: dict, timeout: int) -> dict:
-    proc = subprocess.run([sys.executable, __file__, "--child", json.dumps(job)], capture_output=True, text=True, timeout=timeout)
+    try:
+        proc = subprocess.run([sys.executable, __file__, "--child", json.dumps(job)], capture_output=True, text=True, timeout=timeout)
+    except subprocess.TimeoutExpired as e:
+        err = e.stderr.decode(errors="replace") if isinstance(e.stderr, bytes) else (e.stderr or "")
+        return {"error": f"timed out after {timeout} s; stderr: {err[-1500:]}"}
     lines = [l for l in proc.stdout.splitlines() if l.startswith("{")]
     if proc.returncode or not lines:
         return {"error": (proc.stderr or proc.stdout)[-2000:], "returncode": proc.returncode}
@@ -181,9 +205,17 @@ def main() -> int:
     p.add_argument("--toy", action="store_true", help="CPU: toy shapes; the stack builds and decodes, predicted only")
     p.add_argument("--timeout", type=int, default=900, help="seconds per configuration")
     p.add_argument("--child", default=None, help=argparse.SUPPRESS)
+    p.add_argument("--prepare", default=None, help=argparse.SUPPRESS)
     args = p.parse_args()
     if args.child:
         print(json.dumps(run_one(json.loads(args.child))))
+        return 0
+    if args.prepare:
+        if args.prepare == EMULATED[0]:
+            from fit_synth import write_hf
+            print(json.dumps([str(write_hf(EMULATED[1], Path(args.workdir) / EMULATED[1], "cuda")), None]))
+        else:
+            print(json.dumps(_prepare(args.prepare, CONFIGS[args.prepare], args)))
         return 0
     if not args.out:
         p.error("--out is required")
@@ -205,9 +237,11 @@ def main() -> int:
         write(args.out, rows, device)
     name, shape, toy_shape = EMULATED
     if not wanted or name in wanted:
-        from fit_synth import write_hf
-
-        model = str(write_hf(toy_shape if args.toy else shape, Path(args.workdir) / (toy_shape if args.toy else shape), device))
+        if args.toy:
+            from fit_synth import write_hf
+            model = str(write_hf(toy_shape, Path(args.workdir) / toy_shape, device))
+        else:
+            model = prepare(name, None, args)[0]
         card = "8MiB" if args.toy else "24GiB"  # toy: small enough that the memory, not the model, limits the context
         job = {"flags": flags(model, None, "auto", "auto", "auto", device, card), "device": device, "decode": 16 if args.toy else 256,
                "emulate_bytes": None if args.toy else 24 * GiB, "refuse_factor": 1.05}

@@ -87,6 +87,10 @@ def build_engine(args: argparse.Namespace, progress: bool = True):
     if progress:
         print(f"[treeflash] {start.summary}", file=sys.stderr)
     dtype = getattr(torch, args.dtype) if args.dtype else None
+    if str(args.device).startswith("cuda") or (args.device in (None, "auto") and torch.cuda.is_available()):
+        from treeflash.models.memory.allocator import use_expandable_segments
+
+        use_expandable_segments()  # the allocator's reserve then follows the planned peak (allocator.py)
     loaded = load_model(args.model, device=args.device, dtype=dtype, progress=progress, weights=getattr(args, "weights", "float"))
     options = DraftOptions(
         num_draft=args.num_draft,

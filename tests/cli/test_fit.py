@@ -45,7 +45,7 @@ def test_fit_prints_every_part_and_writes_the_plan_as_json(tmp_path, capsys):
 
 
 def test_fit_says_no_and_what_to_change(capsys):
-    rc = main(["fit", "--gpu-memory", "950MiB", "--max-context", "8192"])
+    rc = main(["fit", "--gpu-memory", "1300MiB", "--max-context", "8192"])
     text = capsys.readouterr().out
     assert rc == 1 and "fits: NO" in text
     line = next(l for l in text.splitlines() if l.startswith("largest context that fits:"))
@@ -53,7 +53,7 @@ def test_fit_says_no_and_what_to_change(capsys):
     assert 0 < n < 8192
     assert f"try: --max-context {n}" in text
     header = read_header(DEFAULT_GGUF)
-    assert plan_memory(header, PlanRequest(n)).total <= 950 * MiB < plan_memory(header, PlanRequest(n + 1)).total
+    assert plan_memory(header, PlanRequest(n)).total <= 1300 * MiB < plan_memory(header, PlanRequest(n + 1)).total
 
 
 def test_fit_help_has_examples(capsys):
@@ -68,11 +68,11 @@ def _args(*flags):
 
 
 def test_auto_context_fits_and_five_percent_more_is_refused():
-    start = plan_at_start(_args("--device", "cuda", "--gpu-memory", "1000MiB", "--max-context", "auto", "--draft", "ngram"))
+    start = plan_at_start(_args("--device", "cuda", "--gpu-memory", "1350MiB", "--max-context", "auto", "--draft", "ngram"))
     n = start.max_context
-    assert 0 < n < 8192 and start.plan.total <= 1000 * MiB and start.verify_nodes == 6
+    assert 0 < n < 8192 and start.plan.total <= 1350 * MiB and start.verify_nodes == 6
     with pytest.raises(PlanError) as e:
-        plan_at_start(_args("--device", "cuda", "--gpu-memory", "1000MiB", "--max-context", str(int(n * 1.05)), "--draft", "ngram"))
+        plan_at_start(_args("--device", "cuda", "--gpu-memory", "1350MiB", "--max-context", str(int(n * 1.05)), "--draft", "ngram"))
     assert "does not fit" in str(e.value) and "fits: NO" in str(e.value) and f"try: --max-context {n}" in str(e.value)
 
 

@@ -126,14 +126,20 @@ def new_token_attention(
     q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, start: int, tree_mask: torch.Tensor | None, scale: float
 ) -> torch.Tensor:
     """Attention of T new tokens at `start` over keys/values [start + T, Hkv, D] (theirs included):
-    a prefill chunk (no tree mask, T > 1) through SDPA's fused lower-right causal kernels, K/V heads
-    repeated since those take no GQA; a tree (or one token) under its explicit visibility mask."""
+    a prefill chunk (no tree mask, T > 1) through SDPA's fused lower-right causal kernels, one KV head
+    at a time with its rows repeated for its query heads (those kernels take no GQA; repeating every
+    head at once held 2 x group copies of the whole prefix: 3 GiB for the 27B shape at 128K); a tree
+    (or one token) under its explicit visibility mask."""
     n = q.shape[0]
     if tree_mask is None and n > 1:  # a prefill chunk: causal, aligned to the end of the keys
-        if keys.shape[1] != q.shape[1]:
-            group = q.shape[1] // keys.shape[1]
-            keys, values = keys.repeat_interleave(group, dim=1), values.repeat_interleave(group, dim=1)
-        return attention_reference(q, keys, values, causal_lower_right(n, start + n), scale)
+        causal = causal_lower_right(n, start + n)
+        hkv = keys.shape[1]
+        if hkv == q.shape[1]:
+            return attention_reference(q, keys, values, causal, scale)
+        group = q.shape[1] // hkv  # SDPA's heads are independent: per KV head is the same result
+        return torch.cat([attention_reference(q[:, h * group:(h + 1) * group], keys[:, h:h + 1].repeat_interleave(group, dim=1),
+                                              values[:, h:h + 1].repeat_interleave(group, dim=1), causal, scale)
+                          for h in range(hkv)], dim=1)
     return attention_reference(q, keys, values, build_mask(n, start, tree_mask, q.device), scale)
 
 

@@ -128,6 +128,20 @@ def dequantized_kv_bytes(config: ModelConfig, max_len: int, cache_type_k: str, c
     return rows * (out_bytes(cache_type_k) + out_bytes(cache_type_v) + tmp)
 
 
+def prefill_kv_read_bytes(config: ModelConfig, max_len: int, cache_type_k: str, cache_type_v: str, dtype_bytes: int) -> int:
+    """The rows the last prefill chunk's attention holds over the whole prefix (kv/attention_cache.py
+    `new_token_attention`): compressed rows dequantized (dequantized_kv_bytes), and under grouped-query
+    attention one KV head's rows repeated for its query heads (SDPA's fused causal kernels take no GQA)
+    while the rows they were made from are still held."""
+    dequant = dequantized_kv_bytes(config, max_len, cache_type_k, cache_type_v, dtype_bytes)
+    group = config.num_heads // config.num_kv_heads
+    if group == 1:
+        return dequant
+    rows = max_len * config.num_kv_heads * config.head_dim * dtype_bytes  # one of K / V in the runtime dtype
+    held = rows * (int(is_compressed(cache_type_k)) + int(is_compressed(cache_type_v)))  # dense rows are read in place
+    return max(dequant, held + 2 * rows * group // config.num_kv_heads)
+
+
 def verify_graph_outputs(config: ModelConfig, nodes: int, capture_width: int, dtype_bytes: int) -> int:
     """What one captured verify graph of `nodes` nodes keeps (models/runner.py `_Graph`): logits [T, vocab]
     fp32 and their argmax, the captured drafter features [T, C], and every DeltaNet layer's pending rows."""

@@ -178,7 +178,7 @@ def plan_memory(header: CheckpointHeader, request: PlanRequest, drafter: Drafter
 
     capture = drafter.capture_width if drafter is not None and drafter.kind == "dflash" else 0
     if drafter is not None:
-        _drafter_parts(add, header, r, drafter)
+        _drafter_parts(add, header, r, drafter, o)
 
     if r.graphs:
         buckets = graph_buckets(r.verify_nodes)
@@ -192,9 +192,10 @@ def plan_memory(header: CheckpointHeader, request: PlanRequest, drafter: Drafter
             passes = d * ((d - 1) * c.vocab_size * parts.FP32_BYTES + 2 * (d - 1) * DFLASH_TOP_K * 8)
             add("drafter graphs", passes, f"{d} captured drafting passes: logits [{d - 1}, vocab] fp32 + top-K each")
     chunk = min(r.prefill_chunk, r.max_context)
-    prefill = parts.activation_bytes(c, chunk, 1, b) * o.activation_factor
-    prefill += parts.dequantized_kv_bytes(c, r.max_len, r.cache_type_k, r.cache_type_v, b)
-    detail = f"one {chunk}-token chunk's temporaries" + (", one layer's rows dequantized" if parts.is_compressed(r.cache_type_k) or parts.is_compressed(r.cache_type_v) else "")
+    act = parts.activation_bytes(c, chunk, 1, b)
+    kv_read = parts.prefill_kv_read_bytes(c, r.max_len, r.cache_type_k, r.cache_type_v, b)
+    prefill = max(act * o.activation_factor, act + kv_read)  # the widest layer, or an attention layer over the prefix
+    detail = f"one {chunk}-token chunk's temporaries" + (", an attention layer's prefix rows (dequantized / repeated per query head)" if kv_read else "")
     if capture:
         prefill += o.drafter_feature_copies * r.max_context * capture * b
         detail += f", {o.drafter_feature_copies:g} copies of the prompt's drafter features"
@@ -214,10 +215,13 @@ def _drafter_rows(d: DrafterShape, r: PlanRequest) -> int:
     return r.max_len + r.verify_nodes  # draft / mtp caches: the target's length + one verify tree
 
 
-def _drafter_parts(add, header: CheckpointHeader, r: PlanRequest, d: DrafterShape) -> None:
+def _drafter_parts(add, header: CheckpointHeader, r: PlanRequest, d: DrafterShape, o: Overheads) -> None:
     b = r.dtype_bytes
     if d.weights_bytes:
         add("drafter weights", d.weights_bytes, f"{d.kind} drafter {d.source}")
+        if d.kind == "dflash" and r.device_type == "cuda" and o.dflash_runtime_fraction:
+            add("drafter runtime", d.weights_bytes * o.dflash_runtime_fraction,
+                f"held after the build beyond the parts counted, {o.dflash_runtime_fraction:.0%} of its weights (Overheads: measured)")
     if d.num_layers:
         rows = _drafter_rows(d, r)
         kv = 2 * d.num_layers * rows * d.num_kv_heads * d.head_dim * b

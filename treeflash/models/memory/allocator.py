@@ -24,7 +24,7 @@ def use_expandable_segments() -> bool:
     (nothing to configure) or this PyTorch has no such setting."""
     if not torch.cuda.is_available():
         return False
-    setter = getattr(torch.cuda.memory, "_set_allocator_settings", None)
+    setter = getattr(torch._C, "_accelerator_setAllocatorSettings", None) or getattr(torch.cuda.memory, "_set_allocator_settings", None)
     if setter is None:
         return False
     setter("expandable_segments:True")

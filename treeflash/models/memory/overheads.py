@@ -27,10 +27,12 @@ class Overheads:
     allocator_slack_fraction: float = 0.01
     allocator_slack_bytes: int = 192 * MiB  # cuBLAS workspaces, Triton launch buffers: a fixed floor
     # the peak temporaries of one forward over T tokens, as a multiple of parts.activation_bytes(T)
-    # (one layer's projections, the MLP's gate/up/act and T rows of logits): the 27B shape's Gated
-    # DeltaNet layers held 850 MiB at a 2048-token chunk against 452 MiB counted (a live-tensor
-    # count of the same code on the CPU, 2-core machine)
-    activation_factor: float = 1.9
+    # (one layer's projections, the MLP's gate/up/act and T rows of logits)
+    activation_factor: float = 1.0
+    # the chunked Gated DeltaNet rule's temporaries over its projections' count (parts.layer_width):
+    # the 27B shape's DeltaNet layer held 410 / 850 MiB at 1024 / 2048-token chunks against 84 / 168
+    # MiB counted, the layer input included (a live-tensor count of the same torch code on the CPU)
+    gdn_temporaries_factor: float = 4.8
     # copies of the prompt's captured target features a DFlash prefill holds at once (the chunks'
     # outputs, their concatenation, the normalised copy the drafter absorbs: spec/dflash.py)
     drafter_feature_copies: float = 3.0
@@ -42,6 +44,6 @@ class Overheads:
         for name in ("cuda_context_bytes", "allocator_slack_bytes"):
             if getattr(self, name) < 0:
                 raise ValueError(f"Overheads.{name} must be >= 0, got {getattr(self, name)}")
-        for name in ("allocator_slack_fraction", "activation_factor", "drafter_feature_copies", "dflash_runtime_fraction"):
+        for name in ("allocator_slack_fraction", "activation_factor", "drafter_feature_copies", "dflash_runtime_fraction", "gdn_temporaries_factor"):
             if not 0 <= getattr(self, name) < 100:
                 raise ValueError(f"Overheads.{name} must be in [0, 100), got {getattr(self, name)}")

@@ -84,23 +84,25 @@ def rope_table_bytes(rotary_dim: int, positions: int, dtype_bytes: int) -> int:
     return 2 * positions * rotary_dim * dtype_bytes
 
 
-def layer_width(config: ModelConfig) -> int:
+def layer_width(config: ModelConfig, gdn_factor: float = 1.0) -> int:
     """Values per token of the widest layer's temporaries: its input projections and output, and the
-    MLP's gate|up, activation and output (models/attention.py, models/gated_deltanet.py, layers.py MLP)."""
+    MLP's gate|up, activation and output (models/attention.py, models/gated_deltanet.py, layers.py MLP).
+    gdn_factor scales the Gated DeltaNet block's count (its projections, conv output, z and gates) to
+    the chunked delta rule's measured peak (Overheads.gdn_temporaries_factor)."""
     c = config
     q = c.num_heads * c.head_dim * (2 if c.attn_output_gate else 1)
     attention = q + 2 * c.num_kv_heads * c.head_dim + c.num_heads * c.head_dim
     gdn = 0
     if c.is_hybrid:
         z = c.linear_num_value_heads * c.linear_value_head_dim
-        gdn = conv_dim(c) * 3 + 2 * z + 2 * c.linear_num_value_heads  # projections, conv output (fp32), z, gates
+        gdn = int((conv_dim(c) * 3 + 2 * z + 2 * c.linear_num_value_heads) * gdn_factor)  # projections, conv output (fp32), z, gates
     return max(attention, gdn) + 3 * c.intermediate_size + 4 * c.hidden_size
 
 
-def activation_bytes(config: ModelConfig, num_tokens: int, logit_rows: int, dtype_bytes: int) -> int:
+def activation_bytes(config: ModelConfig, num_tokens: int, logit_rows: int, dtype_bytes: int, gdn_factor: float = 1.0) -> int:
     """Temporaries of one forward over `num_tokens` tokens with logits for `logit_rows` of them (the head
     computes in dtype, CausalLM returns fp32). Overheads.activation_factor scales it to the measured peak."""
-    return num_tokens * layer_width(config) * dtype_bytes + logit_rows * config.vocab_size * (dtype_bytes + FP32_BYTES)
+    return num_tokens * layer_width(config, gdn_factor) * dtype_bytes + logit_rows * config.vocab_size * (dtype_bytes + FP32_BYTES)
 
 
 # Bytes per value that kv_formats.dequantize_* hold at their peak, the fp32 result included, counted from

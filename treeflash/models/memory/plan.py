@@ -185,14 +185,14 @@ def plan_memory(header: CheckpointHeader, request: PlanRequest, drafter: Drafter
         static = sum(parts.verify_graph_outputs(c, t, capture, b) for t in (1, *buckets))  # the decode graph + each verify graph
         add("verify graphs", static, f"decode + verify buckets {buckets}: logits, argmax, features, per-node DeltaNet rows")
         tmax = buckets[-1]
-        work = parts.activation_bytes(c, tmax, tmax, b) * o.activation_factor + tmax * r.max_len  # + the step's key mask
+        work = parts.activation_bytes(c, tmax, tmax, b, o.gdn_temporaries_factor) * o.activation_factor + tmax * r.max_len  # + the step's key mask
         add("graph workspace", work, f"the largest graph's temporaries ({tmax} nodes) in the graphs' pool")
         if drafter is not None and drafter.kind == "dflash":
             d = drafter.block_size
             passes = d * ((d - 1) * c.vocab_size * parts.FP32_BYTES + 2 * (d - 1) * DFLASH_TOP_K * 8)
             add("drafter graphs", passes, f"{d} captured drafting passes: logits [{d - 1}, vocab] fp32 + top-K each")
     chunk = min(r.prefill_chunk, r.max_context)
-    act = parts.activation_bytes(c, chunk, 1, b)
+    act = parts.activation_bytes(c, chunk, 1, b, o.gdn_temporaries_factor)
     kv_read = parts.prefill_kv_read_bytes(c, r.max_len, r.cache_type_k, r.cache_type_v, b)
     prefill = max(act * o.activation_factor, act + kv_read)  # the widest layer, or an attention layer over the prefix
     detail = f"one {chunk}-token chunk's temporaries" + (", an attention layer's prefix rows (dequantized / repeated per query head)" if kv_read else "")

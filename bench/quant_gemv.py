@@ -6,6 +6,7 @@ matmul at the same shape. Each call is first checked against dequantize_ref + an
     python bench/quant_gemv.py --out quant_gemv.json                       # defaults: every format
     python bench/quant_gemv.py --formats Q4_K,Q6_K --rows 1,32 --out q.json
     python bench/quant_gemv.py --formats Q4_K --configs --rows 1,32 --out sweep.json   # launch-config sweep
+    python bench/quant_gemv.py --formats Q4_K --rows 1 --q4k-ab --out ab.json   # word-wide Q4_K GEMV vs byte-wise
     python bench/quant_gemv.py --device cpu --toy --out /tmp/q.json        # checks the script on a CPU
 
 Timing: CUDA-graph replay (triton.testing.do_bench_cudagraph) of one graph that calls quant_matmul on
@@ -34,7 +35,7 @@ import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
 from treeflash.kernels.quant import FORMATS, dequantize_ref, has_kernel, quant_matmul  # noqa: E402
-from treeflash.kernels.quant.config import GemvConfig, QuantTuning, RowsConfig  # noqa: E402
+from treeflash.kernels.quant.config import GemvConfig, Q4kGemvConfig, QuantTuning, RowsConfig  # noqa: E402
 from treeflash.kernels.quant.synthetic import random_blocks  # noqa: E402
 
 PROJECTIONS = {  # name: (N, K)
@@ -52,6 +53,8 @@ TOY = {"toy.qkv": (96, 512), "toy.down": (64, 1024)}
 ROWS = (1, 2, 4, 8, 16, 32, 64)
 GEMV_GRID = [GemvConfig(bn, u, w) for bn, u, w in itertools.product((2, 4, 8, 16, 32), (1, 2, 4), (2, 4, 8))]
 ROWS_GRID = [RowsConfig(16, bn, w) for bn, w in itertools.product((16, 32, 64, 128), (2, 4, 8))]
+Q4K_GRID = [Q4kGemvConfig(bn, u, w, mp) for bn, u, w, mp in
+            ((16, 2, 1, 2048), (32, 2, 1, 2048), (32, 1, 1, 2048), (16, 4, 1, 2048), (32, 2, 2, 1024), (16, 2, 1, 4096), (64, 2, 2, 1024))]
 MIN_BYTES_PER_REPLAY = 256 << 20
 
 
@@ -97,13 +100,16 @@ def bench_shape(fmt: str, name: str, n: int, k: int, rows: list[int], args, devi
         if args.configs:
             grid = (GEMV_GRID if m == 1 else ROWS_GRID)[: 3 if args.toy else None]
             configs += [(c, QuantTuning(gemv=c) if m == 1 else QuantTuning(rows=c)) for c in grid]
+        if args.q4k_ab and fmt == "Q4_K" and m == 1:  # the word-wide Q4_K GEMV's configurations against the byte-wise kernel
+            configs += [("bytewise " + json.dumps(dataclasses.asdict(QuantTuning().gemv)), QuantTuning(q4k_words=False))]
+            configs += [("words " + json.dumps(dataclasses.asdict(c)), QuantTuning(q4k=c)) for c in Q4K_GRID[: 2 if args.toy else None]]
         rec = dict(format=fmt, projection=name, n=n, k=k, m=m, quant_bytes=quant_bytes, bf16_bytes=bf16_bytes,
                    has_kernel=has_kernel(fmt), copies=copies)
         rec["bf16_s"] = time_calls([lambda w=w: F.linear(x, w) for w in dense], device)
         rec["bf16_roofline_frac"] = bf16_bytes / args.bandwidth / rec["bf16_s"]
         timings = []
         for cfg, tuning in configs:
-            label = cfg if cfg == "default" else dataclasses.asdict(cfg)
+            label = cfg if isinstance(cfg, str) else dataclasses.asdict(cfg)
             try:
                 err = check(x, weights[0], fmt, k, tuning)
                 if not err <= 1e-2:  # bf16 x and output: a wrong kernel is far off, rounding is ~2^-8
@@ -152,6 +158,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--projections", default=None, help=f"comma-separated names of {', '.join(PROJECTIONS)}")
     p.add_argument("--rows", default=",".join(map(str, ROWS)), help="comma-separated M values")
     p.add_argument("--configs", action="store_true", help="also time a grid of launch configurations (--toy: its first 3)")
+    p.add_argument("--q4k-ab", action="store_true", help="Q4_K at M == 1: the word-wide GEMV's configurations against the byte-wise kernel")
     p.add_argument("--bandwidth", type=float, default=4.2e12, help="bytes/s of the roofline (H200: 4.2e12)")
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu", choices=("cuda", "cpu"))
     p.add_argument("--toy", action="store_true", help="toy shapes (checks the script; CPU)")

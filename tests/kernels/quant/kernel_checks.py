@@ -52,6 +52,13 @@ def cases(fmt: str) -> dict:
     x = torch.randn(20, k, generator=gen)
     y = quant_matmul(x, blocks, fmt, k, tuning=QuantTuning(max_rows=16, dequant_rows=48))
     out[f"{fmt}_m20_tiled"] = [(y - x @ w.t()).abs().max().item(), (x @ w.t()).abs().max().item(), True]
+    if fmt == "Q4_K":  # the decode GEMV's two kernels: word-wide without a split over K, and byte-wise
+        from treeflash.kernels.quant.config import Q4kGemvConfig
+
+        x = torch.randn(1, k, generator=gen)
+        for name, tuning in (("words_nosplit", QuantTuning(q4k=Q4kGemvConfig(min_programs=1))), ("bytewise", QuantTuning(q4k_words=False))):
+            y = quant_matmul(x, blocks, fmt, k, out_dtype=torch.float32, tuning=tuning)
+            out[f"{fmt}_m1_{name}"] = [(y - x @ w.t()).abs().max().item(), (x @ w.t()).abs().max().item(), True]
     wd = dequantize(blocks, fmt, k, torch.empty(n, k))
     out[f"{fmt}_dequantize_bits_differ"] = int((wd.view(torch.int32) != w.view(torch.int32)).sum())
     return out

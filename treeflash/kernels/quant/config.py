@@ -31,6 +31,24 @@ class GemvConfig:
 
 
 @dataclass(frozen=True)
+class Q4kGemvConfig:
+    """M == 1 for Q4_K through gemv_q4k (32-bit words): BLOCK_N rows per program (two threads a row,
+    16 bytes each per load), UNROLL blocks per loop step, and a split over K chosen so that at least
+    min_programs programs run (a divisor of the block count: a fixed reduction order)."""
+    block_n: int = 16
+    unroll: int = 2
+    num_warps: int = 1
+    min_programs: int = 2048
+
+    def __post_init__(self):
+        _pow2("block_n", self.block_n, 2, 128)
+        _pow2("unroll", self.unroll, 1, 8)
+        _pow2("num_warps", self.num_warps, 1, 16)
+        if self.min_programs < 1:
+            raise ValueError(f"min_programs must be >= 1, got {self.min_programs}")
+
+
+@dataclass(frozen=True)
 class RowsConfig:
     """2 <= M <= max_rows: a BLOCK_M x BLOCK_N output tile per program (tl.dot: both >= 16)."""
     block_m: int = 16
@@ -53,6 +71,8 @@ class QuantTuning:
 (a table entry's block_n and num_warps are kept)."""
     gemv: GemvConfig = GemvConfig()
     rows: RowsConfig = RowsConfig()
+    q4k: Q4kGemvConfig = Q4kGemvConfig()
+    q4k_words: bool = True  # Q4_K decode GEMVs through gemv_q4k (False: the generic byte-wise kernel)
     gemv_table: tuple[tuple[str, int, int, GemvConfig], ...] = ()
     rows_table: tuple[tuple[str, int, int, RowsConfig], ...] = ()
     rows_block_m: tuple[tuple[int, int], ...] = ((16, 16), (32, 32), (128, 64))

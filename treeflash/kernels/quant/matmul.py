@@ -16,6 +16,7 @@ import os
 import torch
 import triton
 
+import treeflash.kernels.quant.gemv_q4k as gemv_q4k
 import treeflash.kernels.quant.kernels as kernels
 from treeflash.kernels.quant.config import DEFAULT_TUNING, QuantTuning
 from treeflash.kernels.quant.decode import FMT_ID, GROUPS
@@ -54,6 +55,28 @@ def gemv(x: torch.Tensor, blocks: torch.Tensor, f: BlockFormat, k: int, out: tor
     kernels.gemv_kernel[(triton.cdiv(n, cfg.block_n),)](
         x, blocks, blocks.view(torch.float16), out, n, f.row_bytes(k), nb, **_meta(f, k),
         BLOCK_N=cfg.block_n, UNROLL=unroll, num_warps=cfg.num_warps)
+    return out
+
+
+def split_for(nb: int, programs: int, min_programs: int) -> int:
+    """The largest divisor of nb (blocks per row) that keeps programs * split <= max(programs, min_programs)."""
+    want = max(1, min_programs // programs)
+    return max(d for d in range(1, nb + 1) if nb % d == 0 and d <= want)
+
+
+def gemv_words_q4k(x: torch.Tensor, blocks: torch.Tensor, k: int, out: torch.Tensor, tuning: QuantTuning) -> torch.Tensor:
+    """out [1, N] = x [1, K] @ dequant(Q4_K blocks)^T through gemv_q4k (+ its split sum)."""
+    n, nb, cfg = blocks.shape[0], k // 256, tuning.q4k
+    words = blocks.view(torch.int32)  # [N, nb * 36]
+    programs = triton.cdiv(n, cfg.block_n)
+    split = split_for(nb, programs, cfg.min_programs)
+    bps = nb // split
+    unroll = cfg.unroll if bps % cfg.unroll == 0 else 1
+    part = out if split == 1 else torch.empty(split, n, dtype=torch.float32, device=x.device)  # [SPLIT, N] fp32
+    gemv_q4k.q4k_gemv_kernel[(programs, split)](x, words, blocks, out, part, n, words.shape[1], BPS=bps, SPLIT=split,
+                                                BLOCK_N=cfg.block_n, UNROLL=unroll, num_warps=cfg.num_warps)
+    if split > 1:
+        gemv_q4k.split_sum_kernel[(triton.cdiv(n, 1024),)](part, out, n, SPLIT=split, BLOCK=1024, num_warps=4)
     return out
 
 
@@ -119,6 +142,8 @@ def quant_matmul(x: torch.Tensor, blocks: torch.Tensor, fmt: str, k: int,
         return out
     x = x.contiguous()
     if m == 1:
+        if f.name == "Q4_K" and tuning.q4k_words and blocks.is_contiguous():
+            return gemv_words_q4k(x, blocks, k, out, tuning)
         return gemv(x, blocks, f, k, out, tuning)
     if m <= tuning.max_rows:
         return rows_matmul(x, blocks, f, k, out, tuning)

@@ -151,6 +151,15 @@ def tables(results: list[dict]) -> tuple[list, list]:
     return gemv, rows
 
 
+def write(path: str, results: list[dict], args) -> None:
+    gemv, rows_t = tables(results)
+    doc = dict(device=torch.cuda.get_device_name() if args.device == "cuda" else "cpu", torch=torch.__version__,
+               bandwidth=args.bandwidth, toy=args.toy, command=" ".join(sys.argv), results=results,
+               best_gemv_table=gemv, best_rows_table=rows_t)
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
+    Path(path).write_text(json.dumps(doc, indent=1))
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--out", required=True, help="JSON file to write")
@@ -185,11 +194,7 @@ def main(argv: list[str] | None = None) -> int:
         for name in names:
             n, k = shapes[name]
             results += bench_shape(fmt, name, n, k, rows, args, args.device)
-    gemv, rows_t = tables(results)
-    doc = dict(device=torch.cuda.get_device_name() if args.device == "cuda" else "cpu", torch=torch.__version__,
-               bandwidth=args.bandwidth, toy=args.toy, results=results, best_gemv_table=gemv, best_rows_table=rows_t)
-    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out).write_text(json.dumps(doc, indent=1))
+            write(args.out, results, args)  # after every shape: a run cut off keeps what it measured
     return 0
 
 

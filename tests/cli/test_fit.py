@@ -45,7 +45,7 @@ def test_fit_prints_every_part_and_writes_the_plan_as_json(tmp_path, capsys):
 
 
 def test_fit_says_no_and_what_to_change(capsys):
-    rc = main(["fit", "--gpu-memory", "1300MiB", "--max-context", "8192"])
+    rc = main(["fit", "--gpu-memory", "1300MiB", "--max-context", "8192", "--weights", "float"])
     text = capsys.readouterr().out
     assert rc == 1 and "fits: NO" in text
     line = next(l for l in text.splitlines() if l.startswith("largest context that fits:"))
@@ -68,11 +68,11 @@ def _args(*flags):
 
 
 def test_auto_context_fits_and_five_percent_more_is_refused():
-    start = plan_at_start(_args("--device", "cuda", "--gpu-memory", "1350MiB", "--max-context", "auto", "--draft", "ngram"))
+    start = plan_at_start(_args("--device", "cuda", "--gpu-memory", "1350MiB", "--max-context", "auto", "--draft", "ngram", "--weights", "float"))
     n = start.max_context
     assert 0 < n < 8192 and start.plan.total <= 1350 * MiB and start.verify_nodes == 6
     with pytest.raises(PlanError) as e:
-        plan_at_start(_args("--device", "cuda", "--gpu-memory", "1350MiB", "--max-context", str(int(n * 1.05)), "--draft", "ngram"))
+        plan_at_start(_args("--device", "cuda", "--gpu-memory", "1350MiB", "--max-context", str(int(n * 1.05)), "--draft", "ngram", "--weights", "float"))
     assert "does not fit" in str(e.value) and "fits: NO" in str(e.value) and f"try: --max-context {n}" in str(e.value)
 
 
@@ -100,3 +100,21 @@ def test_bad_max_context_names_the_flag(capsys):
     with pytest.raises(SystemExit):
         build_parser().parse_args(["generate", "--max-context", "lots"])
     assert "--max-context" in capsys.readouterr().err
+
+
+def test_weights_auto_keeps_gguf_blocks_only_when_the_dequantized_weights_do_not_fit():
+    from treeflash.models.memory import PlanRequest
+
+    header = read_header(DEFAULT_GGUF)
+    native = plan_memory(header, PlanRequest(8192, weights="native", verify_nodes=6)).total
+    dense = plan_memory(header, PlanRequest(8192, weights="float", verify_nodes=6)).total
+    assert native < dense  # the default model's Q4_1 blocks are smaller than bf16
+    roomy = plan_at_start(_args("--device", "cuda", "--gpu-memory", "24GiB", "--draft", "ngram"))
+    assert roomy.weights == "float" and "weights float (--weights auto)" in roomy.summary
+    between = f"{(native + dense) // 2 // MiB}MiB"
+    tight = plan_at_start(_args("--device", "cuda", "--gpu-memory", between, "--draft", "ngram"))
+    assert tight.weights == "native" and tight.plan.request.weights == "native" and tight.plan.total <= (native + dense) // 2
+    cpu = plan_at_start(_args("--device", "cpu", "--gpu-memory", between, "--draft", "ngram", "--max-context", "1024"))
+    assert cpu.weights == "float"  # the CPU keeps its own choice (float unless --weights int4 / native)
+    explicit = plan_at_start(_args("--device", "cuda", "--gpu-memory", "24GiB", "--weights", "native", "--draft", "ngram"))
+    assert explicit.weights == "native"

@@ -182,10 +182,11 @@ def load(args: argparse.Namespace):
     """The loaded target (tests replace this with a toy model)."""
     import torch
 
+    from treeflash.cli.planning import resolved_weights
     from treeflash.models.loader import load_model
 
     return load_model(args.model, device=args.device, dtype=getattr(torch, args.dtype) if args.dtype else None,
-                      progress=not args.quiet, weights=getattr(args, "weights", "float"))
+                      progress=not args.quiet, weights=resolved_weights(args))
 
 
 def _engine_targets(args, prompts):
@@ -229,5 +230,5 @@ def _engine_targets(args, prompts):
     model = {"source": loaded.source, "arch": loaded.config.arch, "longest_prompt_tokens": longest,
              "max_context": targets[-1].engine.max_context, **machine.roofline(loaded.model)}
     engines = sum(isinstance(t, EngineTarget) for t in targets)
-    memory = planned(args, targets[-1].engine.max_context, loaded.model.device.type, engines)
+    memory = planned(args, targets[-1].engine.max_context, loaded.model.device.type, engines, getattr(loaded.model, "weights_format", "float"))
     return targets, baseline, sweep_values or None, {"model": model, "memory": memory}

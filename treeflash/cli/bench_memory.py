@@ -13,7 +13,7 @@ from dataclasses import replace
 from treeflash.errors import TreeflashError
 
 
-def planned(args: Namespace, max_context: int, device_type: str, engines: int) -> dict:
+def planned(args: Namespace, max_context: int, device_type: str, engines: int, weights: str = "float") -> dict:
     from treeflash.cli.planning import Available, build_report, plan_inputs
     from treeflash.models.memory.plan import GRAPH_BUCKETS
 
@@ -22,7 +22,7 @@ def planned(args: Namespace, max_context: int, device_type: str, engines: int) -
     except (TreeflashError, OSError) as e:  # a model given as an object (tests), an unreadable header
         return {"planned": None, "error": str(e), "engines": engines}
     # bench's engines capture every verify bucket (EngineConfig's default graph_buckets)
-    request = replace(request, max_context=max_context, verify_nodes=GRAPH_BUCKETS[-1])
+    request = replace(request, max_context=max_context, verify_nodes=GRAPH_BUCKETS[-1], weights=weights)
     report = build_report(header, request, drafter, Available(0, "not checked", False))
     plan = report.plan
     return {"planned": plan.as_dict()["parts"], "planned_total_bytes": plan.total, "kv_bytes_per_token": plan.kv_bytes_per_token,

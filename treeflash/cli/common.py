@@ -13,8 +13,8 @@ def add_model_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--model", default=None, help="Hugging Face directory, .gguf file, or Hub id org/name[:file.gguf][@revision] (default: the embedded SmolLM2-135M-Instruct)")
     g.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"], help="where to run (default: cuda if present)")
     g.add_argument("--dtype", default=None, choices=["float32", "bfloat16", "float16"], help="runtime dtype (default: float32 on CPU, bfloat16 on CUDA)")
-    g.add_argument("--weights", default="float", choices=["float", "native", "int4"],
-                   help="float: dequantize a GGUF to --dtype (default); native: keep each GGUF matrix in its stored blocks where a "
+    g.add_argument("--weights", default="auto", choices=["auto", "float", "native", "int4"],
+                   help="auto (default): float, unless a GGUF on CUDA fits only with its blocks kept (then native); float: dequantize a GGUF to --dtype; native: keep each GGUF matrix in its stored blocks where a "
                         "fast path runs its type (CUDA: the quantized kernels; CPU: int4 for Q4_0/Q4_1), dequantize the rest "
                         "(docs/quant.md has the table); int4: the CPU int4 path alone (~2x faster decode, bf16-level precision)")
     g.add_argument("--threads", type=int, default=None, help="CPU threads for PyTorch (default: PyTorch's choice; serve on a CPU: 1; 1 is faster on a busy machine)")
@@ -91,7 +91,7 @@ def build_engine(args: argparse.Namespace, progress: bool = True):
         from treeflash.models.memory.allocator import use_expandable_segments
 
         use_expandable_segments()  # the allocator's reserve then follows the planned peak (allocator.py)
-    loaded = load_model(args.model, device=args.device, dtype=dtype, progress=progress, weights=getattr(args, "weights", "float"))
+    loaded = load_model(args.model, device=args.device, dtype=dtype, progress=progress, weights=start.weights)
     options = DraftOptions(
         num_draft=args.num_draft,
         draft_model=args.draft_model,

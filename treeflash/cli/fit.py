@@ -33,8 +33,8 @@ def add_parser(sub) -> None:
     p.add_argument("--model", default=None, help="Hugging Face directory or .gguf file (default: the embedded SmolLM2-135M-Instruct)")
     p.add_argument("--device", default="cuda", choices=["cuda", "cpu"], help="the device to plan for (default cuda: works without one)")
     p.add_argument("--dtype", default=None, choices=["float32", "bfloat16", "float16"], help="runtime dtype (default: bfloat16 on CUDA, float32 on a CPU)")
-    p.add_argument("--weights", default="float", choices=["float", "int4", "native"],
-                   help="float: every weight at --dtype; int4: CPU 4-bit GGUF layers; native: CUDA, GGUF blocks kept packed")
+    p.add_argument("--weights", default="auto", choices=["auto", "float", "int4", "native"],
+                   help="auto (default): float, unless a GGUF on CUDA fits only with its blocks kept; float: every weight at --dtype; int4: CPU 4-bit GGUF layers; native: CUDA, GGUF blocks kept packed")
     p.add_argument("--gpu-memory", default="auto", help="memory to plan within: auto, 24GiB, 24GB, 24000MiB or a card name (default auto)")
     p.add_argument("--max-context", default="8192", help="tokens of context: an integer or auto, the most that fits (default 8192)")
     p.add_argument("--cache-type-k", default="auto", help="K cache type: auto, bf16, f16, f32, q8_0, q4_0, tq3_0")

@@ -189,8 +189,11 @@ def report_dict(report: FitReport, header, drafter) -> dict:
             "model_context_limit": report.context_limit, "note": report.note, "suggestions": report.suggestions(header, drafter)}
 
 
+AUTO_WEIGHTS_CONTEXT = 8192  # --weights auto: float when the dequantized weights fit at this context (or the one asked for)
+
+
 def plan_inputs(args, device_type: str):
-    """(header, drafter shape, PlanRequest at max_context 1) for the parsed flags."""
+    """(header, drafter shape, PlanRequest at max_context 1) for the parsed flags (--weights auto: float)."""
     from treeflash.models.memory import PlanRequest, read_header
     from treeflash.spec.drafter_memory import drafter_shape
 
@@ -207,7 +210,8 @@ def plan_inputs(args, device_type: str):
     budget = budget if budget == "auto" else _int_budget(budget)
     nodes = verify_nodes(args.draft, budget, args.num_draft, not args.no_tree, drafter.block_size if drafter and drafter.block_size else 16)
     try:
-        request = PlanRequest(1, device_type=device_type, dtype_bytes=dtype_bytes, weights=getattr(args, "weights", "float"),
+        weights = getattr(args, "weights", "float")
+        request = PlanRequest(1, device_type=device_type, dtype_bytes=dtype_bytes, weights="float" if weights == "auto" else weights,
                               cache_type_k=args.cache_type_k, cache_type_v=args.cache_type_v,
                               k_exact_layers=getattr(args, "cache_k_exact_layers", 0), verify_nodes=nodes)
     except ValueError as e:
@@ -231,6 +235,28 @@ def fit_report(args, device_type: str) -> tuple[FitReport, Any, Any]:
     gpu_memory = parse_memory(args.gpu_memory) if isinstance(args.gpu_memory, str) else args.gpu_memory
     available = available_memory(gpu_memory, device_type)
     context = parse_context(str(args.max_context))
+    if getattr(args, "weights", "float") == "auto":
+        request = replace(request, weights=auto_weights(header, request, drafter, available, context))
+    return _fit_report(header, drafter, request, available, context, gpu_memory, device_type)
+
+
+def auto_weights(header, request, drafter, available, context) -> str:
+    """--weights auto: "float" (the dequantized weights: today's faster kernels), unless the checkpoint
+    is a GGUF on CUDA whose dequantized plan does not fit at the context asked for (auto: at
+    AUTO_WEIGHTS_CONTEXT tokens) while its blocks kept as stored ("native") do."""
+    if header.format != "gguf" or request.device_type != "cuda":
+        return "float"
+    n = min(AUTO_WEIGHTS_CONTEXT if context == "auto" else context, header.config.max_position_embeddings)
+    req = replace(request, max_context=n, include_cuda_context=not available.includes_context)
+    from treeflash.models.memory import plan_memory
+
+    if plan_memory(header, req, drafter).total <= available.bytes:
+        return "float"
+    native = plan_memory(header, replace(req, weights="native"), drafter).total <= available.bytes
+    return "native" if native else "float"
+
+
+def _fit_report(header, drafter, request, available, context, gpu_memory, device_type: str) -> tuple[FitReport, Any, Any]:
     limit = header.config.max_position_embeddings
     note = ""
     if context == "auto":
@@ -259,6 +285,21 @@ class StartPlan:
     verify_nodes: int
     plan: Any  # MemoryPlan
     summary: str  # one line for stderr: the context chosen and the plan against the memory
+    weights: str = "float"  # the weight format to load (--weights auto resolved)
+
+
+def resolved_weights(args) -> str:
+    """--weights as load_model takes it: auto resolved against the plan (auto_weights)."""
+    weights = getattr(args, "weights", "float")
+    if weights != "auto":
+        return weights
+    from treeflash.models.loader import resolve_device
+
+    try:
+        report, _, _ = fit_report(args, resolve_device(args.device).type)
+    except (TreeflashError, OSError):  # an unreadable header: the loader says why, with float
+        return "float"
+    return report.plan.request.weights
 
 
 def plan_at_start(args) -> StartPlan:
@@ -272,4 +313,6 @@ def plan_at_start(args) -> StartPlan:
     r = report.plan.request
     summary = (f"context {r.max_context} tokens: planned {report.plan.total / MiB:.0f} MiB of {report.available.bytes / MiB:.0f} MiB "
                f"({report.available.source})" + (f"; {report.note}" if report.note else ""))
-    return StartPlan(r.max_context, r.verify_nodes, report.plan, summary)
+    if getattr(args, "weights", "float") == "auto":
+        summary += f"; weights {r.weights} (--weights auto)"
+    return StartPlan(r.max_context, r.verify_nodes, report.plan, summary, r.weights)

@@ -50,9 +50,14 @@ def is_byte_level(backend_json: dict[str, Any]) -> bool:
     return has(backend_json.get("pre_tokenizer")) or has(backend_json.get("decoder"))
 
 
-def token_bytes(tokenizer, vocab_size: int) -> tuple[list[bytes], list[int]]:
-    """(bytes of ids 0..vocab_size-1, the special ids) for a transformers fast tokenizer."""
-    backend = tokenizer.backend_tokenizer
+def token_bytes(tokenizer, vocab_size: int, eos_ids: list[int]) -> tuple[list[bytes], list[int]]:
+    """(bytes of ids 0..vocab_size-1, the special ids) for a transformers fast tokenizer; a tokenizer
+    without a tokenizers backend (a character-level test tokenizer) gets each id's decoded text. The
+    end-of-sequence ids are special either way."""
+    backend = getattr(tokenizer, "backend_tokenizer", None)
+    if backend is None:
+        out = [tokenizer.decode([i]).encode("utf-8") for i in range(vocab_size)]
+        return out, sorted({i for i in eos_ids if 0 <= i < vocab_size})
     vocab: dict[str, int] = backend.get_vocab(with_added_tokens=False)
     added = {int(i): t for i, t in (getattr(tokenizer, "added_tokens_decoder", None) or {}).items()}
     byte_level = is_byte_level(json.loads(backend.to_str()))
@@ -71,6 +76,7 @@ def token_bytes(tokenizer, vocab_size: int) -> tuple[list[bytes], list[int]]:
             if tok.special:
                 special.append(i)
     special.extend(i for i in range(vocab_size) if not known[i])  # padding ids: empty, never allowed
+    special.extend(i for i in eos_ids if 0 <= i < vocab_size)
     return out, sorted(set(special))
 
 
@@ -95,7 +101,7 @@ class TokenizerBridge:
     def __init__(self, tokenizer, vocab_size: int, eos_ids: list[int]):
         import copy
 
-        self.tokens, self.special_token_ids = token_bytes(tokenizer, vocab_size)
+        self.tokens, self.special_token_ids = token_bytes(tokenizer, vocab_size, eos_ids)
         self.eos_token_id = eos_ids[0]
         self.bos_token_id = getattr(tokenizer, "bos_token_id", None)
         self._tokenizer = copy.deepcopy(tokenizer)
@@ -105,4 +111,6 @@ class TokenizerBridge:
         if not isinstance(text, str):
             raise TypeError("the bridge encodes str")  # TokenizerWrapper then passes str
         with self._lock:
+            if getattr(self._tokenizer, "backend_tokenizer", None) is None:
+                return list(self._tokenizer(text, add_special_tokens=False)["input_ids"])
             return list(self._tokenizer(text, add_special_tokens=False, split_special_tokens=True)["input_ids"])

@@ -2,10 +2,11 @@
 
 Before verification `prune` removes the draft nodes the constraint forbids, with their subtrees: the
 masked target never picks a forbidden token, so they could never be accepted, and they would cost
-verify budget. Nodes below an end token go too: the output ends there. With recursive rejection
-(verify.uses_sibling_draws) a forbidden node stays, as a leaf: that rule needs each node's children
-exactly as they were drawn from q, and a forbidden child is simply rejected (p(x) = 0), which
-keeps it exact; only its subtree goes.
+verify budget. Nodes below an end token go too: the output ends there. Under a rule on the
+drafter's q (chain rejection, recursive rejection: verify.uses_draft_probs) a forbidden node stays,
+as a leaf: it is rejected (p(x) = 0) and the bonus comes from the residual max(p - q, 0), as those
+rules need; dropping it would swap that residual for p exactly when the draft was forbidden, a
+choice that depends on the draft's value and biases the output. Only its subtree goes.
 
 During verification `NodeMasks.at(node)` is the constraint's allowed set after the path from the
 root to `node`: the constraint walks there (back to the common ancestor, then down) when a node is

@@ -33,7 +33,7 @@ from treeflash.spec.drafter import DraftContext, Drafter
 from treeflash.spec.sampling import SamplingParams, pick
 from treeflash.spec.stats import SpecStats
 from treeflash.spec.tree import DraftTree
-from treeflash.spec.verify import uses_sibling_draws, verify
+from treeflash.spec.verify import uses_draft_probs, verify
 
 
 class Decoder:
@@ -152,7 +152,7 @@ class Decoder:
         ctx = DraftContext(self.tokens, self.root, self.params, self.generator, max_nodes=room)
         tree = _fit(self.drafter.propose(ctx), room)  # propose a draft tree
         if self.constraint is not None:  # drop the drafts the constraint forbids before they cost budget
-            tree = prune(tree, self.constraint, self.end_ids, keep_forbidden=uses_sibling_draws(tree, self.params))
+            tree = prune(tree, self.constraint, self.end_ids, keep_forbidden=uses_draft_probs(tree, self.params))
         t1 = time.perf_counter()
         if tree.num_nodes == 1:  # nothing drafted (budget 0): a plain decode step, hidden states kept
             return self._plain_step(draft_s=t1 - t0)

@@ -93,11 +93,13 @@ def verify(
     return _sample_and_match(tree, probs_at, generator)  # exact for any tree, sampled children included
 
 
-def uses_sibling_draws(tree: DraftTree, params: SamplingParams) -> bool:
-    """Whether verify runs recursive rejection on this tree: the rule that needs every node's children
-    as they were drawn (a constraint may then drop a forbidden child's subtree, not the child)."""
-    return (not params.greedy and tree.child_probs is not None and tree.num_nodes > 1 and not tree.is_chain()
-            and params.tree_sampling == "rejection")
+def uses_draft_probs(tree: DraftTree, params: SamplingParams) -> bool:
+    """Whether verify runs a rule on the drafter's q (chain rejection, recursive rejection). A constraint
+    must then keep a forbidden draft, as a leaf (it is rejected: p(x) = 0, and the bonus comes from the
+    residual): dropping it would make the rule's use depend on the draft's value, which biases the
+    output (tests/spec/test_constrained_sampling.py fails so). Only its subtree may go."""
+    return (not params.greedy and tree.child_probs is not None and tree.num_nodes > 1
+            and (tree.is_chain() or params.tree_sampling == "rejection"))
 
 
 ProbsAt = Callable[[int], torch.Tensor]  # node -> [vocab] fp32: the target's processed distribution there

@@ -151,14 +151,14 @@ class Decoder:
         room = self.cache.max_len - self.cache.seq_len
         ctx = DraftContext(self.tokens, self.root, self.params, self.generator, max_nodes=room)
         tree = _fit(self.drafter.propose(ctx), room)  # propose a draft tree
-        if self.constraint is not None:  # drop the drafts the constraint forbids before they cost budget
+        if self._constrained:  # drop the drafts the constraint forbids before they cost budget
             tree = prune(tree, self.constraint, self.end_ids, keep_forbidden=uses_draft_probs(tree, self.params))
         t1 = time.perf_counter()
         if tree.num_nodes == 1:  # nothing drafted (budget 0): a plain decode step, hidden states kept
             return self._plain_step(draft_s=t1 - t0)
         batch = StepInput.tree(tree.token_ids, tree.parents, self.cache.seq_len)  # build the verify batch
         out = self.runner.forward(batch, capture_layers=self.capture)  # run the target once
-        masks = NodeMasks(tree, self.constraint, self.end_ids) if self.constraint is not None else None
+        masks = NodeMasks(tree, self.constraint, self.end_ids) if self._constrained else None
         result = verify(tree, out.logits, self.params, self.generator, argmax=out.argmax if masks is None else None,
                         masks=masks)  # accept
         if masks is not None:
@@ -278,13 +278,20 @@ class Decoder:
     def _pick(self, out) -> torch.Tensor:
         """The next token(s) from a step's logits; greedy takes the argmax the CUDA graph computed
         (unless a constraint masks the logits)."""
-        if self.params.greedy and out.argmax is not None and self.constraint is None:
+        if self.params.greedy and out.argmax is not None and not self._constrained:
             return out.argmax
         return pick(self._masked(out.logits), self.params, self.generator)
 
     def _masked(self, logits: torch.Tensor) -> torch.Tensor:
-        """logits [1, vocab] at the committed output, constrained."""
-        return logits if self.constraint is None else masked(logits, self.constraint.allowed())
+        """logits [1, vocab] at the committed output, constrained (past an end token: as they are, the
+        output ended; so NodeMasks has it)."""
+        return masked(logits, self.constraint.allowed()) if self._constrained else logits
+
+    @property
+    def _constrained(self) -> bool:
+        """A constraint applies: the request has one and its output has not ended (what follows an end
+        token is cut by the engine; the decoder then runs as unconstrained, so spec and plain still agree)."""
+        return self.constraint is not None and not self._ended
 
     def _advance(self, tokens: list[int]) -> None:
         """Move the constraint over emitted tokens, up to the first end token (the output ends there)."""

@@ -60,3 +60,27 @@ def test_stream_equals_complete_over_device_steps():
     assert "".join(e.text for e in events) == text
     assert sum(e.finish_reason is not None for e in events) == 1
     assert any(len(e.token_ids) > 1 for e in events)
+
+
+def test_constrained_requests_fall_back_to_host_steps_and_stay_constrained():
+    """A grammar (or min_tokens) never rides the device loop, which has no masks: the drafted steps run
+    on the host, the output matches the regex and equals plain constrained decoding."""
+    import re
+
+    from treeflash.engine.request import Grammar
+
+    plain, dev, ref = engines()
+
+    def no_device_loop(*args, **kwargs):
+        raise AssertionError("a constrained request asked for the device loop")
+
+    dev.drafter.device_loop = no_device_loop
+    pattern = "[a-h ]{4,30}[.]"
+    grammar = Grammar("regex", pattern)
+    text, ids, last = dev.complete(req(ignore_eos=False, grammar=grammar))
+    assert re.fullmatch(pattern, text) and last.finish_reason == "stop"
+    assert plain.complete(req(ignore_eos=False, grammar=grammar))[:2] == (text, ids)
+    dev.eos_ids = plain.eos_ids = {ref[9]}  # an end token the output reaches early: min_tokens holds it back
+    held = req(ignore_eos=False, min_tokens=30, max_tokens=40)
+    _, ids, _ = dev.complete(held)
+    assert ids == plain.complete(held)[1] and ref[9] not in ids[:30] and len(ids) >= 30

@@ -35,3 +35,37 @@ def test_random_chunkings_agree_with_str_find():
         hits = [i for i in (text.find(s) for s in stops) if i >= 0]
         expect = (text[: min(hits)], True) if hits else (text, False)
         assert run(chunks, stops) == expect
+
+
+def test_unarmed_text_never_stops_but_a_match_ending_in_armed_text_does():
+    m = StopMatcher(("ab", "abcd"))
+    assert m.feed("xab yab", armed=False) == ("xab y", False)  # "ab" inside: ignored; the tail may begin "abcd"
+    assert m.feed("q") == ("abq", False)  # the held "ab" ended in unarmed text: it does not count
+    m = StopMatcher(("END",))
+    assert m.feed("xEN", armed=False) == ("x", False)
+    assert m.feed("D and more") == ("", True) and m.matched == "END"  # spans the boundary, ends in armed text
+
+
+def test_engine_min_tokens_ignores_an_early_stop_string_and_holds_eos():
+    from tests.engine.toy import toy_loaded
+    from treeflash.engine.engine import Engine, EngineConfig
+    from treeflash.engine.request import GenerationRequest
+
+    loaded = toy_loaded()
+    plain = Engine(loaded, EngineConfig(max_context=256))
+    spec = Engine(loaded, EngineConfig(max_context=256, draft="ngram"))
+    base = dict(prompt_ids=tuple(range(5, 17)), max_tokens=40, ignore_eos=True)
+    full, ids, _ = plain.complete(GenerationRequest(**base))
+    stop, p = next((full[i:i + 2], full.find(full[i:i + 2], i + 2)) for i in range(30) if full.find(full[i:i + 2], i + 2) >= 0)
+    first = full.find(stop)
+    m = p + len(stop)  # the later match ends exactly in token m (one token per character)
+    for eng in (plain, spec):
+        text, _, last = eng.complete(GenerationRequest(**base, stop=(stop,), min_tokens=m))
+        assert text == full[:p] and last.finish_reason == "stop" and first < p  # the earlier match was passed over
+        text, _, _ = eng.complete(GenerationRequest(**base, stop=(stop,), min_tokens=m + 1))
+        later = full.find(stop, p + 1)
+        assert text == (full[:later] if later >= 0 else full)  # one token later, that match no longer counts
+    plain.eos_ids = spec.eos_ids = {ids[2]}
+    for eng in (plain, spec):
+        _, got, last = eng.complete(GenerationRequest(**{**base, "ignore_eos": False}, min_tokens=25))
+        assert ids[2] not in got[:25] and got[:2] == ids[:2]

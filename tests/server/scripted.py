@@ -147,6 +147,9 @@ class StubEngine:
         from treeflash.spec.stats import SpecStats
 
         self.totals = SpecStats()  # what /metrics reads: no speculation here
+        from treeflash.engine.grammar import GrammarCompiler
+
+        self.grammars = GrammarCompiler(self.tokenizer, 97, [96])  # grammars are checked against the ASCII vocabulary
 
     def check_fits(self, prompt_len: int, max_tokens: int) -> None:
         from treeflash.errors import ContextOverflowError

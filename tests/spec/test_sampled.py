@@ -153,14 +153,14 @@ def test_speculative_sampling_matches_the_target(case):
     assert stat < limit, f"{case}: chi-square {stat:.1f} >= {limit:.1f}"
 
 
-def accept_everything(tree, logits, params, generator, argmax=None):
+def accept_everything(tree, logits, params, generator, argmax=None, masks=None):
     """WRONG: commits every draft of a chain, then a bonus token from the last node."""
     probs = target_probs(logits, params)
     path = list(range(tree.num_nodes))
     return VerifyResult(path, tree.token_ids[1:].tolist() + [int(sample(probs[-1:], generator)[0])])
 
 
-def resample_from_p(tree, logits, params, generator, argmax=None):
+def resample_from_p(tree, logits, params, generator, argmax=None, masks=None):
     """WRONG: rejection sampling that redraws a rejected token from p instead of max(p - q, 0)."""
     probs, q_all, ids = target_probs(logits, params), tree.child_probs, tree.token_ids.tolist()
     path, tokens = [0], []

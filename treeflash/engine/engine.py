@@ -14,10 +14,12 @@ from dataclasses import dataclass
 from typing import Any
 
 from treeflash.engine.detokenizer import Detokenizer
+from treeflash.engine.grammar import GrammarCompiler
 from treeflash.engine.prefix_cache import Hit, PrefixCache, PrefixCacheConfig
 from treeflash.engine.request import GenerationRequest, TokenEvent, TokenLogprob, Usage
 from treeflash.engine.stops import StopMatcher
 from treeflash.errors import ContextOverflowError, InvalidRequestError
+from treeflash.spec.constraint import AllOf, Constraint, MinTokens
 from treeflash.spec.decoder import Decoder
 from treeflash.spec.drafter import Drafter, DraftOptions, build_drafter
 from treeflash.spec.stats import SpecStats
@@ -67,6 +69,7 @@ class Engine:
         tok_eos = getattr(self.tokenizer, "eos_token_id", None)
         if tok_eos is not None:
             self.eos_ids.add(int(tok_eos))
+        self.grammars = GrammarCompiler(self.tokenizer, self.model.config.vocab_size, sorted(self.eos_ids))  # built on first use
 
     # -- tokenization helpers shared by the CLI and the server --
     def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
@@ -108,12 +111,12 @@ class Engine:
     def _generate(self, req: GenerationRequest, cancelled: threading.Event | None, prefix: PrefixCache | None) -> Iterator[TokenEvent]:
         t0 = time.perf_counter()
         gen = req.sampling.generator(self.model.device if self.model.device.type == "cuda" else "cpu")
+        end_ids = set(req.stop_token_ids) | (set() if req.ignore_eos else self.eos_ids)
         dec = Decoder(self.model, self.cache, req.sampling, self.drafter, generator=gen, want_logprobs=req.logprobs, runner=self.runner,
-                      device_steps=self.config.device_steps)
+                      device_steps=self.config.device_steps, constraint=self.constraint(req, end_ids), end_ids=frozenset(end_ids))
         self._last_decoder = None
         detok = Detokenizer(self.tokenizer, req.prompt_ids)
         stops = StopMatcher(req.stop)
-        end_ids = set(req.stop_token_ids) | (set() if req.ignore_eos else self.eos_ids)
         produced = 0
         first_token_s = 0.0
         prompt = list(req.prompt_ids)
@@ -134,8 +137,11 @@ class Engine:
             shown = new
             if hit_end is not None:
                 new, shown, finish = new[: hit_end + 1], new[:hit_end], "stop"
+            unarmed = min(len(shown), max(0, req.min_tokens - 1 - produced))  # tokens before min_tokens: no stop string ends there
             produced += len(new)
-            text, stopped = stops.feed(detok.push(shown))
+            text = stops.feed(detok.push(shown[:unarmed]), armed=False)[0] if unarmed else ""
+            more, stopped = stops.feed(detok.push(shown[unarmed:]))
+            text += more
             if stopped:
                 finish = "stop"
             elif finish is not None:
@@ -155,6 +161,17 @@ class Engine:
             new = dec.step()
             self._last_decoder = dec
             lps = dec.last_logprobs
+
+    def constraint(self, req: GenerationRequest, end_ids: set[int]) -> Constraint | None:
+        """The request's constraint: its grammar, then min_tokens (which yields to a complete grammar)."""
+        parts: list[Constraint] = []
+        if req.grammar is not None:
+            parts.append(self.grammars.constraint(req.grammar))
+        if req.min_tokens > 0 and end_ids:
+            parts.append(MinTokens(req.min_tokens, end_ids, self.model.config.vocab_size))
+        if not parts:
+            return None
+        return parts[0] if len(parts) == 1 else AllOf(parts)
 
     def complete(self, req: GenerationRequest) -> tuple[str, list[int], TokenEvent]:
         """The non-streaming result, folded from the stream: (text, token_ids, final event)."""

@@ -8,6 +8,23 @@ from treeflash.errors import InvalidRequestError
 from treeflash.spec.sampling import SamplingParams
 
 
+GRAMMAR_KINDS = ("json_schema", "regex", "grammar", "choice")
+
+
+@dataclass(frozen=True)
+class Grammar:
+    """A structured-output constraint (engine/grammar.py compiles it; the HTTP side builds it)."""
+
+    kind: str  # json_schema | regex | grammar (Lark or GBNF) | choice
+    source: str  # the JSON schema as JSON text, the regex, the grammar text, or the choices as a JSON list of strings
+    param: str = "response_format"  # the request field it came from: errors name it
+
+    def __post_init__(self) -> None:
+        if self.kind not in GRAMMAR_KINDS:
+            raise InvalidRequestError(f"{self.param}: unknown grammar kind {self.kind!r}; one of {', '.join(GRAMMAR_KINDS)}",
+                                      self.param)
+
+
 @dataclass(frozen=True)
 class GenerationRequest:
     prompt_ids: tuple[int, ...]
@@ -17,6 +34,8 @@ class GenerationRequest:
     stop_token_ids: tuple[int, ...] = ()  # extra tokens that end generation (EOS is always one)
     ignore_eos: bool = False
     logprobs: int | None = None  # None = off; k >= 0: the chosen token's logprob plus the top k
+    min_tokens: int = 0  # end tokens masked and stop strings not matched before this many output tokens (vLLM's)
+    grammar: Grammar | None = None  # the output must match it (masked at every token, speculation included)
 
     def __post_init__(self) -> None:
         if not self.prompt_ids:
@@ -27,6 +46,12 @@ class GenerationRequest:
             raise InvalidRequestError(f"top_logprobs must be in [0, 20], got {self.logprobs}", "top_logprobs")
         if any(not s for s in self.stop):
             raise InvalidRequestError("stop strings must be non-empty", "stop")
+        if not 0 <= self.min_tokens <= self.max_tokens:
+            raise InvalidRequestError(f"min_tokens must be in [0, max_tokens = {self.max_tokens}], got {self.min_tokens}",
+                                      "min_tokens")
+        if self.grammar is not None and self.ignore_eos:
+            raise InvalidRequestError("ignore_eos cannot be combined with a grammar (a complete grammar ends with the "
+                                      "end-of-sequence token)", "ignore_eos")
 
 
 @dataclass

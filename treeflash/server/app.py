@@ -138,8 +138,10 @@ def create_app(config: ServerConfig, load: Callable[[], object], on_load_failed:
         fe = state.frontend()
         req = parse(ChatCompletionRequest, await state.body(request))
         state.check_model(req.model)
+        grammar = req.grammar()
         prompt = await run_in_threadpool(chat_prompt, fe, req)
-        gens = generation_requests(fe, req, [prompt.ids], req.num_logprobs)
+        grammar = await run_in_threadpool(fe.check_grammar, grammar)
+        gens = generation_requests(fe, req, [prompt.ids], req.num_logprobs, grammar)
         job = state.submit(gens)
         ctx = ReplyContext(f"chatcmpl-{uuid.uuid4().hex}", int(time.time()), config.served_model_name, len(prompt.ids),
                            include_usage=req.include_usage or not req.stream)
@@ -154,8 +156,10 @@ def create_app(config: ServerConfig, load: Callable[[], object], on_load_failed:
         prompts = req.prompts()
         if len(prompts) * req.n > MAX_N:
             raise bad_request(f"{len(prompts)} prompts x n={req.n} = {len(prompts) * req.n} choices; the limit is {MAX_N}", "n")
+        grammar = req.grammar()
         prompt_ids = await run_in_threadpool(completion_prompt_ids, fe, prompts)
-        gens = generation_requests(fe, req, prompt_ids, req.logprobs)
+        grammar = await run_in_threadpool(fe.check_grammar, grammar)
+        gens = generation_requests(fe, req, prompt_ids, req.logprobs, grammar)
         job = state.submit(gens)
         ctx = ReplyContext(f"cmpl-{uuid.uuid4().hex}", int(time.time()), config.served_model_name, sum(map(len, prompt_ids)),
                            include_usage=req.include_usage or not req.stream)

@@ -12,6 +12,7 @@ import threading
 from dataclasses import dataclass
 from typing import Any
 
+from treeflash.engine.request import Grammar
 from treeflash.errors import InvalidRequestError
 from treeflash.server.chunks import TokenText
 from treeflash.server.errors import bad_request
@@ -78,6 +79,16 @@ class Frontend:
 
     def check_fits(self, prompt_len: int, max_tokens: int) -> None:
         self.engine.check_fits(prompt_len, max_tokens)
+
+    def check_grammar(self, grammar: Grammar | None) -> Grammar | None:
+        """The grammar, compiled once against the tokenizer (llguidance's validation): a 400 naming its
+        field when it cannot be. Slow the first time (the tokenizer bridge): call it off the event loop."""
+        if grammar is not None:
+            try:
+                self.engine.grammars.check(grammar)
+            except InvalidRequestError as e:
+                raise bad_request(str(e), e.param) from None
+        return grammar
 
 
 def special_token_texts(tokenizer) -> tuple[str, ...]:

@@ -48,6 +48,8 @@ class Metrics:
         self.output_tokens = Counter("treeflash_generation_tokens", "tokens generated", registry=r)
         self.cached_tokens = Counter("treeflash_prefix_cache_hit_tokens", "prompt tokens resumed from the prefix cache, not prefilled",
                                      registry=r)
+        self.constrained = Counter("treeflash_constrained_requests", "requests with a structured-output grammar (by kind: "
+                                   "json_schema, regex, grammar, choice) or min_tokens", ["kind"], registry=r)
         queue = Gauge("treeflash_queue_depth", "requests waiting for the engine", registry=r)
         queue.set_function(lambda: worker.queue_depth)
         running = Gauge("treeflash_requests_running", "requests the engine is generating for (0 or 1)", registry=r)
@@ -59,6 +61,9 @@ class Metrics:
         r.register(_MemoryCollector(worker))
 
     def observe_job(self, job: Job, arrived_at: float) -> None:
+        kinds = {r.grammar.kind for r in job.requests if r.grammar is not None} | {"min_tokens" for r in job.requests if r.min_tokens}
+        for kind in kinds:
+            self.constrained.labels(kind).inc()
         if job.started_at is not None:
             self.queue_wait.observe(job.started_at - job.submitted_at)
         if job.first_event_at is not None:

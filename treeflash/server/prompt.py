@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from treeflash.engine.chat import render_chat
-from treeflash.engine.request import GenerationRequest
+from treeflash.engine.request import GenerationRequest, Grammar
 from treeflash.server.errors import bad_request, from_exception
 from treeflash.server.frontend import Frontend
 from treeflash.server.protocol import ChatCompletionRequest, Message, ToolDef
@@ -188,8 +188,10 @@ def check_token_ids(fe: Frontend, ids: list[int], param: str) -> None:
         raise bad_request(f"token id {bad} is out of range [0, {vocab})", param)
 
 
-def generation_requests(fe: Frontend, req, prompt_ids: list[list[int]], logprobs: int | None) -> list[GenerationRequest]:
-    """n GenerationRequests per prompt (choice index = prompt index * n + i), each checked against the context."""
+def generation_requests(fe: Frontend, req, prompt_ids: list[list[int]], logprobs: int | None,
+                        grammar: Grammar | None = None) -> list[GenerationRequest]:
+    """n GenerationRequests per prompt (choice index = prompt index * n + i), each checked against the context;
+    `grammar`: the request's, already checked (Frontend.check_grammar)."""
     stop = req.stop_strings()
     stop_ids = tuple(req.stop_token_ids or ())
     param = "messages" if hasattr(req, "messages") else "prompt"
@@ -198,7 +200,8 @@ def generation_requests(fe: Frontend, req, prompt_ids: list[list[int]], logprobs
     for ids in prompt_ids:
         for i in range(req.n):
             sampling = sampling_params(req.temperature, req.top_p, req.top_k, req.min_p, None if req.seed is None else req.seed + i)
-            out.append(single_request(fe, ids, sampling, req.token_limit, stop, stop_ids, req.ignore_eos, logprobs, param, limit_param))
+            out.append(single_request(fe, ids, sampling, req.token_limit, stop, stop_ids, req.ignore_eos, logprobs, param, limit_param,
+                                      grammar=grammar, min_tokens=req.min_tokens or 0))
     return out
 
 
@@ -214,7 +217,8 @@ def sampling_params(temperature: float | None, top_p: float | None, top_k: int |
 
 def single_request(fe: Frontend, ids: list[int], sampling: SamplingParams, max_tokens: int | None, stop: tuple[str, ...] = (),
                    stop_ids: tuple[int, ...] = (), ignore_eos: bool = False, logprobs: int | None = None,
-                   prompt_param: str = "messages", limit_param: str = "max_tokens") -> GenerationRequest:
+                   prompt_param: str = "messages", limit_param: str = "max_tokens", grammar: Grammar | None = None,
+                   min_tokens: int = 0) -> GenerationRequest:
     """One GenerationRequest, checked: token ids in range, the prompt inside the context, max_tokens
     under the server's cap (400 naming `limit_param`), or the server's default when the request sent none."""
     limit = fe.max_context
@@ -226,6 +230,6 @@ def single_request(fe: Frontend, ids: list[int], sampling: SamplingParams, max_t
     max_tokens = fe.limits.resolve(max_tokens, limit - len(ids), limit_param)
     try:
         fe.check_fits(len(ids), max_tokens)
-        return GenerationRequest(tuple(ids), sampling, max_tokens, stop, stop_ids, ignore_eos, logprobs)
+        return GenerationRequest(tuple(ids), sampling, max_tokens, stop, stop_ids, ignore_eos, logprobs, min_tokens, grammar)
     except Exception as e:  # the engine's typed errors name the numbers; they become 400s
         raise from_exception(e) from None

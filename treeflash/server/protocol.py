@@ -13,7 +13,9 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
+from treeflash.engine.request import Grammar
 from treeflash.server.errors import bad_request
+from treeflash.server.structured import only_one, openai_format, vllm_fields
 
 MAX_N = 8  # choices per request (n x prompts); they run one after another
 MAX_STOP = 16  # stop strings per request
@@ -87,10 +89,6 @@ class StreamOptions(_Strict):
     include_usage: bool = False
 
 
-class ResponseFormat(_Strict):
-    type: str
-
-
 class _Sampling(_Strict):
     """Fields shared by /v1/chat/completions and /v1/completions."""
 
@@ -112,6 +110,22 @@ class _Sampling(_Strict):
     repetition_penalty: float | None = None
     logit_bias: dict[str, float] | None = None
     user: str | None = None
+    min_tokens: int | None = Field(None, ge=0)  # vLLM's: no end token, no stop string before this many tokens
+    # structured outputs (server/structured.py reads them; each is checked there, for a 400 naming it)
+    response_format: dict[str, Any] | None = None
+    structured_outputs: Any = None
+    guided_json: Any = None
+    guided_regex: Any = None
+    guided_choice: Any = None
+    guided_grammar: Any = None
+    guided_decoding_backend: Any = None
+    guided_whitespace_pattern: Any = None
+
+    def grammar(self) -> Grammar | None:
+        """The request's structured-output constraint (at most one of the fields), or None."""
+        guided = {name: getattr(self, name) for name in ("guided_json", "guided_regex", "guided_choice", "guided_grammar",
+                                                         "guided_decoding_backend", "guided_whitespace_pattern")}
+        return only_one([openai_format(self.response_format), vllm_fields(self.structured_outputs, guided)])
 
     def check_supported(self) -> None:
         for name in ("presence_penalty", "frequency_penalty"):
@@ -152,13 +166,9 @@ class ChatCompletionRequest(_Sampling):
     tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = None
     parallel_tool_calls: bool | None = None
     chat_template_kwargs: dict[str, Any] | None = None
-    response_format: ResponseFormat | None = None
 
     def check_supported(self) -> None:
         super().check_supported()
-        if self.response_format is not None and self.response_format.type != "text":
-            raise bad_request("response_format other than {'type': 'text'} needs constrained decoding, which treeflash does not do",
-                              "response_format")
         if self.tool_choice == "required" or isinstance(self.tool_choice, NamedToolChoice):
             raise bad_request("tool_choice 'required' or a named function needs constrained decoding, which treeflash does not "
                               "do; use 'auto' (tool calls in the output are still parsed)", "tool_choice")

@@ -6,6 +6,12 @@
   the host reads what it committed and keeps the books;
 - drafted: propose a draft tree, build the verify batch, run the target once, accept, commit the
   KV cache and recurrent state, emit the committed tokens (accepted drafts + bonus).
+
+A constrained request (a grammar, min_tokens: spec/constraint.py) masks the target's logits at
+every token it picks: prefill's, each plain step's, and in drafted steps each visited node's before
+the acceptance rule, after the nodes the constraint forbids were pruned from the tree
+(spec/constrained_tree.py). It never runs device steps (the DeviceLoop has no masks) nor the
+pipelined greedy plain steps (their argmax is the unmasked one): those run on the host, exact.
 """
 
 from __future__ import annotations
@@ -20,12 +26,14 @@ from treeflash.models.runner import EagerRunner
 from treeflash.models.step import StepInput
 from treeflash.models.transformer import CausalLM
 from treeflash.spec import device_loop
+from treeflash.spec.constrained_tree import NodeMasks, prune
+from treeflash.spec.constraint import Constraint, masked
 from treeflash.spec.device_loop import DeviceLoop, PendingStep
 from treeflash.spec.drafter import DraftContext, Drafter
 from treeflash.spec.sampling import SamplingParams, pick
 from treeflash.spec.stats import SpecStats
 from treeflash.spec.tree import DraftTree
-from treeflash.spec.verify import verify
+from treeflash.spec.verify import uses_draft_probs, verify
 
 
 class Decoder:
@@ -39,13 +47,19 @@ class Decoder:
         want_logprobs: int | None = None,
         runner: EagerRunner | None = None,
         device_steps: bool = True,
+        constraint: Constraint | None = None,
+        end_ids: frozenset[int] = frozenset(),
     ):
         """device_steps: drafted steps run on the device where the drafter and runner can (False: the
-        synchronous steps, the A/B baseline; exact either way)."""
+        synchronous steps, the A/B baseline; exact either way). constraint: the request's (prefill
+        resets it to the empty output); end_ids: the tokens that end the output (the constraint is not advanced
+        past one)."""
         self.target, self.cache, self.params, self.drafter = target, cache, params, drafter
         self.runner = runner if runner is not None else EagerRunner(target, cache)
         self.want_logprobs = want_logprobs  # None = off; k = also the top k alternatives
-        self.device_steps = device_steps
+        self.device_steps = device_steps and constraint is None
+        self.constraint, self.end_ids = constraint, end_ids
+        self._ended = False  # an end token was emitted: the constraint stays where it was
         self.last_logprobs: list[tuple[int, float, list[tuple[int, float]]]] | None = None
         self.generator = generator if generator is not None else params.generator()
         self.stats = SpecStats()
@@ -112,8 +126,12 @@ class Decoder:
         self.prompt_hidden = torch.cat(hidden_parts) if hidden_parts else None  # [len(prompt), ...] captured rows, or None
         if self.drafter is not None:
             self.drafter.observe(list(prompt_ids), self.prompt_hidden)
-        self.root = int(pick(out.logits, self.params, self.generator)[0])
+        self._ended = False
+        if self.constraint is not None:
+            self.constraint.reset()
+        self.root = int(pick(self._masked(out.logits), self.params, self.generator)[0])
         self._logprobs(out.logits, [self.root])
+        self._advance([self.root])
         return self.root
 
     @torch.inference_mode()
@@ -133,18 +151,25 @@ class Decoder:
         room = self.cache.max_len - self.cache.seq_len
         ctx = DraftContext(self.tokens, self.root, self.params, self.generator, max_nodes=room)
         tree = _fit(self.drafter.propose(ctx), room)  # propose a draft tree
+        if self._constrained:  # drop the drafts the constraint forbids before they cost budget
+            tree = prune(tree, self.constraint, self.end_ids, keep_forbidden=uses_draft_probs(tree, self.params))
         t1 = time.perf_counter()
         if tree.num_nodes == 1:  # nothing drafted (budget 0): a plain decode step, hidden states kept
             return self._plain_step(draft_s=t1 - t0)
         batch = StepInput.tree(tree.token_ids, tree.parents, self.cache.seq_len)  # build the verify batch
         out = self.runner.forward(batch, capture_layers=self.capture)  # run the target once
-        result = verify(tree, out.logits, self.params, self.generator, argmax=out.argmax)  # accept
+        masks = NodeMasks(tree, self.constraint, self.end_ids) if self._constrained else None
+        result = verify(tree, out.logits, self.params, self.generator, argmax=out.argmax if masks is None else None,
+                        masks=masks)  # accept
+        if masks is not None:
+            masks.close()
         self.runner.commit(result.path)  # commit KV and recurrent state
         t2 = time.perf_counter()
         committed = [self.root, *result.tokens[:-1]]
         self.tokens.extend(committed)
         self.drafter.observe(committed, _rows(out.captured, result.path))
         self.root = result.tokens[-1]
+        self._advance(result.tokens)
         if self.want_logprobs is not None:
             self._logprobs(out.logits[torch.tensor(result.path, device=out.logits.device)], result.tokens)
         t3 = time.perf_counter()
@@ -223,6 +248,7 @@ class Decoder:
             self.drafter.observe([self.root], None if out.captured is None else out.captured.clone())
         self.root = int(self._pick(out)[0])
         self._logprobs(out.logits, [self.root])
+        self._advance([self.root])
         self.stats.draft_s += draft_s
         self.stats.verify_s += time.perf_counter() - t0
         self.stats.record(0, 0, 0)
@@ -234,7 +260,7 @@ class Decoder:
         enqueue = getattr(self.runner, "enqueue_greedy", None)
         # a drafter that --budget auto's guard turned off (_dev_off) drafts no more in this request
         return (enqueue is not None and (self.drafter is None or self._dev_off) and self.params.greedy
-                and self.want_logprobs is None and getattr(self.runner, "decode", None) is not None)
+                and self.want_logprobs is None and self.constraint is None and getattr(self.runner, "decode", None) is not None)
 
     def _plain_step_ahead(self, t0: float, draft_s: float) -> list[int]:
         cur, self._ahead = self._ahead, None
@@ -250,10 +276,32 @@ class Decoder:
         return [self.root]
 
     def _pick(self, out) -> torch.Tensor:
-        """The next token(s) from a step's logits; greedy takes the argmax the CUDA graph computed."""
-        if self.params.greedy and out.argmax is not None:
+        """The next token(s) from a step's logits; greedy takes the argmax the CUDA graph computed
+        (unless a constraint masks the logits)."""
+        if self.params.greedy and out.argmax is not None and not self._constrained:
             return out.argmax
-        return pick(out.logits, self.params, self.generator)
+        return pick(self._masked(out.logits), self.params, self.generator)
+
+    def _masked(self, logits: torch.Tensor) -> torch.Tensor:
+        """logits [1, vocab] at the committed output, constrained (past an end token: as they are, the
+        output ended; so NodeMasks has it)."""
+        return masked(logits, self.constraint.allowed()) if self._constrained else logits
+
+    @property
+    def _constrained(self) -> bool:
+        """A constraint applies: the request has one and its output has not ended (what follows an end
+        token is cut by the engine; the decoder then runs as unconstrained, so spec and plain still agree)."""
+        return self.constraint is not None and not self._ended
+
+    def _advance(self, tokens: list[int]) -> None:
+        """Move the constraint over emitted tokens, up to the first end token (the output ends there)."""
+        if self.constraint is None:
+            return
+        for t in tokens:
+            if self._ended or t in self.end_ids:
+                self._ended = True
+                return
+            self.constraint.advance(t)
 
     def _logprobs(self, logits: torch.Tensor, tokens: list[int]) -> None:
         """logits [n, vocab] at the nodes that produced `tokens` -> (token, logprob, top-k) per token."""

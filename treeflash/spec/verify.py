@@ -39,10 +39,13 @@ over the path and each visited node's children.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
 
+from treeflash.spec.constrained_tree import NodeMasks
+from treeflash.spec.constraint import masked
 from treeflash.spec.sampling import SamplingParams, sample, target_probs
 from treeflash.spec.tree import DraftTree
 
@@ -63,24 +66,51 @@ def verify(
     params: SamplingParams,
     generator: torch.Generator | None,
     argmax: torch.Tensor | None = None,  # [N]: logits.argmax(-1) when the step computed it (a CUDA graph)
+    masks: NodeMasks | None = None,  # a constrained request's allowed tokens per node (spec/constrained_tree.py)
 ) -> VerifyResult:
-    if params.greedy:
-        return _walk(tree, (logits.argmax(-1) if argmax is None else argmax).tolist())
-    probs = target_probs(logits, params)  # [N, vocab] fp32
+    """With `masks`, every rule runs on the constrained target: each visited node's logits are masked
+    (-inf outside the allowed set) before argmax or sampling, so the argument above holds for the
+    constrained distribution. Only visited nodes are masked (NodeMasks is lazy); the graph's argmax
+    is of the unmasked logits, so it is not used then."""
+    device = logits.device
+    if masks is not None:
+        def row(node: int) -> torch.Tensor:  # [1, vocab]: the node's logits, constrained
+            return masked(logits[node : node + 1], masks.at(node))
+
+        if params.greedy:
+            return _walk(tree, lambda node: int(row(node).argmax(-1)))
+        probs_at = lambda node: target_probs(row(node), params)[0]  # noqa: E731
+    else:
+        if params.greedy:
+            return _walk(tree, (logits.argmax(-1) if argmax is None else argmax).tolist().__getitem__)
+        probs = target_probs(logits, params)  # [N, vocab] fp32
+        probs_at = probs.__getitem__
     if tree.child_probs is not None and tree.num_nodes > 1:
         if tree.is_chain():
-            return _rejection_chain(tree, probs, generator)
+            return _rejection_chain(tree, probs_at, generator, device)
         if params.tree_sampling == "rejection":
-            return _rejection_tree(tree, probs, generator)
-    return _sample_and_match(tree, probs, generator)  # exact for any tree, sampled children included
+            return _rejection_tree(tree, probs_at, generator, device)
+    return _sample_and_match(tree, probs_at, generator)  # exact for any tree, sampled children included
 
 
-def _walk(tree: DraftTree, target_tokens: list[int]) -> VerifyResult:
+def uses_draft_probs(tree: DraftTree, params: SamplingParams) -> bool:
+    """Whether verify runs a rule on the drafter's q (chain rejection, recursive rejection). A constraint
+    must then keep a forbidden draft, as a leaf (it is rejected: p(x) = 0, and the bonus comes from the
+    residual): dropping it would make the rule's use depend on the draft's value, which biases the
+    output (tests/spec/test_constrained_sampling.py fails so). Only its subtree may go."""
+    return (not params.greedy and tree.child_probs is not None and tree.num_nodes > 1
+            and (tree.is_chain() or params.tree_sampling == "rejection"))
+
+
+ProbsAt = Callable[[int], torch.Tensor]  # node -> [vocab] fp32: the target's processed distribution there
+
+
+def _walk(tree: DraftTree, target_token: Callable[[int], int]) -> VerifyResult:
     kids = tree.children()
     ids = tree.token_ids.tolist()
     path, tokens, node = [0], [], 0
     while True:
-        want = target_tokens[node]
+        want = target_token(node)
         nxt = next((c for c in kids[node] if ids[c] == want), None)
         tokens.append(want)
         if nxt is None:
@@ -89,12 +119,12 @@ def _walk(tree: DraftTree, target_tokens: list[int]) -> VerifyResult:
         node = nxt
 
 
-def _sample_and_match(tree: DraftTree, probs: torch.Tensor, generator: torch.Generator | None) -> VerifyResult:
+def _sample_and_match(tree: DraftTree, probs_at: ProbsAt, generator: torch.Generator | None) -> VerifyResult:
     kids = tree.children()
     ids = tree.token_ids.tolist()
     path, tokens, node = [0], [], 0
     while True:
-        want = int(sample(probs[node : node + 1], generator)[0])  # a fresh target sample at this node
+        want = int(sample(probs_at(node)[None], generator)[0])  # a fresh target sample at this node
         nxt = next((c for c in kids[node] if ids[c] == want), None)
         tokens.append(want)
         if nxt is None:
@@ -103,15 +133,16 @@ def _sample_and_match(tree: DraftTree, probs: torch.Tensor, generator: torch.Gen
         node = nxt
 
 
-def _rejection_chain(tree: DraftTree, probs: torch.Tensor, generator: torch.Generator | None) -> VerifyResult:
+def _rejection_chain(tree: DraftTree, probs_at: ProbsAt, generator: torch.Generator | None, device: torch.device) -> VerifyResult:
     q_all = tree.child_probs
     assert q_all is not None
     ids = tree.token_ids.tolist()
     n = tree.num_nodes
-    u = torch.rand(n - 1, generator=generator, device=probs.device).tolist()
+    u = torch.rand(n - 1, generator=generator, device=device).tolist()
     path, tokens = [0], []
     for d in range(n - 1):  # node d proposes its child d + 1
-        p, q, x = probs[d], q_all[d].to(probs.device).float(), ids[d + 1]
+        p = probs_at(d)
+        q, x = q_all[d].to(p.device).float(), ids[d + 1]
         px, qx = float(p[x]), float(q[x])
         if qx > 0 and u[d] * qx < px:  # accept with probability min(1, p(x)/q(x))
             path.append(d + 1)
@@ -122,23 +153,23 @@ def _rejection_chain(tree: DraftTree, probs: torch.Tensor, generator: torch.Gene
         dist = residual / total if total > 0 else p  # p == q: the residual is empty, any target draw is exact
         tokens.append(int(sample(dist[None], generator)[0]))
         return VerifyResult(path, tokens)
-    tokens.append(int(sample(probs[n - 1 : n], generator)[0]))  # all accepted: bonus from the last node
+    tokens.append(int(sample(probs_at(n - 1)[None], generator)[0]))  # all accepted: bonus from the last node
     return VerifyResult(path, tokens)
 
 
-def _rejection_tree(tree: DraftTree, probs: torch.Tensor, generator: torch.Generator | None) -> VerifyResult:
+def _rejection_tree(tree: DraftTree, probs_at: ProbsAt, generator: torch.Generator | None, device: torch.device) -> VerifyResult:
     """Recursive rejection over a tree whose children were drawn from child_probs without
-    replacement, in node order (ddtree.sample_tree). probs: [N, vocab] fp32, the target's processed
-    distribution at every node."""
+    replacement, in node order (ddtree.sample_tree). probs_at(node): [vocab] fp32, the target's
+    processed distribution at a node."""
     q_all = tree.child_probs  # [N, vocab] fp32: row i = what node i's children were drawn from
     assert q_all is not None
-    q_all = q_all.to(probs.device).float()
+    q_all = q_all.to(device).float()
     kids = tree.children()
     ids = tree.token_ids.tolist()
-    u = torch.rand(tree.num_nodes, generator=generator, device=probs.device).tolist()  # [N]: node i's acceptance draw
+    u = torch.rand(tree.num_nodes, generator=generator, device=device).tolist()  # [N]: node i's acceptance draw
     path, tokens, node = [0], [], 0
     while True:
-        p, q = probs[node], q_all[node]
+        p, q = probs_at(node), q_all[node]
         nxt = None
         for c in kids[node]:  # in draw order
             x = ids[c]

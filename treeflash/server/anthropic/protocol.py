@@ -16,7 +16,9 @@ from typing import Any, Literal
 
 from pydantic import Field
 
+from treeflash.engine.request import Grammar
 from treeflash.server.errors import bad_request
+from treeflash.server.structured import anthropic_format
 from treeflash.server.protocol import MAX_STOP, FunctionCall, FunctionDef, Message, StrictModel, ToolCall, ToolDef
 
 
@@ -69,7 +71,7 @@ class MessagesBody(StrictModel):
     thinking: ThinkingConfig | None = None
     mcp_servers: list[Any] | None = None
     container: Any = None
-    output_config: dict[str, Any] | None = None  # {"effort": ...} is a hint and ignored; {"format": ...} is refused
+    output_config: dict[str, Any] | None = None  # {"effort": ...} is a hint and ignored; {"format": ...} constrains (grammar())
 
     def check_supported(self) -> None:
         for i, t in enumerate(self.tools or []):
@@ -84,9 +86,13 @@ class MessagesBody(StrictModel):
         if self.container is not None:
             raise bad_request("container is not supported", "container")
         for key in self.output_config or {}:
-            if key != "effort":
-                raise bad_request(f"output_config.{key} is not supported (structured outputs need constrained decoding, "
-                                  "which treeflash does not do)", f"output_config.{key}")
+            if key not in ("effort", "format"):
+                raise bad_request(f"output_config.{key} is not supported", f"output_config.{key}")
+        self.grammar()
+
+    def grammar(self) -> Grammar | None:
+        """output_config.format {"type": "json_schema", "schema"}: the output matches the schema."""
+        return anthropic_format((self.output_config or {}).get("format"))
 
     @property
     def uses_tools(self) -> bool:

@@ -15,7 +15,9 @@ from typing import Any, Literal
 
 from pydantic import Field
 
+from treeflash.engine.request import Grammar
 from treeflash.server.errors import bad_request
+from treeflash.server.structured import openai_format
 from treeflash.server.protocol import FunctionCall, FunctionDef, Message, StrictModel, ToolCall, ToolDef
 
 TEXT_PARTS = ("input_text", "output_text", "text", "summary_text", "reasoning_text")
@@ -52,12 +54,8 @@ class ReasoningConfig(StrictModel):
     summary: str | None = None
 
 
-class TextFormat(StrictModel):
-    type: str
-
-
 class TextConfig(StrictModel):
-    format: TextFormat | None = None
+    format: dict[str, Any] | None = None  # {"type": "text" | "json_object" | "json_schema", ...}: grammar()
     verbosity: str | None = None
 
 
@@ -87,6 +85,10 @@ class ResponsesRequest(StrictModel):
     conversation: Any = None
     prompt: Any = None
 
+    def grammar(self) -> Grammar | None:
+        """text.format json_schema (name, schema, strict beside type) or json_object."""
+        return openai_format(self.text.format if self.text is not None else None, "text.format", flat=True)
+
     def check_supported(self) -> None:
         if isinstance(self.input, list) and not self.input and self.previous_response_id is None:
             raise bad_request("input is an empty list", "input")
@@ -98,9 +100,7 @@ class ResponsesRequest(StrictModel):
         if self.tool_choice == "required" or isinstance(self.tool_choice, dict):
             raise bad_request("tool_choice 'required' or a named function needs constrained decoding, which treeflash does not "
                               "do; use 'auto' (tool calls in the output are still parsed)", "tool_choice")
-        if self.text is not None and self.text.format is not None and self.text.format.type != "text":
-            raise bad_request("text.format other than {'type': 'text'} needs constrained decoding, which treeflash does not do",
-                              "text.format")
+        self.grammar()
         if self.background:
             raise bad_request("background responses are not supported", "background")
         if self.top_logprobs:

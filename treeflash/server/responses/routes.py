@@ -40,8 +40,9 @@ def add_routes(app: FastAPI, state) -> None:  # state: server.app.ServerState
         if req.reasoning is not None and req.reasoning.effort is not None:
             kwargs = {"enable_thinking": req.reasoning.effort not in NO_THINKING_EFFORTS}
         prompt = await run_in_threadpool(render_messages, fe, messages, req.chat_tools(), True, kwargs)
+        grammar = await run_in_threadpool(fe.check_grammar, req.grammar())
         gen = single_request(fe, prompt.ids, sampling_params(req.temperature, req.top_p, None), req.max_output_tokens,
-                             prompt_param="input", limit_param="max_output_tokens")
+                             prompt_param="input", limit_param="max_output_tokens", grammar=grammar)
         job = state.submit([gen])
         response_id = f"resp_{uuid.uuid4().hex}"
 
@@ -69,7 +70,7 @@ def _echo(req: ResponsesRequest) -> dict:
         "store": req.store is not False,
         "temperature": 1.0 if req.temperature is None else req.temperature,
         "top_p": 1.0 if req.top_p is None else req.top_p,
-        "text": {"format": {"type": "text"}},
+        "text": {"format": (req.text.format if req.text is not None and req.text.format else None) or {"type": "text"}},
         "tool_choice": req.tool_choice or "auto",
         "tools": [t.model_dump(exclude_none=True) for t in req.tools or []],
         "truncation": req.truncation or "disabled",

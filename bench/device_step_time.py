@@ -148,16 +148,10 @@ def main() -> None:
     p.add_argument("--folded-rows", default="default", help="CausalLM.folded_rows values to compare, e.g. default,0 "
                    "(default: what fuse_projections chooses, FOLDED_ROWS at this shape; 0: the norms as launches of their own)")
     p.add_argument("--trees", default="22,32", help="DDTree budgets of device steps to time beside the chain")
-    p.add_argument("--balanced-splits", type=int, default=None,
-                   help="quant_attention.BALANCED_SPLITS for the graphed attention (0: splits over the buffer; default: as shipped)")
     p.add_argument("--greedy-only", action="store_true", help="time only the greedy DDTree steps (not the sampled ones)")
     p.add_argument("--out", default="device_step_time.json")
     args = p.parse_args()
-    if args.balanced_splits is not None:
-        from treeflash.kernels.attention import quant_attention
-
-        quant_attention.BALANCED_SPLITS = args.balanced_splits
-    res = {"shape": "smollm2-135m", "drafter": "3 layers, block 16", "balanced_splits": args.balanced_splits,
+    res = {"shape": "smollm2-135m", "drafter": "3 layers, block 16",
            "device": torch.cuda.get_device_name() if DEV == "cuda" else "cpu",
            "replays": args.replays, "max_len": args.max_len, "context": args.context,
            "env": {k: v for k, v in os.environ.items() if k.startswith(("PYTORCH_TUNABLEOP", "TORCH_BLAS"))}, "runs": []}

@@ -11,9 +11,9 @@ measured context; `--max-context auto --gpu-memory 24GiB` picks a context, one r
 it (prompt + max_tokens = context) and must decode without running out of memory, and a context 5%
 larger must be refused by the planner at start.
 
-    python bench/fit_check.py --out $OUT/fit_check.json --workdir /tmp/fit_ckpt \\
+    python -m bench.fit_check --out $OUT/fit_check.json --workdir /tmp/fit_ckpt \\
         --gguf /models/Qwen3.6-27B-Q4_K_M.gguf      # the 27B rows (skipped without it)
-    python bench/fit_check.py --toy --out /tmp/fit_toy.json   # CPU: toy shapes, the stack builds and decodes; predicted only
+    python -m bench.fit_check --toy --out /tmp/fit_toy.json   # CPU: toy shapes, the stack builds and decodes; predicted only
 
 Random checkpoints are written under --workdir (bf16 8B: 16 GB, hybrid 9B: 18 GB) and reused.
 """
@@ -27,9 +27,7 @@ import sys
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "bench"))
+ROOT = Path(__file__).resolve().parents[1]  # the repository root: each configuration's process runs there
 
 GiB, MiB = 1 << 30, 1 << 20
 TOLERANCE = (0.03, 256 * MiB)
@@ -55,7 +53,7 @@ EMULATED = ("24gib-8b-bf16-auto", "qwen3-8b", "toy-dense")
 
 def prepare(name: str, spec: tuple, args) -> tuple[str, str | None] | None:
     """(model path, drafter path) for a configuration, writing random checkpoints as needed; None: skipped."""
-    from fit_synth import write_dflash, write_hf
+    from bench.fit_synth import write_dflash, write_hf
 
     shape, draft = spec[0], spec[1]
     device = "cpu" if args.toy else "cuda"
@@ -72,15 +70,14 @@ def prepare(name: str, spec: tuple, args) -> tuple[str, str | None] | None:
 
 def write_dflash_for_gguf(gguf_path: str, out: Path, device: str) -> str:
     """A random DFlash drafter matched to a GGUF target's hidden size and layer count."""
-    import fit_synth
+    from bench import fit_synth
 
     from treeflash.models.memory import read_header
 
     c = read_header(gguf_path).config
-    fit_synth.SHAPES["gguf-target"] = {"hidden_size": c.hidden_size, "intermediate_size": c.intermediate_size,
-                                       "num_hidden_layers": c.num_layers, "max_position_embeddings": c.max_position_embeddings,
-                                       "vocab_size": c.vocab_size}
-    return str(fit_synth.write_dflash("gguf-target", out, device=device))
+    target = {"hidden_size": c.hidden_size, "intermediate_size": c.intermediate_size, "num_hidden_layers": c.num_layers,
+              "max_position_embeddings": c.max_position_embeddings, "vocab_size": c.vocab_size}
+    return str(fit_synth.write_dflash(target, out, device=device))
 
 
 def flags(model: str, drafter: str | None, k: str, v: str, context, device: str, gpu_memory: str) -> list[str]:
@@ -152,7 +149,8 @@ def run_one(job: dict) -> dict:
 
 
 def child(job: dict, timeout: int) -> dict:
-    proc = subprocess.run([sys.executable, __file__, "--child", json.dumps(job)], capture_output=True, text=True, timeout=timeout)
+    proc = subprocess.run([sys.executable, "-m", "bench.fit_check", "--child", json.dumps(job)], cwd=ROOT, capture_output=True,
+                          text=True, timeout=timeout)
     lines = [l for l in proc.stdout.splitlines() if l.startswith("{")]
     if proc.returncode or not lines:
         return {"error": (proc.stderr or proc.stdout)[-2000:], "returncode": proc.returncode}
@@ -193,7 +191,7 @@ def main() -> int:
         print(f"[fit_check] {name}: {json.dumps(rows[name])[:400]}", file=sys.stderr, flush=True)
     name, shape, toy_shape = EMULATED
     if not wanted or name in wanted:
-        from fit_synth import write_hf
+        from bench.fit_synth import write_hf
 
         model = str(write_hf(toy_shape if args.toy else shape, Path(args.workdir) / (toy_shape if args.toy else shape), device))
         card = "8MiB" if args.toy else "24GiB"  # toy: small enough that the memory, not the model, limits the context

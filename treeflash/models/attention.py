@@ -16,12 +16,6 @@ from treeflash.models.layers import RMSNorm, fuse_linears, fuse_packed_runs, pac
 from treeflash.models.step import StepInput
 
 
-# The fused layers' q/k/v projection with the RMSNorm as its prologue (kernels/linear/fused.py). Off: at SmolLM2's
-# shape on the H200 (33 rows, weights from memory: bench/results/s22/gpu_linear_smol_cold.json) it took 6.8 us
-# against 5.9 for the norm kernel + cuBLAS
-QKV_NORM_PROLOGUE = False
-
-
 class Attention(nn.Module):
     def __init__(self, config: ModelConfig):
         super().__init__()
@@ -103,11 +97,10 @@ class Attention(nn.Module):
         residual: torch.Tensor | None = None,  # fused path: returns residual + o_proj(...)
     ) -> torch.Tensor:  # [T, hidden]
         n = x.shape[0]
-        if norm is not None and not QKV_NORM_PROLOGUE:  # fused layers: the norm, then one projection
+        # fused layers: the norm, then one projection (the norm as the projection's prologue took 6.8 us
+        # against 5.9 at SmolLM2's shape on the H200: removed, docs/journal.md)
+        if norm is not None:
             q, k, v = projection.linear(norm(x), self.qkv_weight, self.qkv_bias).split(
-                [self.q_proj.weight.shape[0], self.k_proj.weight.shape[0], self.v_proj.weight.shape[0]], dim=-1)
-        elif norm is not None:
-            q, k, v = norm.linear(x, self.qkv_weight, self.qkv_bias).split(
                 [self.q_proj.weight.shape[0], self.k_proj.weight.shape[0], self.v_proj.weight.shape[0]], dim=-1)
         elif self.qkv_packed is not None:
             q, k, v = packed_outputs(self.qkv_packed, x, [self.q_proj.out_features, self.k_proj.out_features, self.v_proj.out_features])

@@ -31,8 +31,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from treeflash.kernels.gdn import gdn_chunk
-from treeflash.kernels.gdn import gdn_decode
-from treeflash.kernels.gdn.gdn_decode import conv_step, decode_step, recurrent_step
+from treeflash.kernels.gdn.gdn_decode import conv_step, recurrent_step
 from treeflash.kernels.gdn.gdn_tree import tree_conv, tree_recurrent
 from treeflash.kernels.linear.fused import linear_fused
 from treeflash.kernels.pointwise.norm import rmsnorm_gated
@@ -231,9 +230,6 @@ class GatedDeltaNet(nn.Module):
                 return tree_recurrent(y, a, b, self.A_log, self.dt_bias, cache.state, step.parents, step.tree_mask, *dims)
             return delta_rule_tree(*self._heads(y), *self._gates(a, b), cache.state, step.tree_mask)
         if mixed.shape[0] == 1:  # decode: the state updated in place
-            if gdn_decode.FUSED_DECODE:  # one launch, bitwise equal to the two below
-                return decode_step(mixed[0].contiguous(), cache.conv, weight, a[0], b[0], self.A_log, self.dt_bias,
-                                   cache.state, *dims)[None]
             y = conv_step(mixed[0].contiguous(), cache.conv, weight)
             return recurrent_step(y, a[0], b[0], self.A_log, self.dt_bias, cache.state, *dims)[None]
         conv_out, window = causal_conv(mixed, cache.conv, weight)

@@ -87,15 +87,6 @@ def prefill_attention_check() -> dict:
     return out
 
 
-def _restore_tables(tuned: dict, tuned_swiglu: dict) -> None:
-    """gemv's shape tables back as they were before a check added its tiny shapes."""
-    from treeflash.kernels.linear import gemv
-
-    for table, saved in ((gemv.TUNED, tuned), (gemv.TUNED_SWIGLU, tuned_swiglu)):
-        table.clear()
-        table.update(saved)
-
-
 def gemv_decode_check() -> dict:
     """The tiny hybrid model with its o_proj / out_proj / down shapes added to gemv's tables (down with
     split-K: its ticket must reset on every replay), decode steps against the same model on cuBLAS:
@@ -105,21 +96,17 @@ def gemv_decode_check() -> dict:
     from treeflash.kernels.linear import gemv
 
     model = tiny_model().cuda().fuse_projections(fused_rows=0)
-    saved = dict(gemv.TUNED), dict(gemv.TUNED_SWIGLU)
     ids = torch.randint(0, 61, (16,), device="cuda")
     prompt = ids[:10].tolist()
-    try:
-        with torch.inference_mode():
-            ref, _ = decode_logits(model, ids, 5)  # the tiny shapes are in no table yet: cuBLAS
-            ref_tokens = decode(model, prompt, 60, graphs=True)
-            gemv.TUNED[(32, 32)] = gemv.GemvConfig(8, 32, 1, 4)
-            gemv.TUNED[(32, 64)] = gemv.GemvConfig(8, 16, 2, 2)
-            gemv.TUNED_SWIGLU[tuple(model.model.layers[0].mlp.gate_up.shape)] = gemv.GemvConfig(8, 16, 1, 2)
-            got, calls = decode_logits(model, ids, 5)
-            tokens = decode(model, prompt, 60, graphs=True)
-            spec = decode(model, prompt, 60, OracleDrafter(model, depth=4, width=2, corrupt=0.4), graphs=True)
-    finally:
-        _restore_tables(*saved)
+    with torch.inference_mode():
+        ref, _ = decode_logits(model, ids, 5)  # the tiny shapes are in no table yet: cuBLAS
+        ref_tokens = decode(model, prompt, 60, graphs=True)
+        model.fuse_projections(fused_rows=0, gemv_tables=gemv.TUNED.with_entries(
+            linear={(32, 32): gemv.GemvConfig(8, 32, 1, 4), (32, 64): gemv.GemvConfig(8, 16, 2, 2)},
+            swiglu={tuple(model.model.layers[0].mlp.gate_up.shape): gemv.GemvConfig(8, 16, 1, 2)}))
+        got, calls = decode_logits(model, ids, 5)
+        tokens = decode(model, prompt, 60, graphs=True)
+        spec = decode(model, prompt, 60, OracleDrafter(model, depth=4, width=2, corrupt=0.4), graphs=True)
     err = (got - ref).abs().max().item()
     ok = err < 1e-4 and tokens == ref_tokens and spec == ref_tokens and calls > 0
     return {"gemv_calls": calls, "logits_max_abs_err": err, "graph_tokens_identical": tokens == ref_tokens,
@@ -139,22 +126,19 @@ def folded_decode_check() -> dict:
     ours.fuse_projections(fused_rows=0, folded_rows=0, folded_decode=False)
     ids = torch.randint(0, 97, (1, 40), device="cuda")
     prompt = ids[0, :10].tolist()
-    saved = dict(gemv.TUNED), dict(gemv.TUNED_SWIGLU)
-    try:
-        with torch.inference_mode():
-            ref = hf(ids).logits[0].float()
-            unfolded = decode(ours, prompt, 60, graphs=True)
-            ours.fuse_projections(fused_rows=0, folded_rows=0, folded_decode=True)
-            layer = ours.model.layers[0]
-            gemv.TUNED[tuple(layer.self_attn.qkv_folded.shape)] = gemv.GemvConfig(8, 16, 1, 2)
-            gemv.TUNED[tuple(layer.self_attn.o_proj.weight.shape)] = gemv.GemvConfig(8, 32, 1, 4)
-            gemv.TUNED[tuple(layer.mlp.down_proj.weight.shape)] = gemv.GemvConfig(8, 16, 2, 2)
-            gemv.TUNED_SWIGLU[tuple(layer.mlp.gate_up_folded.shape)] = gemv.GemvConfig(8, 16, 1, 2)
-            err, inc = prefill_and_decode_errors(ours, ids[0], ref)
-            tokens = decode(ours, prompt, 60, graphs=True)
-            spec = decode(ours, prompt, 60, OracleDrafter(ours, depth=4, width=2, corrupt=0.4), graphs=True)
-    finally:
-        _restore_tables(*saved)  # the model stays folded in place (irreversible); it is not used again
+    with torch.inference_mode():
+        ref = hf(ids).logits[0].float()
+        unfolded = decode(ours, prompt, 60, graphs=True)
+        ours.fuse_projections(fused_rows=0, folded_rows=0, folded_decode=True)
+        layer = ours.model.layers[0]
+        ours.fuse_projections(fused_rows=0, folded_rows=0, folded_decode=True, gemv_tables=gemv.TUNED.with_entries(
+            linear={tuple(layer.self_attn.qkv_folded.shape): gemv.GemvConfig(8, 16, 1, 2),
+                    tuple(layer.self_attn.o_proj.weight.shape): gemv.GemvConfig(8, 32, 1, 4),
+                    tuple(layer.mlp.down_proj.weight.shape): gemv.GemvConfig(8, 16, 2, 2)},
+            swiglu={tuple(layer.mlp.gate_up_folded.shape): gemv.GemvConfig(8, 16, 1, 2)}))
+        err, inc = prefill_and_decode_errors(ours, ids[0], ref)
+        tokens = decode(ours, prompt, 60, graphs=True)
+        spec = decode(ours, prompt, 60, OracleDrafter(ours, depth=4, width=2, corrupt=0.4), graphs=True)
     ok = err < 1e-3 and inc < 1e-3 and tokens == unfolded and spec == unfolded
     return {"prefill_max_abs_err": err, "decode_max_abs_err": inc, "graph_tokens_identical": tokens == unfolded,
             "graph_spec_identical": spec == unfolded, "ok": ok}

@@ -35,7 +35,7 @@ from treeflash.kernels.gdn.gdn_decode import conv_step, recurrent_step
 from treeflash.kernels.gdn.gdn_tree import tree_conv, tree_recurrent
 from treeflash.kernels.linear.fused import linear_fused
 from treeflash.kernels.pointwise.norm import rmsnorm_gated
-from treeflash.kernels.linear import projection
+from treeflash.kernels.linear import gemv, projection
 from treeflash.kv.recurrent_cache import PendingNodes, RecurrentCache
 from treeflash.models.config import ModelConfig
 from treeflash.models.layers import fuse_packed_runs, packed_outputs
@@ -180,6 +180,7 @@ class GatedDeltaNet(nn.Module):
         self.register_buffer("in_proj", None, persistent=False)  # [conv_dim + value_dim + 2 Hv, hidden] once fused
         self.use_fla = True  # prefill through flash-linear-attention where available; off once it failed here
         self.in_proj_packed = None  # the same over QuantLinear layers: PackedRuns (runs of one format fused)
+        self.gemv_tables = gemv.TUNED  # which one-row projections take the GEMVs (CausalLM.fuse_projections)
 
     def fuse(self) -> None:
         """One GEMV for the four input projections (they become views of one weight)."""
@@ -204,7 +205,7 @@ class GatedDeltaNet(nn.Module):
         if norm is not None:
             mixed, z, b, a = norm.linear(x, self.in_proj).split([self.conv_dim, self.value_dim, self.num_v_heads, self.num_v_heads], dim=-1)
         elif self.in_proj is not None:
-            mixed, z, b, a = projection.linear(x, self.in_proj).split([self.conv_dim, self.value_dim, self.num_v_heads, self.num_v_heads], dim=-1)
+            mixed, z, b, a = projection.linear(x, self.in_proj, tables=self.gemv_tables).split([self.conv_dim, self.value_dim, self.num_v_heads, self.num_v_heads], dim=-1)
         elif self.in_proj_packed is not None:
             mixed, z, b, a = packed_outputs(self.in_proj_packed, x, [self.conv_dim, self.value_dim, self.num_v_heads, self.num_v_heads])
         else:
@@ -215,7 +216,7 @@ class GatedDeltaNet(nn.Module):
         out = self.norm(o, z, x.dtype).reshape(n, self.value_dim)  # o: fp32, rounded to x.dtype inside
         if residual is not None:
             return linear_fused(out, self.out_proj.weight, residual=residual)
-        return projection.apply(self.out_proj, out)
+        return projection.apply(self.out_proj, out, self.gemv_tables)
 
     def _mix(self, mixed, a, b, step: StepInput, cache: RecurrentCache) -> torch.Tensor:
         """Short conv + gated delta rule: fused kernels on CUDA, their plain-torch references elsewhere."""

@@ -9,7 +9,7 @@ from torch import nn
 from treeflash.kernels.pointwise.activation import silu_mul
 from treeflash.kernels.linear.fused import linear_fused
 from treeflash.kernels.pointwise.norm import rmsnorm
-from treeflash.kernels.linear import projection
+from treeflash.kernels.linear import gemv, projection
 from treeflash.models.config import ModelConfig
 from treeflash.models.rope import inv_freq_and_scale
 from treeflash.models.packed_linear import PackedLinear
@@ -194,6 +194,7 @@ class MLP(nn.Module):
         self.register_buffer("gate_up", None, persistent=False)  # [2 * inner, hidden] once fused (gate_proj/up_proj become views)
         self.register_buffer("gate_up_folded", None, persistent=False)  # the same times the norm's scale: fold_norm
         self.gate_up_packed = None  # one PackedLinear for gate and up (models.int4_linear, models.quant_linear)
+        self.gemv_tables = gemv.TUNED  # which one-row projections take the GEMVs (CausalLM.fuse_projections)
 
     def fuse(self) -> None:
         """One GEMV for gate and up: the two weights become views of one [2I, H] tensor."""
@@ -212,8 +213,8 @@ class MLP(nn.Module):
     def forward_folded(self, s: torch.Tensor, norm_eps: float) -> torch.Tensor:
         """s + down(swiglu(gate_up(norm(s)))) with s updated in place: gate_up_folded reads s itself, the
         SiLU-mul applies 1 / rms(s), and down adds into s in its GEMM (beta = 1). s: [T, hidden]."""
-        act = projection.folded_swiglu(s, self.gate_up_folded, norm_eps)  # [T, inner]
-        return projection.folded(act, self.down_proj.weight, add_into=s)
+        act = projection.folded_swiglu(s, self.gate_up_folded, norm_eps, self.gemv_tables)  # [T, inner]
+        return projection.folded(act, self.down_proj.weight, add_into=s, tables=self.gemv_tables)
 
     def forward_fused(self, s: torch.Tensor, norm: RMSNorm) -> torch.Tensor:
         """s + down(swiglu(gate_up(norm(s)))) in two kernels; needs fuse(). s: [T, hidden]."""
@@ -224,6 +225,7 @@ class MLP(nn.Module):
         if self.gate_up_packed is not None:
             return self.down_proj(silu_mul(self.gate_up_packed(x)))
         if self.gate_up is not None:
-            return projection.apply(self.down_proj, projection.swiglu(x, self.gate_up))
-        act = F.silu(projection.apply(self.gate_proj, x)) * projection.apply(self.up_proj, x)  # apply: CPU row padding
-        return projection.apply(self.down_proj, act)
+            return projection.apply(self.down_proj, projection.swiglu(x, self.gate_up, self.gemv_tables), self.gemv_tables)
+        t = self.gemv_tables
+        act = F.silu(projection.apply(self.gate_proj, x, t)) * projection.apply(self.up_proj, x, t)  # apply: CPU row padding
+        return projection.apply(self.down_proj, act, t)

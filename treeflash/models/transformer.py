@@ -12,6 +12,7 @@ import torch
 from torch import nn
 
 from treeflash.kernels.linear import projection
+from treeflash.kernels.linear.gemv import GemvTables
 from treeflash.kv.cache import ATTENTION, RECURRENT, CacheLayout, CacheSpec, ModelCache
 from treeflash.kv.recurrent_cache import RecurrentShape
 from treeflash.models.attention import Attention
@@ -135,6 +136,11 @@ class DecoderLayer(nn.Module):
         (self.self_attn if self.layer_type == FULL_ATTENTION else self.linear_attn).fuse()
         self.mlp.fuse()
 
+    def use_gemv_tables(self, tables: GemvTables) -> None:
+        """Which of this layer's one-row projections take the GEMVs (kernels/linear/gemv.py)."""
+        (self.self_attn if self.layer_type == FULL_ATTENTION else self.linear_attn).gemv_tables = tables
+        self.mlp.gemv_tables = tables
+
 
 class Backbone(nn.Module):
     def __init__(self, config: ModelConfig):
@@ -162,7 +168,7 @@ class CausalLM(nn.Module):
         self.folded_decode = False  # every step runs forward_folded, the weights folded in place (fuse_projections' folded_decode)
 
     def fuse_projections(self, fused_rows: int | None = None, folded_rows: int | None = None,
-                         folded_decode: bool | None = None) -> "CausalLM":
+                         folded_decode: bool | None = None, gemv_tables: GemvTables | None = None) -> "CausalLM":
         """Fuse q/k/v, gate/up and the linear-attention input projections into single GEMVs
         (the per-projection parameters become views, so names and loading are unchanged), and
         choose how many tokens a step may have to take the fused-layer path (None: FUSED_ROWS for
@@ -171,9 +177,13 @@ class CausalLM(nn.Module):
         foldable() accepts; a positive value needs foldable()), and whether one-token steps take it
         too, the weights folded in place (None: on CUDA for a small foldable model; True / False force it for any
         foldable one; True needs foldable(); once on it stays on: every path then runs folded).
+        gemv_tables: which one-row projection shapes take the GEMVs, with which launch configurations
+        (None: as they are, gemv.TUNED for a new model; a tool's sweep or a test's tiny shapes pass others).
         Call after the weights are placed on their device."""
         for layer in self.model.layers:
             layer.fuse()
+            if gemv_tables is not None:
+                layer.use_gemv_tables(gemv_tables)
         on_gpu = self.device.type == "cuda" and self.dtype in (torch.float16, torch.bfloat16)
         largest = max((p.numel() * p.element_size() for name, p in self.model.layers.named_parameters()
                        if name.endswith("weight") and p.dim() == 2), default=0)

@@ -152,7 +152,7 @@ def main() -> None:
     print(f"{'variant':24s}" + "".join(f"{n:>18s}" for n in res["tree"]))
     for v in names:
         cells = []
-        for tname, row in res["tree"].items():
+        for row in res["tree"].values():
             r = row.get(v)
             cells.append(f"{'ERR' if r is None else ('%.1f' % r['us']) + ('' if r['ok'] else ' BAD'):>18s}")
         print(f"{v:24s}" + "".join(cells))

@@ -6,7 +6,6 @@ import torch
 from torch import nn
 
 from treeflash.kernels.pointwise.activation import sigmoid_gate
-from treeflash.kernels.linear.fused import linear_fused
 from treeflash.kernels.pointwise.norm import scale_rows
 from treeflash.kernels.pointwise.rotary import norm_rotary
 from treeflash.kernels.linear import gemv, projection
@@ -94,16 +93,9 @@ class Attention(nn.Module):
         rope: tuple[torch.Tensor, torch.Tensor],  # cos, sin: [T, rotary_dim]
         step: StepInput,
         cache: AttentionCache,
-        norm: RMSNorm | None = None,  # fused path: x is the residual stream, normed inside the qkv GEMV
-        residual: torch.Tensor | None = None,  # fused path: returns residual + o_proj(...)
     ) -> torch.Tensor:  # [T, hidden]
         n = x.shape[0]
-        # fused layers: the norm, then one projection (the norm as the projection's prologue took 6.8 us
-        # against 5.9 at SmolLM2's shape on the H200: removed, docs/journal.md)
-        if norm is not None:
-            q, k, v = projection.linear(norm(x), self.qkv_weight, self.qkv_bias, self.gemv_tables).split(
-                [self.q_proj.weight.shape[0], self.k_proj.weight.shape[0], self.v_proj.weight.shape[0]], dim=-1)
-        elif self.qkv_packed is not None:
+        if self.qkv_packed is not None:
             q, k, v = packed_outputs(self.qkv_packed, x, [self.q_proj.out_features, self.k_proj.out_features, self.v_proj.out_features])
         elif self.qkv_weight is not None:
             q, k, v = projection.linear(x, self.qkv_weight, self.qkv_bias, self.gemv_tables).split(
@@ -120,6 +112,4 @@ class Attention(nn.Module):
         out = self._attend(q, k, v, rope, step, cache)
         if gate is not None:
             out = sigmoid_gate(out, gate)
-        if residual is not None:
-            return linear_fused(out, self.o_proj.weight, residual=residual)
         return projection.apply(self.o_proj, out, self.gemv_tables)

@@ -7,7 +7,6 @@ import torch.nn.functional as F
 from torch import nn
 
 from treeflash.kernels.pointwise.activation import silu_mul
-from treeflash.kernels.linear.fused import linear_fused
 from treeflash.kernels.pointwise.norm import rmsnorm
 from treeflash.kernels.linear import gemv, projection
 from treeflash.models.config import ModelConfig
@@ -43,10 +42,6 @@ class RMSNorm(nn.Module):
         if into is not None and into.shape == folded.shape and into.dtype == folded.dtype and into.device == folded.device:
             return into.copy_(folded)
         return folded
-
-    def linear(self, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
-        """linear(norm(x), weight, bias) as one kernel (kernels/linear/fused.py): x [T, dim] -> [T, out]."""
-        return linear_fused(x, weight, bias, self.weight, self.eps, self.unit_offset)
 
     def add_forward(self, x: torch.Tensor, residual: torch.Tensor | None,
                     out: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
@@ -215,11 +210,6 @@ class MLP(nn.Module):
         SiLU-mul applies 1 / rms(s), and down adds into s in its GEMM (beta = 1). s: [T, hidden]."""
         act = projection.folded_swiglu(s, self.gate_up_folded, norm_eps, self.gemv_tables)  # [T, inner]
         return projection.folded(act, self.down_proj.weight, add_into=s, tables=self.gemv_tables)
-
-    def forward_fused(self, s: torch.Tensor, norm: RMSNorm) -> torch.Tensor:
-        """s + down(swiglu(gate_up(norm(s)))) in two kernels; needs fuse(). s: [T, hidden]."""
-        act = linear_fused(s, self.gate_up, None, norm.weight, norm.eps, norm.unit_offset, swiglu=True)  # [T, inner]
-        return linear_fused(act, self.down_proj.weight, residual=s)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.gate_up_packed is not None:

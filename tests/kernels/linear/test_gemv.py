@@ -62,6 +62,10 @@ def test_gemv_tables_are_read_only_and_validated():
     with pytest.raises(ValueError, match="weight shapes"):
         g.GemvTables(linear={(8, 0): g.GemvConfig(4, 16, 1, 1)})
     assert g.TUNED.without_swiglu().swiglu == {} and g.TUNED.without_swiglu().linear == g.TUNED.linear
+    import copy
+    import pickle
+
+    assert copy.deepcopy(g.TUNED) is g.TUNED and pickle.loads(pickle.dumps(g.TUNED)) == g.TUNED  # a model deep-copies
 
 
 def test_gemv_rejects_bad_input():

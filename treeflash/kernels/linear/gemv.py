@@ -12,10 +12,8 @@ n-block's programs to finish (an atomic ticket per n-block) adds the SPLIT_K par
 writes y and resets the ticket. So the result does not depend on which program finishes last
 (deterministic, no atomics on the values), and there is no second launch.
 
-kernels/linear/fused.py's one-row path (`_gemv_kernel`, inside `linear_fused`, off by default) is the
-same idea with the RMSNorm / SwiGLU / residual fused in, but a rolled K loop without split-K; it
-read 8B o_proj at 12.2 us where this kernel takes 9.6 (docs/performance.md). This one is the plain
-projection that the decode step uses.
+A one-row path with the RMSNorm / SwiGLU / residual fused in (a rolled K loop without split-K) read the
+8B o_proj at 12.2 us where this kernel takes 9.6; it was removed with the fused layers (docs/journal.md).
 
 `gemv_reference` is the plain-torch contract (F.linear, fp32 accumulation); `gemv` runs the kernel
 on CUDA or under TRITON_INTERPRET=1, the reference elsewhere.
@@ -183,6 +181,12 @@ class GemvTables:
                 if not isinstance(cfg, GemvConfig) or (name == "swiglu" and cfg.split_k != 1):
                     raise ValueError(f"GemvTables.{name}[{key}]: a GemvConfig{' with split_k 1' if name == 'swiglu' else ''}, got {cfg!r}")
             object.__setattr__(self, name, MappingProxyType(table))
+
+    def __deepcopy__(self, memo) -> "GemvTables":
+        return self  # immutable: a copied model shares its tables
+
+    def __reduce__(self):
+        return GemvTables, (dict(self.linear), dict(self.swiglu))
 
     def with_entries(self, linear: Shapes | None = None, swiglu: Shapes | None = None) -> "GemvTables":
         """These tables with more (or replaced) entries."""

@@ -61,7 +61,7 @@ def bench(fn) -> float:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser()
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", default="gdn_kernels.json")
     ap.add_argument("--block-v", type=int, nargs="*", default=[16, 32])
     ap.add_argument("--warps", type=int, nargs="*", default=[1, 2, 4])

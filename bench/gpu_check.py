@@ -253,8 +253,8 @@ SECTIONS = {"rotated_keys": rotated_keys_check, "kv_write": kv_write_check}
 
 
 def main() -> None:
-    p = argparse.ArgumentParser(description="The CUDA path against transformers and its own references; "
-                                "writes JSON and prints GPU CHECK PASSED / FAILED.")
+    p = argparse.ArgumentParser(description=__doc__ + "\nWrites JSON and prints GPU CHECK PASSED / FAILED.",
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--out", default="bench/results/gpu_check.json")
     p.add_argument("--only", nargs="+", choices=sorted(SECTIONS), default=None,
                    help="run only these sections (e.g. --only rotated_keys kv_write); default: everything")

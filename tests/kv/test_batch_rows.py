@@ -36,3 +36,13 @@ def test_rows_reject_mismatched_shapes():
     with pytest.raises(ValueError, match="2 rows x 1 tokens"):
         cache.layers[0].attend_static(torch.randn(3, 2, 16), torch.randn(3, 1, 16), torch.randn(3, 1, 16),
                                       torch.tensor([0]), torch.ones(2, 1, 8, dtype=torch.bool), 0.25)
+
+
+def test_rows_step_flattens_row_major_and_checks_shapes():
+    from treeflash.models.step import StepInput
+
+    ids, pos = torch.arange(6).view(2, 3), torch.tensor([[0, 1, 2], [5, 6, 7]])
+    step = StepInput.rows(ids, pos, torch.arange(4, 7), torch.ones(2, 3, 9, dtype=torch.bool))
+    assert step.input_ids.tolist() == [0, 1, 2, 3, 4, 5] and step.positions.tolist() == [0, 1, 2, 5, 6, 7]
+    with pytest.raises(ValueError, match="key_mask"):
+        StepInput.rows(ids, pos, torch.arange(3), torch.ones(2, 9, dtype=torch.bool))

@@ -46,3 +46,13 @@ def test_rows_step_flattens_row_major_and_checks_shapes():
     assert step.input_ids.tolist() == [0, 1, 2, 3, 4, 5] and step.positions.tolist() == [0, 1, 2, 5, 6, 7]
     with pytest.raises(ValueError, match="key_mask"):
         StepInput.rows(ids, pos, torch.arange(3), torch.ones(2, 9, dtype=torch.bool))
+
+
+def test_the_grouped_mask_is_built_once_a_step():
+    """Every layer of a RowsCache sees one step's key_mask: its grouped [B, 1, G*T, L] form is built once."""
+    cache = RowsCache.zeros(2, 3, 1, 8, 16, torch.float32, torch.device("cpu"))
+    mask = torch.rand(2, 4, 8) < 0.5
+    first = cache.layers[0].masks(mask, 3)
+    assert cache.layers[2].masks(mask, 3) is first and first.shape == (2, 1, 12, 8)
+    assert torch.equal(first[:, 0].view(2, 3, 4, 8), mask[:, None].expand(2, 3, 4, 8))  # row g * T + t sees token t's keys
+    assert cache.layers[1].masks(mask.clone(), 3) is not first  # another step's mask

@@ -18,13 +18,32 @@ import torch
 import torch.nn.functional as F
 
 
+class GroupedMask:
+    """key_mask [B, T, L] -> [B, 1, G*T, L] (query row g * T + t' sees what token t' sees), built once per
+    step and shared by every layer of a RowsCache (each layer gets the same key_mask tensor)."""
+
+    def __init__(self) -> None:
+        self.src: torch.Tensor | None = None
+        self.grouped: torch.Tensor | None = None
+
+    def __call__(self, key_mask: torch.Tensor, group: int) -> torch.Tensor:
+        b, t, length = key_mask.shape
+        if t == 1:
+            return key_mask[:, None]  # [B, 1, 1, L]: broadcast over the G query rows, no copy
+        if key_mask is not self.src or self.grouped.shape[2] != group * t:
+            self.src = key_mask
+            self.grouped = key_mask[:, None, None].expand(b, 1, group, t, length).reshape(b, 1, group * t, length)
+        return self.grouped
+
+
 class RowsAttentionCache:
     """One attention layer's K/V of a batch of rows: k, v [B, Hkv, L, D]."""
 
-    def __init__(self, k: torch.Tensor, v: torch.Tensor):
+    def __init__(self, k: torch.Tensor, v: torch.Tensor, masks: GroupedMask | None = None):
         if k.dim() != 4 or k.shape != v.shape:
             raise ValueError(f"RowsAttentionCache: k and v must be [B, Hkv, L, D] alike, got {tuple(k.shape)}, {tuple(v.shape)}")
         self.k, self.v = k, v
+        self.masks = masks if masks is not None else GroupedMask()
 
     def rows(self, r0: int, r1: int) -> "RowsAttentionCache":
         """Rows [r0, r1) (views: writes reach this cache)."""
@@ -47,11 +66,7 @@ class RowsAttentionCache:
         self.k.index_copy_(2, slots, k.view(b, t, hkv, d).transpose(1, 2).to(self.k.dtype))  # [B, Hkv, T, D] into `slots`
         self.v.index_copy_(2, slots, v.view(b, t, hkv, d).transpose(1, 2).to(self.v.dtype))
         qg = q.view(b, t, hkv, group, d).permute(0, 2, 3, 1, 4).reshape(b, hkv, group * t, d)  # query row g * T + t'
-        if t == 1:
-            mask = key_mask[:, None]  # [B, 1, 1, L]: broadcast over the G query rows
-        else:  # row g * T + t' sees what token t' sees
-            mask = key_mask[:, None, None].expand(b, 1, group, t, key_mask.shape[-1]).reshape(b, 1, group * t, -1)
-        o = F.scaled_dot_product_attention(qg, self.k, self.v, attn_mask=mask, scale=scale)  # [B, Hkv, G*T, D]
+        o = F.scaled_dot_product_attention(qg, self.k, self.v, attn_mask=self.masks(key_mask, group), scale=scale)  # [B, Hkv, G*T, D]
         return o.view(b, hkv, group, t, d).permute(0, 3, 1, 2, 4).reshape(b * t, hkv * group, d)
 
 
@@ -62,7 +77,8 @@ class RowsCache:
     def __init__(self, layers: list[RowsAttentionCache]):
         if not layers:
             raise ValueError("RowsCache: no layers")
-        self.layers = layers
+        masks = GroupedMask()  # one grouped key mask a step for every layer
+        self.layers = [RowsAttentionCache(layer.k, layer.v, masks) for layer in layers]
         self.batch, self.max_len = layers[0].k.shape[0], layers[0].k.shape[2]
 
     @classmethod

@@ -76,13 +76,13 @@ def kernels(fn) -> dict:
 
 
 @torch.inference_mode()
-def measure(fused_rows: int | None, max_len: int, ctx: int, n: int, trees: list[int], folded_rows: int | None = None,
+def measure(max_len: int, ctx: int, n: int, trees: list[int], folded_rows: int | None = None,
             greedy_only: bool = False) -> dict:
     from treeflash.models.runner import CudaGraphRunner
     from treeflash.spec.device_step import DeviceStep
     from treeflash.train.evaluate import BUCKETS
 
-    model = build_model("smollm2-135m").fuse_projections(fused_rows, folded_rows)  # as the loader leaves a model (None)
+    model = build_model("smollm2-135m").fuse_projections(folded_rows)  # as the loader leaves a model (None)
     drafter = random_drafter(model, 3, 16, budget=15, tree=False)
     cache = model.new_cache(max_len)
     runner = CudaGraphRunner(model, cache, capture_layers=drafter.capture_layers, buckets=BUCKETS)
@@ -94,7 +94,7 @@ def measure(fused_rows: int | None, max_len: int, ctx: int, n: int, trees: list[
     runner.ints[3 * runner.buckets[-1]] = ctx
     g = drafter.graphs
     g.ints[0] = ctx
-    res = {"fused_rows": model.fused_rows, "folded_rows": model.folded_rows}
+    res = {"folded_rows": model.folded_rows}
     res["decode"] = timed(runner.decode.replay, n)
     res["verify-16"] = timed(runner.graphs[16].replay, n)
     res["draft"] = timed(g.passes[16].replay, n)
@@ -130,7 +130,7 @@ def measure(fused_rows: int | None, max_len: int, ctx: int, n: int, trees: list[
     for k in names:
         r = res[k]
         per = f", {1e3 * r['elapsed_ms_per_replay'] / r['kernels']:.2f} us/kernel" if r.get("kernels") else ""
-        print(f"{k:>13} (fused_rows {model.fused_rows}, folded_rows {model.folded_rows}, max_len {max_len}): host {r['host_ms_per_replay']:.3f} ms, "
+        print(f"{k:>13} (folded_rows {model.folded_rows}, max_len {max_len}): host {r['host_ms_per_replay']:.3f} ms, "
               f"elapsed {r['elapsed_ms_per_replay']:.3f} ms per replay, {r.get('kernels', '-')} kernels{per}", flush=True)
     for k in names:
         if "kernel_us" in res[k]:
@@ -143,28 +143,19 @@ def main() -> None:
     p.add_argument("--replays", type=int, default=200)
     p.add_argument("--max-len", type=int, default=600, help="the cache's length (the evaluation's: prompt + 256 + 80)")
     p.add_argument("--context", type=int, default=300, help="committed tokens before the timed steps")
-    p.add_argument("--fused-rows", default="default", help="CausalLM.fused_rows values to compare, e.g. default,0 "
-                   "(default: what fuse_projections chooses, FUSED_ROWS at this shape; 0: no fused layers)")
     p.add_argument("--folded-rows", default="default", help="CausalLM.folded_rows values to compare, e.g. default,0 "
                    "(default: what fuse_projections chooses, FOLDED_ROWS at this shape; 0: the norms as launches of their own)")
     p.add_argument("--trees", default="22,32", help="DDTree budgets of device steps to time beside the chain")
-    p.add_argument("--balanced-splits", type=int, default=None,
-                   help="quant_attention.BALANCED_SPLITS for the graphed attention (0: splits over the buffer; default: as shipped)")
     p.add_argument("--greedy-only", action="store_true", help="time only the greedy DDTree steps (not the sampled ones)")
     p.add_argument("--out", default="device_step_time.json")
     args = p.parse_args()
-    if args.balanced_splits is not None:
-        from treeflash.kernels.attention import quant_attention
-
-        quant_attention.BALANCED_SPLITS = args.balanced_splits
-    res = {"shape": "smollm2-135m", "drafter": "3 layers, block 16", "balanced_splits": args.balanced_splits,
+    res = {"shape": "smollm2-135m", "drafter": "3 layers, block 16",
            "device": torch.cuda.get_device_name() if DEV == "cuda" else "cpu",
            "replays": args.replays, "max_len": args.max_len, "context": args.context,
            "env": {k: v for k, v in os.environ.items() if k.startswith(("PYTORCH_TUNABLEOP", "TORCH_BLAS"))}, "runs": []}
-    for fr in (None if x == "default" else int(x) for x in args.fused_rows.split(",")):
-        for fo in (None if x == "default" else int(x) for x in args.folded_rows.split(",")):
-            res["runs"].append(measure(fr, args.max_len, args.context, args.replays, [int(b) for b in args.trees.split(",") if b], fo,
-                                       args.greedy_only))
+    for fo in (None if x == "default" else int(x) for x in args.folded_rows.split(",")):
+        res["runs"].append(measure(args.max_len, args.context, args.replays, [int(b) for b in args.trees.split(",") if b], fo,
+                                   args.greedy_only))
         Path(args.out).write_text(json.dumps(res, indent=1) + "\n")
     print(f"wrote {args.out}")
 

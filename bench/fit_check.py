@@ -11,9 +11,9 @@ measured context; `--max-context auto --gpu-memory 24GiB` picks a context, one r
 it (prompt + max_tokens = context) and must decode without running out of memory, and a context 5%
 larger must be refused by the planner at start.
 
-    python bench/fit_check.py --out $OUT/fit_check.json --workdir /tmp/fit_ckpt \\
+    python -m bench.fit_check --out $OUT/fit_check.json --workdir /tmp/fit_ckpt \\
         --gguf /models/Qwen3.6-27B-Q4_K_M.gguf      # the 27B rows (skipped without it)
-    python bench/fit_check.py --toy --out /tmp/fit_toy.json   # CPU: toy shapes, the stack builds and decodes; predicted only
+    python -m bench.fit_check --toy --out /tmp/fit_toy.json   # CPU: toy shapes, the stack builds and decodes; predicted only
 
 Random checkpoints are written under --workdir (bf16 8B: 16 GB, hybrid 9B: 18 GB) and reused.
 """
@@ -27,9 +27,7 @@ import sys
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "bench"))
+ROOT = Path(__file__).resolve().parents[1]  # the repository root: each configuration's process runs there
 
 GiB, MiB = 1 << 30, 1 << 20
 TOLERANCE = (0.03, 256 * MiB)
@@ -59,9 +57,9 @@ def prepare(name: str, spec: tuple, args) -> tuple[str, str | None] | None:
     None: skipped."""
     if args.toy or args.prepare:
         return _prepare(name, spec, args)
-    proc = subprocess.run([sys.executable, __file__, "--prepare", name, "--workdir", args.workdir]
+    proc = subprocess.run([sys.executable, "-m", "bench.fit_check", "--prepare", name, "--workdir", args.workdir]
                           + (["--gguf", args.gguf] if args.gguf else []) + (["--gguf-drafter", args.gguf_drafter] if args.gguf_drafter else []),
-                          capture_output=True, text=True)
+                          cwd=ROOT, capture_output=True, text=True)
     lines = [l for l in proc.stdout.splitlines() if l.startswith("[") or l == "null"]
     if proc.returncode or not lines:
         raise RuntimeError(f"preparing {name} failed: {(proc.stderr or proc.stdout)[-2000:]}")
@@ -70,7 +68,7 @@ def prepare(name: str, spec: tuple, args) -> tuple[str, str | None] | None:
 
 
 def _prepare(name: str, spec: tuple, args) -> tuple[str, str | None] | None:
-    from fit_synth import write_dflash, write_hf
+    from bench.fit_synth import write_dflash, write_hf
 
     shape, draft = spec[0], spec[1]
     device = "cpu" if args.toy else "cuda"
@@ -87,15 +85,14 @@ def _prepare(name: str, spec: tuple, args) -> tuple[str, str | None] | None:
 
 def write_dflash_for_gguf(gguf_path: str, out: Path, device: str) -> str:
     """A random DFlash drafter matched to a GGUF target's hidden size and layer count."""
-    import fit_synth
+    from bench import fit_synth
 
     from treeflash.models.memory import read_header
 
     c = read_header(gguf_path).config
-    fit_synth.SHAPES["gguf-target"] = {"hidden_size": c.hidden_size, "intermediate_size": c.intermediate_size,
-                                       "num_hidden_layers": c.num_layers, "max_position_embeddings": c.max_position_embeddings,
-                                       "vocab_size": c.vocab_size}
-    return str(fit_synth.write_dflash("gguf-target", out, device=device))
+    target = {"hidden_size": c.hidden_size, "intermediate_size": c.intermediate_size, "num_hidden_layers": c.num_layers,
+              "max_position_embeddings": c.max_position_embeddings, "vocab_size": c.vocab_size}
+    return str(fit_synth.write_dflash(target, out, device=device))
 
 
 def flags(model: str, drafter: str | None, k: str, v: str, context, device: str, gpu_memory: str) -> list[str]:
@@ -173,7 +170,8 @@ def run_one(job: dict) -> dict:
 
 def child(job: dict, timeout: int) -> dict:
     try:
-        proc = subprocess.run([sys.executable, __file__, "--child", json.dumps(job)], capture_output=True, text=True, timeout=timeout)
+        proc = subprocess.run([sys.executable, "-m", "bench.fit_check", "--child", json.dumps(job)], cwd=ROOT,
+                              capture_output=True, text=True, timeout=timeout)
     except subprocess.TimeoutExpired as e:
         err = e.stderr.decode(errors="replace") if isinstance(e.stderr, bytes) else (e.stderr or "")
         return {"error": f"timed out after {timeout} s; stderr: {err[-1500:]}"}
@@ -212,7 +210,7 @@ def main() -> int:
         return 0
     if args.prepare:
         if args.prepare == EMULATED[0]:
-            from fit_synth import write_hf
+            from bench.fit_synth import write_hf
             print(json.dumps([str(write_hf(EMULATED[1], Path(args.workdir) / EMULATED[1], "cuda")), None]))
         else:
             print(json.dumps(_prepare(args.prepare, CONFIGS[args.prepare], args)))
@@ -238,7 +236,7 @@ def main() -> int:
     name, shape, toy_shape = EMULATED
     if not wanted or name in wanted:
         if args.toy:
-            from fit_synth import write_hf
+            from bench.fit_synth import write_hf
             model = str(write_hf(toy_shape, Path(args.workdir) / toy_shape, device))
         else:
             model = prepare(name, None, args)[0]

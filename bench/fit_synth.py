@@ -93,14 +93,14 @@ def write_hf(shape: str, out: Path, device: str = "cpu") -> Path:
     return out
 
 
-def write_dflash(target_shape: str, out: Path, num_layers: int = 5, device: str = "cpu") -> Path:
-    """A random DFlash drafter directory for a target of SHAPES[target_shape] (z-lab's layout: five
-    layers reading five target layers, block size 16)."""
+def write_dflash(target_shape: str | dict, out: Path, num_layers: int = 5, device: str = "cpu") -> Path:
+    """A random DFlash drafter directory for a target of SHAPES[target_shape] (or a dict of the same keys)
+    (z-lab's layout: five layers reading five target layers, block size 16)."""
     from treeflash.spec.dflash_model import DFlashConfig, DFlashModel
 
     if (out / "config.json").is_file():
         return out
-    t = SHAPES[target_shape]
+    t = SHAPES[target_shape] if isinstance(target_shape, str) else target_shape
     n = t["num_hidden_layers"]
     layers = sorted({1 + i * (n - 3) // 4 for i in range(5)})[:num_layers] if n >= 8 else list(range(min(n, 2)))
     cfg = {"architectures": ["DFlashDraftModel"], "model_type": "qwen3", "hidden_size": t["hidden_size"],

@@ -13,7 +13,7 @@ the graph replay alone. The shipped configuration is timed between candidates (d
     python -m bench.gemv_in_graph --base 4096x12288=2,2048,1,4 --candidates 4096x4096=8,1024,1,4   # on top of a change
 
 Candidates are `BN,BK,SPLIT,WARPS` per shape (--candidates 6144x4096=8,512,1,4 6144x4096=4,1024,1,4 ...);
-"swiglu:NxK" names a gate_up weight of gemv.TUNED_SWIGLU (SPLIT must be 1). The defaults below cover the 8B
+"swiglu:NxK" names a gate_up weight of gemv.TUNED.swiglu (SPLIT must be 1). The defaults below cover the 8B
 shape's q/k/v, o_proj and down.
 """
 
@@ -42,7 +42,7 @@ DEFAULT_CANDIDATES = {
 
 
 def table_key(shape: str) -> tuple[str, int, int]:
-    """"NxK" (gemv.TUNED) or "swiglu:NxK" (gemv.TUNED_SWIGLU, N = 2I rows of gate_up) -> (table, N, K)."""
+    """"NxK" (gemv.TUNED.linear) or "swiglu:NxK" (gemv.TUNED.swiglu, N = 2I rows of gate_up) -> (table, N, K)."""
     kind, _, dims = shape.rpartition(":")
     try:
         n, k = (int(v) for v in dims.split("x"))
@@ -62,7 +62,7 @@ def parse_config(text: str) -> gemv.GemvConfig:
 
 
 def time_step(model, prompt: list[int], tokens: int, rounds: int) -> dict:
-    """Capture the decode graph under the current gemv.TUNED and time it: pipelined tokens/s (median of
+    """Capture the decode graph under the model's current GEMV tables and time it: pipelined tokens/s (median of
     `rounds` runs of `tokens` Decoder steps) and the graph replay alone (CUDA events)."""
     cache = model.new_cache(len(prompt) + rounds * (tokens + 8) + 64)
     runner = CudaGraphRunner(model, cache, buckets=(1,))
@@ -114,8 +114,8 @@ def main() -> None:
     model = build_model(args.shape)
     model.fuse_projections()
     prompt = torch.randint(0, model.config.vocab_size, (args.context,)).tolist()
-    shipped = {("gemv", n, k): c for (n, k), c in gemv.TUNED.items()}
-    shipped.update({("swiglu", n, k): c for (n, k), c in gemv.TUNED_SWIGLU.items()})
+    shipped = {("gemv", n, k): c for (n, k), c in gemv.TUNED.linear.items()}
+    shipped.update({("swiglu", n, k): c for (n, k), c in gemv.TUNED.swiglu.items()})
     base = dict(shipped)
     for entry in args.base:
         shape, _, text = entry.partition("=")
@@ -123,10 +123,10 @@ def main() -> None:
     runs = []
 
     def apply(table: dict) -> None:
-        gemv.TUNED.clear()
-        gemv.TUNED_SWIGLU.clear()
-        for (kind, n, k), c in table.items():
-            (gemv.TUNED if kind == "gemv" else gemv.TUNED_SWIGLU)[(n, k)] = c
+        """The model's GEMV tables: exactly `table`'s entries (the next capture runs them)."""
+        model.fuse_projections(gemv_tables=gemv.GemvTables(
+            linear={(n, k): c for (kind, n, k), c in table.items() if kind == "gemv"},
+            swiglu={(n, k): c for (kind, n, k), c in table.items() if kind == "swiglu"}))
 
     def run(label: str, shape: str | None, cfg: gemv.GemvConfig | None, table: dict | None = None) -> None:
         chosen = dict(base if table is None else table)
@@ -145,7 +145,7 @@ def main() -> None:
         run("base", None, None)
     for shape in shapes:
         if table_key(shape) not in shipped:
-            print(f"{shape}: not in gemv.TUNED / TUNED_SWIGLU (cuBLAS in the step); skipped")
+            print(f"{shape}: not in gemv.TUNED (cuBLAS in the step); skipped")
             continue
         for text in cands.get(shape, []):
             run(f"{shape} {text}", shape, parse_config(text))

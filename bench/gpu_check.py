@@ -87,15 +87,6 @@ def prefill_attention_check() -> dict:
     return out
 
 
-def _restore_tables(tuned: dict, tuned_swiglu: dict) -> None:
-    """gemv's shape tables back as they were before a check added its tiny shapes."""
-    from treeflash.kernels.linear import gemv
-
-    for table, saved in ((gemv.TUNED, tuned), (gemv.TUNED_SWIGLU, tuned_swiglu)):
-        table.clear()
-        table.update(saved)
-
-
 def gemv_decode_check() -> dict:
     """The tiny hybrid model with its o_proj / out_proj / down shapes added to gemv's tables (down with
     split-K: its ticket must reset on every replay), decode steps against the same model on cuBLAS:
@@ -104,22 +95,18 @@ def gemv_decode_check() -> dict:
     from tests.models.test_gated_deltanet import tiny_model
     from treeflash.kernels.linear import gemv
 
-    model = tiny_model().cuda().fuse_projections(fused_rows=0)
-    saved = dict(gemv.TUNED), dict(gemv.TUNED_SWIGLU)
+    model = tiny_model().cuda().fuse_projections()
     ids = torch.randint(0, 61, (16,), device="cuda")
     prompt = ids[:10].tolist()
-    try:
-        with torch.inference_mode():
-            ref, _ = decode_logits(model, ids, 5)  # the tiny shapes are in no table yet: cuBLAS
-            ref_tokens = decode(model, prompt, 60, graphs=True)
-            gemv.TUNED[(32, 32)] = gemv.GemvConfig(8, 32, 1, 4)
-            gemv.TUNED[(32, 64)] = gemv.GemvConfig(8, 16, 2, 2)
-            gemv.TUNED_SWIGLU[tuple(model.model.layers[0].mlp.gate_up.shape)] = gemv.GemvConfig(8, 16, 1, 2)
-            got, calls = decode_logits(model, ids, 5)
-            tokens = decode(model, prompt, 60, graphs=True)
-            spec = decode(model, prompt, 60, OracleDrafter(model, depth=4, width=2, corrupt=0.4), graphs=True)
-    finally:
-        _restore_tables(*saved)
+    with torch.inference_mode():
+        ref, _ = decode_logits(model, ids, 5)  # the tiny shapes are in no table yet: cuBLAS
+        ref_tokens = decode(model, prompt, 60, graphs=True)
+        model.fuse_projections(gemv_tables=gemv.TUNED.with_entries(
+            linear={(32, 32): gemv.GemvConfig(8, 32, 1, 4), (32, 64): gemv.GemvConfig(8, 16, 2, 2)},
+            swiglu={tuple(model.model.layers[0].mlp.gate_up.shape): gemv.GemvConfig(8, 16, 1, 2)}))
+        got, calls = decode_logits(model, ids, 5)
+        tokens = decode(model, prompt, 60, graphs=True)
+        spec = decode(model, prompt, 60, OracleDrafter(model, depth=4, width=2, corrupt=0.4), graphs=True)
     err = (got - ref).abs().max().item()
     ok = err < 1e-4 and tokens == ref_tokens and spec == ref_tokens and calls > 0
     return {"gemv_calls": calls, "logits_max_abs_err": err, "graph_tokens_identical": tokens == ref_tokens,
@@ -136,25 +123,22 @@ def folded_decode_check() -> dict:
 
     hf, ours = make_pair("qwen3")
     hf, ours = hf.cuda(), ours.cuda()
-    ours.fuse_projections(fused_rows=0, folded_rows=0, folded_decode=False)
+    ours.fuse_projections(folded_rows=0, folded_decode=False)
     ids = torch.randint(0, 97, (1, 40), device="cuda")
     prompt = ids[0, :10].tolist()
-    saved = dict(gemv.TUNED), dict(gemv.TUNED_SWIGLU)
-    try:
-        with torch.inference_mode():
-            ref = hf(ids).logits[0].float()
-            unfolded = decode(ours, prompt, 60, graphs=True)
-            ours.fuse_projections(fused_rows=0, folded_rows=0, folded_decode=True)
-            layer = ours.model.layers[0]
-            gemv.TUNED[tuple(layer.self_attn.qkv_folded.shape)] = gemv.GemvConfig(8, 16, 1, 2)
-            gemv.TUNED[tuple(layer.self_attn.o_proj.weight.shape)] = gemv.GemvConfig(8, 32, 1, 4)
-            gemv.TUNED[tuple(layer.mlp.down_proj.weight.shape)] = gemv.GemvConfig(8, 16, 2, 2)
-            gemv.TUNED_SWIGLU[tuple(layer.mlp.gate_up_folded.shape)] = gemv.GemvConfig(8, 16, 1, 2)
-            err, inc = prefill_and_decode_errors(ours, ids[0], ref)
-            tokens = decode(ours, prompt, 60, graphs=True)
-            spec = decode(ours, prompt, 60, OracleDrafter(ours, depth=4, width=2, corrupt=0.4), graphs=True)
-    finally:
-        _restore_tables(*saved)  # the model stays folded in place (irreversible); it is not used again
+    with torch.inference_mode():
+        ref = hf(ids).logits[0].float()
+        unfolded = decode(ours, prompt, 60, graphs=True)
+        ours.fuse_projections(folded_rows=0, folded_decode=True)
+        layer = ours.model.layers[0]
+        ours.fuse_projections(folded_rows=0, folded_decode=True, gemv_tables=gemv.TUNED.with_entries(
+            linear={tuple(layer.self_attn.qkv_folded.shape): gemv.GemvConfig(8, 16, 1, 2),
+                    tuple(layer.self_attn.o_proj.weight.shape): gemv.GemvConfig(8, 32, 1, 4),
+                    tuple(layer.mlp.down_proj.weight.shape): gemv.GemvConfig(8, 16, 2, 2)},
+            swiglu={tuple(layer.mlp.gate_up_folded.shape): gemv.GemvConfig(8, 16, 1, 2)}))
+        err, inc = prefill_and_decode_errors(ours, ids[0], ref)
+        tokens = decode(ours, prompt, 60, graphs=True)
+        spec = decode(ours, prompt, 60, OracleDrafter(ours, depth=4, width=2, corrupt=0.4), graphs=True)
     ok = err < 1e-3 and inc < 1e-3 and tokens == unfolded and spec == unfolded
     return {"prefill_max_abs_err": err, "decode_max_abs_err": inc, "graph_tokens_identical": tokens == unfolded,
             "graph_spec_identical": spec == unfolded, "ok": ok}
@@ -269,8 +253,8 @@ SECTIONS = {"rotated_keys": rotated_keys_check, "kv_write": kv_write_check}
 
 
 def main() -> None:
-    p = argparse.ArgumentParser(description="The CUDA path against transformers and its own references; "
-                                "writes JSON and prints GPU CHECK PASSED / FAILED.")
+    p = argparse.ArgumentParser(description=__doc__ + "\nWrites JSON and prints GPU CHECK PASSED / FAILED.",
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--out", default="bench/results/gpu_check.json")
     p.add_argument("--only", nargs="+", choices=sorted(SECTIONS), default=None,
                    help="run only these sections (e.g. --only rotated_keys kv_write); default: everything")
@@ -294,54 +278,45 @@ def main() -> None:
         ids = torch.randint(0, 97, (1, 40), device="cuda")
         ref = hf(ids).logits[0].float()
         err, inc = prefill_and_decode_errors(ours, ids[0], ref)
-        # the fused layers (kernels/linear/fused.py: norms and residual adds inside the GEMVs), fp32 on the
-        # GPU: the prefill of 40 tokens and the incremental steps both take them
-        ours.fuse_projections(fused_rows=128)
-        fused_err, fused_inc = prefill_and_decode_errors(ours, ids[0], ref)
-        ours.fuse_projections(fused_rows=0)
         prompt = ids[0, :10].tolist()
         plain = decode(ours, prompt, 60)
         graph_plain = decode(ours, prompt, 60, graphs=True)
         graph_spec = decode(ours, prompt, 60, OracleDrafter(ours, depth=4, width=2, corrupt=0.4), graphs=True)
         folded = {}
         if ours.foldable():  # the norms folded into the projections (forward_folded), fp32, eager prefill and graphed verify
-            ours.fuse_projections(fused_rows=0, folded_rows=128)
+            ours.fuse_projections(folded_rows=128)
             f_err, f_inc = prefill_and_decode_errors(ours, ids[0], ref)
             f_spec = decode(ours, prompt, 60, OracleDrafter(ours, depth=4, width=2, corrupt=0.4), graphs=True)
             folded = {"folded_prefill_max_abs_err": f_err, "folded_decode_max_abs_err": f_inc, "folded_graph_spec_identical": f_spec == plain}
-            ours.fuse_projections(fused_rows=0, folded_rows=0)
+            ours.fuse_projections(folded_rows=0)
         # bf16: the CUDA kernels (attention over the dense cache, tree recurrence) through the graphs. Folded decode
-        # (the default of small foldable models on CUDA) folds the weights in place and rules out the fused layers
-        # compared below: off here; folded_decode_check covers it
+        # (the default of small foldable models on CUDA) folds the weights in place: off here; folded_decode_check
+        # covers it
         _, b16 = make_pair(arch, dtype=torch.bfloat16)
         b16 = b16.cuda().fuse_projections(folded_decode=False)
         b_plain = decode(b16, prompt, 60)
         b_graph = decode(b16, prompt, 60, OracleDrafter(b16, depth=4, width=2, corrupt=0.4), graphs=True)
         agree = sum(x == y for x, y in zip(b_plain, b_graph)) / len(b_plain)
         rel = teacher_forced_rel_err(b16, prompt)
-        # bf16 with and without the fused layers, each against the fp32 logits: the fusion must not
-        # be less accurate than the unfused bf16 path (its error is bf16 rounding either way)
+        # bf16 with and without the folded norms, each against the fp32 logits: folding must not be less
+        # accurate than the unfolded bf16 path (its error is bf16 rounding either way)
         import copy
 
-        b32 = copy.deepcopy(b16).float().fuse_projections(fused_rows=0)  # the same weights, fp32
+        b32 = copy.deepcopy(b16).float().fuse_projections()  # the same weights, fp32
         ref32 = b32(StepInput.plain(ids[0], 0), b32.new_cache(64)).logits.float()
-        b16.fuse_projections(fused_rows=128, folded_decode=False)
-        fused_bf16 = b16(StepInput.plain(ids[0], 0), b16.new_cache(64)).logits.float()
-        b16.fuse_projections(fused_rows=0, folded_rows=0, folded_decode=False)
+        b16.fuse_projections(folded_rows=0, folded_decode=False)
         unfused_bf16 = b16(StepInput.plain(ids[0], 0), b16.new_cache(64)).logits.float()
         folded_bf16 = None
         if b16.foldable():
-            b16.fuse_projections(fused_rows=0, folded_rows=128, folded_decode=False)
+            b16.fuse_projections(folded_rows=128, folded_decode=False)
             folded_bf16 = b16(StepInput.plain(ids[0], 0), b16.new_cache(64)).logits.float()
         b16.fuse_projections(folded_decode=False)
         scale = ref32.abs().max().item()
         res[arch + "_bf16"] = {"graph_spec_vs_eager_plain_token_agreement": agree, "verify_logits_rel_err_graph_vs_eager": rel,
-                               "fused_layers_rel_err_vs_fp32": (fused_bf16 - ref32).abs().max().item() / scale,
                                "unfused_rel_err_vs_fp32": (unfused_bf16 - ref32).abs().max().item() / scale,
                                "folded_rel_err_vs_fp32": None if folded_bf16 is None else (folded_bf16 - ref32).abs().max().item() / scale,
                                "note": "bf16 eager and graph paths use different kernels; rounding can flip near-ties"}
         res[arch] = {"prefill_max_abs_err": err, "decode_max_abs_err": inc,
-                     "fused_layers_prefill_max_abs_err": fused_err, "fused_layers_decode_max_abs_err": fused_inc,
                      "graph_plain_identical": graph_plain == plain, "graph_spec_identical": graph_spec == plain, **folded}
         if arch in ("qwen3", "qwen3_5"):  # DFlash (random drafter): eager passes vs CUDA-graph passes, chain and tree
             draft = random_drafter(ours).cuda()
@@ -363,11 +338,9 @@ def main() -> None:
     # fp32: exact agreement; bf16: the graph path's logits within bf16 rounding of the eager path's
     # (greedy tokens of flat random tiny models can flip on near-ties, so agreement is reported, not gated)
     ok = all(r["verify_logits_rel_err_graph_vs_eager"] < 2e-2
-             and r["fused_layers_rel_err_vs_fp32"] <= 2 * r["unfused_rel_err_vs_fp32"] + 1e-3
              and (r["folded_rel_err_vs_fp32"] is None or r["folded_rel_err_vs_fp32"] <= 2 * r["unfused_rel_err_vs_fp32"] + 1e-3)
              if "verify_logits_rel_err_graph_vs_eager" in r else
              r["prefill_max_abs_err"] < 1e-3 and r["decode_max_abs_err"] < 1e-3 and r["graph_plain_identical"] and r["graph_spec_identical"]
-             and r["fused_layers_prefill_max_abs_err"] < 1e-3 and r["fused_layers_decode_max_abs_err"] < 1e-3
              and r.get("folded_prefill_max_abs_err", 0) < 1e-3 and r.get("folded_decode_max_abs_err", 0) < 1e-3
              and r.get("folded_graph_spec_identical", True)
              and all(v for k, v in r.items() if k.startswith("dflash_"))

@@ -3,7 +3,6 @@ model at a real shape, profiled kernel by kernel (torch.profiler / CUPTI sees th
 a graph replay). Prints the table and writes it as JSON.
 
     python -m bench.gpu_profile --shape qwen3-8b --out bench/results/gpu_profile_8b.json
-    python -m bench.gpu_profile --shape qwen3.5-27b --fused-rows 0     # the unfused layers
     python -m bench.gpu_profile --shape smollm2-135m --drafter-layers 3  # a DFlash drafter's graphed pass
     python -m bench.gpu_profile --shape qwen3-8b --folded-decode          # norms folded into the projections
     python -m bench.gpu_profile --shape qwen3.5-27b --layers 8 --cache-type-k q8_0 --cache-type-v q8_0 \
@@ -59,7 +58,6 @@ def step_sequence(prof, replays: int) -> list[dict]:
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--shape", default="qwen3-8b")
-    p.add_argument("--fused-rows", type=int, default=None, help="0: the unfused layers; default: the model's")
     p.add_argument("--folded-decode", action=argparse.BooleanOptionalAction, default=None,
                    help="every norm folded into the projection after it, or none; default: the model's choice (as gpu_speed.py)")
     p.add_argument("--context", type=int, default=512)
@@ -82,7 +80,7 @@ def main() -> None:
     if args.fill and (args.drafter_layers or args.bucket != 1):
         p.error("--fill profiles the decode graph only (no --drafter-layers, --bucket 1)")
     model = build_model(args.shape, layers=args.layers)
-    model.fuse_projections(fused_rows=args.fused_rows, folded_decode=args.folded_decode)
+    model.fuse_projections(folded_decode=args.folded_decode)
     cache = model.new_cache(max(args.context, args.fill) + 256, args.cache_type_k, args.cache_type_v, rotate_keys=args.rotate_keys)
     buckets = tuple(sorted({1, args.bucket}))
     runner = CudaGraphRunner(model, cache, buckets=buckets)
@@ -115,7 +113,7 @@ def main() -> None:
     sequence = step_sequence(prof, args.replays)
     total = sum(r["us_per_step"] for r in rows)
     calls = sum(r["calls_per_step"] for r in rows)
-    print(f"{args.shape} fused_rows={model.fused_rows} folded_decode={model.folded_decode} bucket {args.bucket} cache "
+    print(f"{args.shape} folded_decode={model.folded_decode} bucket {args.bucket} cache "
           f"{args.cache_type_k}/{args.cache_type_v} rotate_keys={args.rotate_keys} context {cache.seq_len}: "
           f"{total:.0f} us of kernels per step, {calls:.0f} kernels")
     for r in rows[:30]:
@@ -129,7 +127,7 @@ def main() -> None:
         for k in sequence[:args.show_sequence]:
             print(f"  {k['start_us']:8.1f}  {k['us']:7.2f} us  gap {k['gap_us']:6.2f}  {k['name'][:70]}")
     if args.out:
-        Path(args.out).write_text(json.dumps({"shape": args.shape, "fused_rows": model.fused_rows, "folded_decode": model.folded_decode, "bucket": args.bucket,
+        Path(args.out).write_text(json.dumps({"shape": args.shape, "folded_decode": model.folded_decode, "bucket": args.bucket,
                                               "layers": args.layers, "cache_type_k": args.cache_type_k, "cache_type_v": args.cache_type_v,
                                               "rotate_keys": args.rotate_keys, "context": cache.seq_len,
                                               "kernel_us_per_step": total, "kernels_per_step": calls, "rows": rows,

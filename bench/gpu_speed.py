@@ -104,9 +104,9 @@ def bench_shape(shape: str, args, bandwidth: float) -> dict:
         # --folded-decode: one-token steps through forward_folded where the model is foldable (dense
         # attention-only; the hybrid 27B shape is not): an opt-in measured against the default
         folded = (args.folded_decode and model.foldable()) if args.folded_decode is not None else None
-        model.fuse_projections(fused_rows=args.fused_rows, folded_decode=folded)
+        model.fuse_projections(folded_decode=folded, gemv_tables=gemv_tables(args))
     c = model.config
-    res: dict = {"shape": shape, "fused_rows": model.fused_rows, "folded_decode": model.folded_decode, "params_b": sum(p.numel() for p in model.parameters()) / 1e9,
+    res: dict = {"shape": shape, "folded_decode": model.folded_decode, "params_b": sum(p.numel() for p in model.parameters()) / 1e9,
                  "weight_gb": weight_bytes(model) / 1e9, **extra}
     ctx = args.context
     need = ctx + 2 * max(args.buckets) + args.decode_tokens + 64
@@ -321,6 +321,13 @@ def bench_transformers(model: CausalLM, args) -> dict:
     return out
 
 
+def gemv_tables(args):
+    """The GEMV shape tables the models get: the shipped ones (--no-swiglu: gate_up on cuBLAS + silu_mul)."""
+    from treeflash.kernels.linear import gemv
+
+    return gemv.TUNED if args.swiglu else gemv.TUNED.without_swiglu()
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--shapes", default="qwen3-8b,qwen3.5-27b")
@@ -334,10 +341,8 @@ def main() -> None:
     p.add_argument("--prefill", type=lambda s: [int(x) for x in s.split(",") if x], default=[4096, 32768])
     p.add_argument("--prefill-chunk", type=int, default=4096)
     p.add_argument("--unfused", action="store_true", help="skip fusing q/k/v, gate/up and linear-attention projections")
-    p.add_argument("--fused-rows", type=int, default=None,
-                   help="steps of up to this many tokens run the fused layers (kernels/linear/fused.py); 0: off; default: the model's (128 on CUDA bf16)")
     p.add_argument("--swiglu", action=argparse.BooleanOptionalAction, default=True,
-                   help="the decode step's gate_up + SiLU-mul as one GEMV for the shapes in gemv.TUNED_SWIGLU; --no-swiglu: cuBLAS + silu_mul")
+                   help="the decode step's gate_up + SiLU-mul as one GEMV for the shapes in gemv.TUNED.swiglu; --no-swiglu: cuBLAS + silu_mul")
     p.add_argument("--folded-decode", action=argparse.BooleanOptionalAction, default=None,
                    help="decode steps of a foldable (dense) shape with every RMSNorm folded into the projection after it, "
                         "or (--no-folded-decode) none; default: the model's choice (models.transformer folded_decode_default)")
@@ -350,11 +355,9 @@ def main() -> None:
     p.add_argument("--hf-tokens", type=int, default=32)
     p.add_argument("--out", default="bench/results/gpu_speed.json")
     args = p.parse_args()
-    from treeflash.kernels.linear import gemv
-    if not args.swiglu:
-        gemv.TUNED_SWIGLU.clear()
-    args.gemv_tuned = {f"{n}x{k}": str(c) for (n, k), c in gemv.TUNED.items()}
-    args.gemv_swiglu_tuned = {f"{n}x{k}": str(c) for (n, k), c in gemv.TUNED_SWIGLU.items()}
+    tables = gemv_tables(args)
+    args.gemv_tuned = {f"{n}x{k}": str(c) for (n, k), c in tables.linear.items()}
+    args.gemv_swiglu_tuned = {f"{n}x{k}": str(c) for (n, k), c in tables.swiglu.items()}
     from treeflash.kernels.gdn import gdn_chunk
     args.fla_used = DEV == "cuda" and args.fla and gdn_chunk._fla_chunk() is not None
     print("Gated DeltaNet prefill:", "flash-linear-attention" if args.fla_used else "torch reference", flush=True)

@@ -6,11 +6,11 @@ Streams tensor by tensor; a 27B Q4_K_M (16.7 GB) is written at disk speed. Print
 (and writes it to --json if given): bytes per type, tensor counts, seconds.
 
 examples:
-  python bench/make_gguf.py --shape qwen3.5-27b --mix q4_k_m --out /tmp/qwen3.5-27b-q4_k_m.gguf
-  python bench/make_gguf.py --shape qwen3.5-27b --mix ud-q3_k_xl --out /tmp/qwen3.5-27b-ud-q3_k_xl.gguf
-  python bench/make_gguf.py --shape qwen3-8b --mix q4_k_m --out /tmp/qwen3-8b-q4_k_m.gguf
-  python bench/make_gguf.py --shape tiny-hybrid --mix q4_k_m --out /tmp/tiny.gguf --json /tmp/tiny.json
-  python bench/make_gguf.py --list        # the shapes and mixes, with each file's size
+  python -m bench.make_gguf --shape qwen3.5-27b --mix q4_k_m --out /tmp/qwen3.5-27b-q4_k_m.gguf
+  python -m bench.make_gguf --shape qwen3.5-27b --mix ud-q3_k_xl --out /tmp/qwen3.5-27b-ud-q3_k_xl.gguf
+  python -m bench.make_gguf --shape qwen3-8b --mix q4_k_m --out /tmp/qwen3-8b-q4_k_m.gguf
+  python -m bench.make_gguf --shape tiny-hybrid --mix q4_k_m --out /tmp/tiny.gguf --json /tmp/tiny.json
+  python -m bench.make_gguf --list        # the shapes and mixes, with each file's size
 """
 
 from __future__ import annotations
@@ -22,11 +22,9 @@ import time
 from collections import Counter
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from gguf import GGML_QUANT_SIZES
 
-from gguf import GGML_QUANT_SIZES  # noqa: E402
-
-from treeflash.models.gguf_synth import MIXES, SHAPES, plan_bytes, tensor_plan, write_synth_gguf  # noqa: E402
+from treeflash.models.gguf_synth import MIXES, SHAPES, plan_bytes, tensor_plan, write_synth_gguf
 
 
 def summary(shape: str, mix: str) -> dict:

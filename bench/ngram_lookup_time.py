@@ -1,6 +1,6 @@
 """Time the n-gram drafter's lookup per decode step at long contexts (CPU; no model).
 
-    python bench/ngram_lookup_time.py --contexts 1024 32768 131072 --out ngram_lookup.json
+    python -m bench.ngram_lookup_time --contexts 1024 32768 131072 --out ngram_lookup.json
 
 The context is random tokens from a 32K vocabulary in which 30% of the spans copy an earlier span
 (what prompt lookup feeds on). Each step commits 1-5 tokens and asks for

@@ -7,8 +7,8 @@ the same prompt; the ratio of tokens/s is the ceiling of any drafter that reache
 free draft. Labelled as an oracle in its output; tau is the measured one (a bf16 verify pass that
 disagrees with plain decoding ends the replay, and shows here as a lower tau).
 
-    python bench/oracle_ceiling.py --shapes qwen3.5-27b,qwen3-8b --taus 4 8 16 --out oracle.json
-    python bench/oracle_ceiling.py --shapes tiny-dense --tokens 64 --out /tmp/oracle.json   # CPU check
+    python -m bench.oracle_ceiling --shapes qwen3.5-27b,qwen3-8b --taus 4 8 16 --out oracle.json
+    python -m bench.oracle_ceiling --shapes tiny-dense --tokens 64 --out /tmp/oracle.json   # CPU check
 """
 
 from __future__ import annotations
@@ -21,13 +21,10 @@ from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
-from gpu_shapes import DEV, build_model, sync  # noqa: E402
-from treeflash.spec.decoder import Decoder  # noqa: E402
-from treeflash.spec.replay import ORACLE_NOTE, ReplayDrafter  # noqa: E402
-from treeflash.spec.sampling import SamplingParams  # noqa: E402
+from bench.gpu_shapes import DEV, build_model, sync
+from treeflash.spec.decoder import Decoder
+from treeflash.spec.replay import ORACLE_NOTE, ReplayDrafter
+from treeflash.spec.sampling import SamplingParams
 
 
 def decode(model, cache, runner, prompt: list[int], n: int, drafter=None) -> tuple[list[int], float, float]:

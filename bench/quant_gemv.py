@@ -3,11 +3,11 @@ time per call for each GGUF format and M in {1, 2, 4, 8, 16, 32, 64}, against th
 bytes it must read (the stored blocks + the activations + the output) and against a bf16 torch
 matmul at the same shape. Each call is first checked against dequantize_ref + an fp32 matmul.
 
-    python bench/quant_gemv.py --out quant_gemv.json                       # defaults: every format
-    python bench/quant_gemv.py --formats Q4_K,Q6_K --rows 1,32 --out q.json
-    python bench/quant_gemv.py --formats Q4_K --configs --rows 1,32 --out sweep.json   # launch-config sweep
-    python bench/quant_gemv.py --formats Q4_K --rows 1 --q4k-ab --out ab.json   # word-wide Q4_K GEMV vs byte-wise
-    python bench/quant_gemv.py --device cpu --toy --out /tmp/q.json        # checks the script on a CPU
+    python -m bench.quant_gemv --out quant_gemv.json                       # defaults: every format
+    python -m bench.quant_gemv --formats Q4_K,Q6_K --rows 1,32 --out q.json
+    python -m bench.quant_gemv --formats Q4_K --configs --rows 1,32 --out sweep.json   # launch-config sweep
+    python -m bench.quant_gemv --formats Q4_K --rows 1 --q4k-ab --out ab.json   # word-wide Q4_K GEMV vs byte-wise
+    python -m bench.quant_gemv --device cpu --toy --out /tmp/q.json        # checks the script on a CPU
 
 Timing: CUDA-graph replay (triton.testing.do_bench_cudagraph) of one graph that calls quant_matmul on
 each of several copies of the weight in turn (>= 256 MB of blocks per replay, 5x the H200's L2), so
@@ -29,14 +29,12 @@ import sys
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+import torch
+import torch.nn.functional as F
 
-import torch  # noqa: E402
-import torch.nn.functional as F  # noqa: E402
-
-from treeflash.kernels.quant import FORMATS, dequantize_ref, has_kernel, quant_matmul  # noqa: E402
-from treeflash.kernels.quant.config import GemvConfig, Q4kGemvConfig, QuantTuning, RowsConfig  # noqa: E402
-from treeflash.kernels.quant.synthetic import random_blocks  # noqa: E402
+from treeflash.kernels.quant import FORMATS, dequantize_ref, has_kernel, quant_matmul
+from treeflash.kernels.quant.config import GemvConfig, Q4kGemvConfig, QuantTuning, RowsConfig
+from treeflash.kernels.quant.synthetic import random_blocks
 
 PROJECTIONS = {  # name: (N, K)
     "27b.attn_qkv": (14336, 5120),  # gated attention: q + gate 2 x 24 x 256, k and v 4 x 256

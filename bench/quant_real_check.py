@@ -10,9 +10,9 @@ Python standard-library source), three ways:
 Writes JSON.
 
 examples:
-  python bench/quant_real_check.py --out /tmp/quant_real.json                       # the default model + the 0.5B if cached
-  python bench/quant_real_check.py --models default --tokens 16 --out /tmp/q.json
-  python bench/quant_real_check.py --models ~/.cache/treeflash/pairs/qwen2.5-coder-0.5b-instruct.gguf --out /tmp/q05.json
+  python -m bench.quant_real_check --out /tmp/quant_real.json                       # the default model + the 0.5B if cached
+  python -m bench.quant_real_check --models default --tokens 16 --out /tmp/q.json
+  python -m bench.quant_real_check --models ~/.cache/treeflash/pairs/qwen2.5-coder-0.5b-instruct.gguf --out /tmp/q05.json
 """
 
 from __future__ import annotations
@@ -27,10 +27,8 @@ from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from treeflash.models.loader import build_model, load_model, open_checkpoint  # noqa: E402
-from treeflash.models.step import StepInput  # noqa: E402
+from treeflash.models.loader import build_model, load_model, open_checkpoint
+from treeflash.models.step import StepInput
 
 PROMPTS = [
     "Write a Python function that reverses a string.",

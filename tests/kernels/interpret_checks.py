@@ -164,21 +164,6 @@ def check_attention_all_visible(fmt_k: str, fmt_v: str, num_new: int, splits: in
     assert (ref_none - ref).abs().max().item() == 0.0
 
 
-def check_with_options(options: dict, fn, *args) -> None:
-    """Run a check with quant_attention's module options (FUSED_COMBINE, STATIC_SPLIT_CAP, BALANCED_SPLITS) set."""
-    from treeflash.kernels.attention import quant_attention as qa
-
-    saved = {name: getattr(qa, name) for name in options}
-    for name, value in options.items():
-        setattr(qa, name, value)
-    try:
-        fn(*args)
-        fn(*args)  # twice: the fused combine's tickets must be back at zero after each launch
-    finally:
-        for name, value in saved.items():
-            setattr(qa, name, value)
-
-
 def check_attention_rejects_bad_input() -> None:
     from treeflash.kernels.attention.quant_attention import quant_attention
 
@@ -242,27 +227,19 @@ def groups() -> dict[str, dict]:
         "masked_end_decode_q4_0_one_split": (check_attention_masked_end, ("q4_0", "q4_0", 1, 1)),
         # a long buffer: most of the planned splits lie past the end
         "masked_end_decode_long_buffer": (check_attention_masked_end, ("bf16", "q8_0", 1, None, 2048)),
-        # launch options not yet the default: the last split merges the splits; capped splits over a long buffer
-        "fused_combine_decode": (check_with_options, ({"FUSED_COMBINE": True}, check_attention, "q8_0", "tq3_0")),
-        "fused_combine_verify_tree": (check_with_options, ({"FUSED_COMBINE": True}, check_attention, "q4_0", "q8_0", 64, 4, 2, 7, 60, tree, 2)),
-        "fused_combine_masked_end_long": (check_with_options, ({"FUSED_COMBINE": True}, check_attention_masked_end, "bf16", "q8_0", 1, None, 2048)),
-        "split_cap_masked_end_long": (check_with_options, ({"STATIC_SPLIT_CAP": 2, "BALANCED_SPLITS": 0}, check_attention_masked_end, "bf16", "bf16", 3, None, 2048)),
-        "split_cap_fused_masked_end": (check_with_options, ({"STATIC_SPLIT_CAP": 2, "FUSED_COMBINE": True, "BALANCED_SPLITS": 0}, check_attention_masked_end, "q8_0", "q4_0", 1, None, 2048)),
-        # splits over the whole buffer (the static mode before balanced splits)
-        "unbalanced_masked_end_long": (check_with_options, ({"BALANCED_SPLITS": 0}, check_attention_masked_end, "bf16", "q8_0", 4, None, 2048)),
-        # balanced splits (the default in static mode, plan_splits' count): the filled blocks shared equally
-        # whatever the buffer's length (3 splits over a 2048-slot buffer whose end is slot 74 + num_new; more
-        # splits than filled blocks leaves some empty)
-        "balanced_masked_end_long": (check_with_options, ({"BALANCED_SPLITS": 3}, check_attention_masked_end, "bf16", "bf16", 5, None, 2048)),
-        "balanced_decode_empty_splits": (check_with_options, ({"BALANCED_SPLITS": 8}, check_attention_masked_end, "bf16", "q8_0", 1, None, 2048)),
-        "balanced_verify_q4_0_tq3_0": (check_with_options, ({"BALANCED_SPLITS": 2}, check_attention_masked_end, "q4_0", "tq3_0", 6, None)),
+        # balanced splits (static mode: the filled blocks shared equally whatever the buffer's length): 3
+        # splits over a 2048-slot buffer whose end is slot 74 + num_new; more splits than filled blocks
+        # leaves some empty
+        "balanced_masked_end_long": (check_attention_masked_end, ("bf16", "bf16", 5, 3, 2048)),
+        "balanced_decode_empty_splits": (check_attention_masked_end, ("bf16", "q8_0", 1, 8, 2048)),
+        "balanced_verify_q4_0_tq3_0": (check_attention_masked_end, ("q4_0", "tq3_0", 6, 2)),
         # one split writes the output itself (no partials, no combine): tq3_0 V's rotated output, a tree,
         # a long buffer's end
         "one_split_verify_tree_tq3_0_v": (check_attention, ("q8_0", "tq3_0", 64, 6, 2, len(tree), 100, tree, 1)),
         "one_split_masked_end_verify": (check_attention_masked_end, ("bf16", "q4_0", 4, 1)),
         "all_visible_draft_block_bf16": (check_attention_all_visible, ("bf16", "bf16", 16, None)),
         "all_visible_one_split": (check_attention_all_visible, ("bf16", "bf16", 16, 1)),
-        "all_visible_balanced_q8_0": (check_with_options, ({"BALANCED_SPLITS": 3}, check_attention_all_visible, "q8_0", "q8_0", 5, None, 2048)),
+        "all_visible_balanced_q8_0": (check_attention_all_visible, ("q8_0", "q8_0", 5, 3, 2048)),
         "attention_rejects_bad_input": (check_attention_rejects_bad_input, ()),
         # the cache's CUDA path (kernels forced on under the interpreter) against its reference path
         "cache_kernel_path_q8_0_q8_0": (check_cache_kernel_path, ("q8_0", "q8_0")),

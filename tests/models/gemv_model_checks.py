@@ -40,10 +40,10 @@ def main() -> None:
     ids = torch.randint(0, 61, (16,))
     with torch.no_grad():
         ref, n_ref = decode_logits(model, ids, 5)  # no tiny shape in the tables yet: every projection on F.linear
-        # the tiny shapes join the tuned table: o_proj / out_proj [32, 32], down [32, 64] (split-K 2)
-        gemv.TUNED[(32, 32)] = gemv.GemvConfig(8, 32, 1, 4)
-        gemv.TUNED[(32, 64)] = gemv.GemvConfig(8, 16, 2, 2)
-        gemv.TUNED_SWIGLU[(128, 32)] = gemv.GemvConfig(8, 16, 1, 2)  # gate_up [2 x 64, 32]
+        # the tiny shapes join the model's tables: o_proj / out_proj [32, 32], down [32, 64] (split-K 2)
+        model.fuse_projections(gemv_tables=gemv.TUNED.with_entries(
+            linear={(32, 32): gemv.GemvConfig(8, 32, 1, 4), (32, 64): gemv.GemvConfig(8, 16, 2, 2)},
+            swiglu={(128, 32): gemv.GemvConfig(8, 16, 1, 2)}))  # gate_up [2 x 64, 32]
         plain, n_plain = decode_logits(model, ids, 5)
     print(json.dumps({"gemv_err": (plain - ref).abs().max().item(), "scale": ref.abs().max().item(),
                       "gemv_calls_ref": n_ref, "gemv_calls": n_plain}))
@@ -64,10 +64,11 @@ def folded_decode_main() -> None:
         ours.fuse_projections(folded_rows=0, folded_decode=True)
         layer = ours.model.layers[0]
         hidden = layer.self_attn.o_proj.weight.shape[0]
-        gemv.TUNED[tuple(layer.self_attn.qkv_folded.shape)] = gemv.GemvConfig(8, 16, 1, 2)
-        gemv.TUNED[tuple(layer.self_attn.o_proj.weight.shape)] = gemv.GemvConfig(8, 32, 1, 4)
-        gemv.TUNED[tuple(layer.mlp.down_proj.weight.shape)] = gemv.GemvConfig(8, 16, 2, 2)  # split-K: the reducer adds
-        gemv.TUNED_SWIGLU[tuple(layer.mlp.gate_up_folded.shape)] = gemv.GemvConfig(8, 16, 1, 2)
+        ours.fuse_projections(folded_rows=0, folded_decode=True, gemv_tables=gemv.TUNED.with_entries(
+            linear={tuple(layer.self_attn.qkv_folded.shape): gemv.GemvConfig(8, 16, 1, 2),
+                    tuple(layer.self_attn.o_proj.weight.shape): gemv.GemvConfig(8, 32, 1, 4),
+                    tuple(layer.mlp.down_proj.weight.shape): gemv.GemvConfig(8, 16, 2, 2)},  # split-K: the reducer adds
+            swiglu={tuple(layer.mlp.gate_up_folded.shape): gemv.GemvConfig(8, 16, 1, 2)}))
         ids = torch.randint(0, 97, (15,))
         calls = {"add": 0, "rows": 0}
         orig_gemv, orig_swiglu = gemv.gemv, gemv.gemv_swiglu

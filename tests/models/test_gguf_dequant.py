@@ -7,7 +7,6 @@ import torch
 from gguf import GGMLQuantizationType as T
 from gguf import quants
 
-from treeflash.models import gguf_dequant
 from treeflash.models.gguf_dequant import can_dequantize, dequantize, dequantize_rows, nbytes
 from treeflash.models.gguf_synth import random_blocks
 
@@ -29,13 +28,12 @@ def test_quantizable_types_match_reference(qtype):
 
 
 @pytest.mark.parametrize("qtype", MIX_TYPES, ids=lambda t: t.name)
-def test_every_mix_type_reads_finite_and_equal_to_reference(qtype, monkeypatch):
-    """Random blocks with sane scales (gguf_synth); chunked reads (a small MAX_CHUNK_ELEMS) equal one read."""
+def test_every_mix_type_reads_finite_and_equal_to_reference(qtype):
+    """Random blocks with sane scales (gguf_synth); chunked reads (a small max_chunk_elems) equal one read."""
     blocks = random_blocks(qtype, (6, 512), np.random.default_rng(1))  # [6, row bytes]
     ref = quants.dequantize(blocks, qtype)
     assert np.isfinite(ref).all() and 0 < np.abs(ref).max() < 1.0
-    monkeypatch.setattr(gguf_dequant, "MAX_CHUNK_ELEMS", 512)
-    ours = dequantize_rows(torch.from_numpy(blocks), qtype, 512)
+    ours = dequantize_rows(torch.from_numpy(blocks), qtype, 512, max_chunk_elems=512)
     np.testing.assert_array_equal(ours.numpy(), ref)
     assert dequantize(torch.from_numpy(blocks.reshape(-1)), qtype, (6, 512), torch.bfloat16).dtype == torch.bfloat16
 

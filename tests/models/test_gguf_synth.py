@@ -60,9 +60,9 @@ def test_loader_loads_what_it_writes(shape, mix, tmp_path):
 
 
 def test_make_gguf_tool(tmp_path):
-    help_text = subprocess.run([sys.executable, "bench/make_gguf.py", "--help"], cwd=ROOT, capture_output=True, text=True, check=True).stdout
+    help_text = subprocess.run([sys.executable, "-m", "bench.make_gguf", "--help"], cwd=ROOT, capture_output=True, text=True, check=True).stdout
     assert "examples:" in help_text and "--mix" in help_text
-    out = subprocess.run([sys.executable, "bench/make_gguf.py", "--shape", "tiny-llama", "--mix", "q4_k_m", "--out", str(tmp_path / "t.gguf")],
+    out = subprocess.run([sys.executable, "-m", "bench.make_gguf", "--shape", "tiny-llama", "--mix", "q4_k_m", "--out", str(tmp_path / "t.gguf")],
                          cwd=ROOT, capture_output=True, text=True, check=True).stdout
     res = json.loads(out)
     assert res["file_bytes"] == (tmp_path / "t.gguf").stat().st_size > res["tensor_bytes"] > 0

@@ -149,18 +149,17 @@ def test_a_second_fuse_projections_keeps_the_folded_copies_in_place():
     assert target.folded_rows == 0 and all(l.self_attn.qkv_folded is not None for l in layers)
 
 
-@pytest.mark.parametrize("on_gpu,foldable,small,fused_rows,expected", [
-    (True, True, True, 0, True),  # the default model on CUDA: folded (stop 28: +14% decode on the H200)
-    (True, True, False, 0, False),  # a large model keeps its norm launches (the 8B shape lost 2.6%)
-    (True, True, True, 32, False),  # the fused layers need the weights unfolded
-    (True, False, True, 0, False),  # not foldable (q/k/v bias, hybrid): never
-    (False, True, True, 0, False),  # CPU or fp32: never
+@pytest.mark.parametrize("on_gpu,foldable,small,expected", [
+    (True, True, True, True),  # the default model on CUDA: folded (stop 28: +14% decode on the H200)
+    (True, True, False, False),  # a large model keeps its norm launches (the 8B shape lost 2.6%)
+    (True, False, True, False),  # not foldable (q/k/v bias, hybrid): never
+    (False, True, True, False),  # CPU or fp32: never
 ])
-def test_folded_decode_default(on_gpu, foldable, small, fused_rows, expected):
+def test_folded_decode_default(on_gpu, foldable, small, expected):
     """The choice when the caller does not make it (fuse_projections(folded_decode=True / False) forces it)."""
     from treeflash.models.transformer import folded_decode_default
 
-    assert folded_decode_default(on_gpu, foldable, small, fused_rows) is expected
+    assert folded_decode_default(on_gpu, foldable, small) is expected
 
 
 def test_fuse_projections_leaves_a_cpu_model_unfolded(monkeypatch):

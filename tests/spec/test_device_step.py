@@ -13,6 +13,7 @@ from tests.spec.test_dflash_model import random_drafter
 from tests.spec.test_lossless_greedy import run
 from treeflash.models.runner import CudaGraphRunner
 from treeflash.spec.decoder import Decoder
+from treeflash.spec.device_loop import GuardTuning
 from treeflash.spec.device_step import DeviceStep
 from treeflash.spec.dflash import DFlashDrafter
 from treeflash.spec.sampling import SamplingParams
@@ -21,10 +22,11 @@ PROMPT = [5, 9, 2, 6, 5, 3, 5, 8, 9, 7, 9, 3]
 N = 90
 
 
-def setup(target, model, max_len, budget="chain"):
+def setup(target, model, max_len, budget="chain", guard: GuardTuning = GuardTuning()):
     cache = target.new_cache(max_len)
     tree = budget != "chain"
-    drafter = DFlashDrafter(target, model, budget=budget if tree else model.config.block_size - 1, tree=tree)  # "auto": a tree
+    drafter = DFlashDrafter(target, model, budget=budget if tree else model.config.block_size - 1, tree=tree,  # "auto": a tree
+                            guard=guard)
     runner = CudaGraphRunner(target, cache, capture_layers=drafter.capture_layers, use_graphs=False)
     drafter.bind_runner(runner)
     return cache, drafter, runner
@@ -180,28 +182,27 @@ def test_padded_pass_equals_the_exact_pass():
 def test_auto_budget_drafts_on_the_device_and_falls_back_when_slower(monkeypatch):
     """--budget auto: greedy steps run on the device at AUTO_BUDGET nodes; when they commit tokens
     slower than plain decoding would (here: a plain step timed as free), the request decodes plainly
-    after AUTO_EARLY_STEPS (losing by a margin) or AUTO_CHECK_STEPS device steps, still token-identical."""
-    from treeflash.spec import device_loop, device_step
+    after GuardTuning.early_steps (losing by a margin) or check_steps device steps, still token-identical."""
+    from treeflash.spec import device_step
 
     _, target = make_pair("qwen3")
     model = random_drafter(target)
     ref, _ = run(target, PROMPT, N)
     cache, drafter, runner = setup(target, model, len(PROMPT) + N + 80, "auto")
-    assert drafter.tuner is not None
+    assert drafter.tuner is not None and drafter.loops["device_step"].guard == GuardTuning()
     calls = count_enqueues(monkeypatch)
     monkeypatch.setattr(DeviceStep, "plain_time", lambda self, n: 1e9)  # device steps never lose here
     out, _, kinds, dec = decode(target, cache, drafter, runner, PROMPT, 30, calls)
     assert out == ref[:30] and dec._dev.t == device_step.AUTO_BUDGET + 1 and len(calls) > 10
     assert drafter.describe()["device_step_budget"] == device_step.AUTO_BUDGET
     assert not dec._dev_off
-    # the early check (AUTO_EARLY_STEPS, losing by AUTO_EARLY_MARGIN) trips before AUTO_CHECK_STEPS
-    monkeypatch.setattr(device_loop, "AUTO_EARLY_STEPS", 4)
+    # the early check (early_steps, losing by early_margin) trips before check_steps
+    cache, drafter, runner = setup(target, model, len(PROMPT) + N + 80, "auto", GuardTuning(early_steps=4))
     monkeypatch.setattr(DeviceStep, "plain_time", lambda self, n: 1e-9)
     calls.clear()
     out, _, kinds, dec = decode(target, cache, drafter, runner, PROMPT, 30, calls)
     assert out == ref[:30] and dec._dev_off and 4 <= len(calls) <= 6
-    monkeypatch.setattr(device_loop, "AUTO_EARLY_STEPS", 8)
-    monkeypatch.setattr(device_loop, "AUTO_CHECK_STEPS", 5)
+    cache, drafter, runner = setup(target, model, len(PROMPT) + N + 80, "auto", GuardTuning(early_steps=8, check_steps=5))
     calls.clear()
     verifies, ahead = [], []
     forward, enqueue_greedy = runner.forward, runner.enqueue_greedy
@@ -213,6 +214,13 @@ def test_auto_budget_drafts_on_the_device_and_falls_back_when_slower(monkeypatch
     # plain steps after the device steps lost, pipelined as without a drafter: one step fed from the host,
     # the rest by the step before on the device (enqueue_greedy(None))
     assert verifies[-1] is False and ahead[0] is not None and ahead.count(None) > 30
+
+
+def test_guard_tuning_rejects_bad_values():
+    for bad in (dict(check_steps=0), dict(early_steps=-1), dict(early_margin=0.5), dict(losses_in_row=0),
+                dict(skip_requests=-1), dict(check_steps=2.5)):
+        with pytest.raises(ValueError, match="GuardTuning"):
+            GuardTuning(**bad)
 
 
 @pytest.mark.parametrize("types", [("q8_0", "q4_0"), ("tq3_0", "q8_0")])
@@ -249,17 +257,15 @@ def test_compressed_caches_commit_on_the_device(types, monkeypatch):
 
 
 def test_auto_skips_device_steps_after_requests_that_lost(monkeypatch):
-    """--budget auto across requests: after AUTO_LOSSES_IN_ROW requests whose device steps lost, the
-    next AUTO_SKIP_REQUESTS decode plainly from their first token (no device step, token-identical),
+    """--budget auto across requests: after GuardTuning.losses_in_row requests whose device steps lost,
+    the next skip_requests decode plainly from their first token (no device step, token-identical),
     then one probes with device steps again; a request whose device steps win resets the count."""
-    from treeflash.spec import device_loop
-
     _, target = make_pair("qwen3")
     model = random_drafter(target)
     ref, _ = run(target, PROMPT, 40)
-    cache, drafter, runner = setup(target, model, len(PROMPT) + N + 80, "auto")
-    monkeypatch.setattr(device_loop, "AUTO_EARLY_STEPS", 3)
-    monkeypatch.setattr(device_loop, "AUTO_SKIP_REQUESTS", 2)
+    # losing requests trip the early check at 3 steps; a winning one gives its verdict at 4
+    guard = GuardTuning(early_steps=3, skip_requests=2, check_steps=4)
+    cache, drafter, runner = setup(target, model, len(PROMPT) + N + 80, "auto", guard)
     calls = count_enqueues(monkeypatch)
     monkeypatch.setattr(DeviceStep, "plain_time", lambda self, n: 1e-9)  # device steps always lose
     per_request = []
@@ -271,7 +277,6 @@ def test_auto_skips_device_steps_after_requests_that_lost(monkeypatch):
     # two losing requests, two skipped (no device step at all), a probe that loses, a skipped one
     assert [n > 0 for n in per_request] == [True, True, False, False, True, False]
     monkeypatch.setattr(DeviceStep, "plain_time", lambda self, n: 1e9)  # now they win
-    monkeypatch.setattr(device_loop, "AUTO_CHECK_STEPS", 4)
     calls.clear()
     decode(target, cache, drafter, runner, PROMPT, 40, calls)  # skipped still (the 2nd of 2)
     assert len(calls) == 0

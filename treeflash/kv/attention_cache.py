@@ -161,11 +161,6 @@ def grouped_attention(
     return out.view(hkv, t, g, d).permute(1, 0, 2, 3).reshape(t, h, d)
 
 
-# graphed attention reads the cache only up to the step's last slot (quant_attention_masked's slots);
-# False reads the whole buffer under the key mask (how it was measured before: bench/gpu_speed.py --no-static-end)
-STATIC_END = True
-
-
 def static_buffer_attention(
     q: torch.Tensor,  # [T, H, D]
     keys: torch.Tensor,  # [>= S, Hkv, D] a whole cache buffer (written through the step's slots)
@@ -187,11 +182,10 @@ def static_buffer_attention(
     name = {torch.bfloat16: "bf16", torch.float16: "f16"}.get(keys.dtype)
     d = q.shape[-1]
     kernel = q.is_cuda and name is not None and values.dtype == keys.dtype and q.shape[0] <= 128 and d in (32, 64, 128, 256)
-    if key_mask is None and not (kernel and STATIC_END):  # the kernel stops at slots[-1] only with STATIC_END
+    if key_mask is None and not kernel:  # (the kernel reads up to slots[-1] without a mask)
         key_mask = visible_up_to(slots, q.shape[0], keys.shape[0])
     if kernel:
-        return quant_attention_masked(q, Planes(name, None, keys), Planes(name, None, values), key_mask, scale,
-                                      slots=slots if STATIC_END else None)
+        return quant_attention_masked(q, Planes(name, None, keys), Planes(name, None, values), key_mask, scale, slots=slots)
     s = key_mask.shape[-1]
     return fallback(q, keys[:s].to(q.dtype), values[:s].to(q.dtype), key_mask, scale)
 

@@ -18,7 +18,6 @@ from typing import TYPE_CHECKING
 import torch
 
 from treeflash.kernels.kv import kv_formats as formats
-from treeflash.kv import attention_cache
 from treeflash.kv.attention_cache import attention_reference, new_token_attention
 
 if TYPE_CHECKING:
@@ -171,8 +170,7 @@ class QuantizedAttentionCache:
         if self.use_kernels and q.shape[0] <= MAX_KERNEL_TOKENS:
             from treeflash.kernels.attention.quant_attention import quant_attention_masked
 
-            return quant_attention_masked(q, self._key_planes(), self.v.planes(), key_mask, scale,
-                                          slots=slots if attention_cache.STATIC_END else None)
+            return quant_attention_masked(q, self._key_planes(), self.v.planes(), key_mask, scale, slots=slots)
         length = key_mask.shape[-1]
         keys, values = self.k.read(length, q.dtype), self.v.read(length, q.dtype)
         return attention_reference(self._reference_query(q), keys, values, key_mask, scale, static=True)

@@ -6,20 +6,13 @@ import torch
 from torch import nn
 
 from treeflash.kernels.pointwise.activation import sigmoid_gate
-from treeflash.kernels.linear.fused import linear_fused
 from treeflash.kernels.pointwise.norm import scale_rows
 from treeflash.kernels.pointwise.rotary import norm_rotary
-from treeflash.kernels.linear import projection
+from treeflash.kernels.linear import gemv, projection
 from treeflash.kv.attention_cache import AttentionCache
 from treeflash.models.config import ModelConfig
 from treeflash.models.layers import RMSNorm, fuse_linears, fuse_packed_runs, packed_outputs
 from treeflash.models.step import StepInput
-
-
-# The fused layers' q/k/v projection with the RMSNorm as its prologue (kernels/linear/fused.py). Off: at SmolLM2's
-# shape on the H200 (33 rows, weights from memory: bench/results/s22/gpu_linear_smol_cold.json) it took 6.8 us
-# against 5.9 for the norm kernel + cuBLAS
-QKV_NORM_PROLOGUE = False
 
 
 class Attention(nn.Module):
@@ -44,6 +37,7 @@ class Attention(nn.Module):
         self.register_buffer("qkv_bias", None, persistent=False)
         self.register_buffer("qkv_folded", None, persistent=False)  # [q_out + 2 * kv_out, hidden]: fold_norm
         self.qkv_packed = None  # q, k and v fused: one Int4Linear (models.int4_linear), or PackedRuns of QuantLinear
+        self.gemv_tables = gemv.TUNED  # which one-row projections take the GEMVs (CausalLM.fuse_projections)
 
     def fuse(self) -> None:
         """One GEMV for q, k and v: the three weights (and biases) become views of one tensor."""
@@ -66,13 +60,13 @@ class Attention(nn.Module):
         projection reads s itself (qkv_folded), the rotary kernel applies 1 / rms(s), and o_proj adds
         into s in its GEMM (beta = 1). Two launches fewer than norm + projection + add."""
         n = s.shape[0]
-        q, k, v = projection.folded(s, self.qkv_folded).split(
+        q, k, v = projection.folded(s, self.qkv_folded, tables=self.gemv_tables).split(
             [self.q_proj.weight.shape[0], self.k_proj.weight.shape[0], self.v_proj.weight.shape[0]], dim=-1)
         q = q.view(n, self.num_heads, self.head_dim)
         k = k.view(n, self.num_kv_heads, self.head_dim)
         v = v.view(n, self.num_kv_heads, self.head_dim)
         out = self._attend(q, k, v, rope, step, cache, rows=(s, norm_eps))
-        return projection.folded(out, self.o_proj.weight, add_into=s)
+        return projection.folded(out, self.o_proj.weight, add_into=s, tables=self.gemv_tables)
 
     def _attend(self, q, k, v, rope, step: StepInput, cache: AttentionCache, rows=None) -> torch.Tensor:
         """q [T, H, D], k, v [T, Hkv, D] before qk-norm and rotary -> attention output [T, H * D]; the
@@ -99,23 +93,15 @@ class Attention(nn.Module):
         rope: tuple[torch.Tensor, torch.Tensor],  # cos, sin: [T, rotary_dim]
         step: StepInput,
         cache: AttentionCache,
-        norm: RMSNorm | None = None,  # fused path: x is the residual stream, normed inside the qkv GEMV
-        residual: torch.Tensor | None = None,  # fused path: returns residual + o_proj(...)
     ) -> torch.Tensor:  # [T, hidden]
         n = x.shape[0]
-        if norm is not None and not QKV_NORM_PROLOGUE:  # fused layers: the norm, then one projection
-            q, k, v = projection.linear(norm(x), self.qkv_weight, self.qkv_bias).split(
-                [self.q_proj.weight.shape[0], self.k_proj.weight.shape[0], self.v_proj.weight.shape[0]], dim=-1)
-        elif norm is not None:
-            q, k, v = norm.linear(x, self.qkv_weight, self.qkv_bias).split(
-                [self.q_proj.weight.shape[0], self.k_proj.weight.shape[0], self.v_proj.weight.shape[0]], dim=-1)
-        elif self.qkv_packed is not None:
+        if self.qkv_packed is not None:
             q, k, v = packed_outputs(self.qkv_packed, x, [self.q_proj.out_features, self.k_proj.out_features, self.v_proj.out_features])
         elif self.qkv_weight is not None:
-            q, k, v = projection.linear(x, self.qkv_weight, self.qkv_bias).split(
+            q, k, v = projection.linear(x, self.qkv_weight, self.qkv_bias, self.gemv_tables).split(
                 [self.q_proj.weight.shape[0], self.k_proj.weight.shape[0], self.v_proj.weight.shape[0]], dim=-1)
         else:
-            q, k, v = (projection.apply(p, x) for p in (self.q_proj, self.k_proj, self.v_proj))  # apply: CPU row padding
+            q, k, v = (projection.apply(p, x, self.gemv_tables) for p in (self.q_proj, self.k_proj, self.v_proj))  # apply: CPU row padding
         gate = None
         if self.gated:  # q_proj yields [q | gate] per head; gate: [T, H, D], a strided view
             q, gate = q.view(n, self.num_heads, 2 * self.head_dim).chunk(2, dim=-1)
@@ -126,6 +112,4 @@ class Attention(nn.Module):
         out = self._attend(q, k, v, rope, step, cache)
         if gate is not None:
             out = sigmoid_gate(out, gate)
-        if residual is not None:
-            return linear_fused(out, self.o_proj.weight, residual=residual)
-        return projection.apply(self.o_proj, out)
+        return projection.apply(self.o_proj, out, self.gemv_tables)

@@ -15,7 +15,6 @@ from treeflash.models.rope import parse_scaling
 ARCHITECTURES = ("llama", "qwen2", "qwen3", "qwen3_5")
 FULL_ATTENTION = "full_attention"
 LINEAR_ATTENTION = "linear_attention"
-SLIDING_ATTENTION = "sliding_attention"
 
 
 @dataclass(frozen=True)

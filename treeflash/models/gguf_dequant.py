@@ -64,6 +64,7 @@ def dequantize(
     ggml_type: int,
     shape: tuple[int, ...],  # torch order (outermost first)
     dtype: torch.dtype = torch.float32,
+    max_chunk_elems: int = MAX_CHUNK_ELEMS,  # values dequantized at once
 ) -> torch.Tensor:  # shape, dtype, on raw's device
     if not can_dequantize(ggml_type):
         raise ValueError(f"unsupported tensor type {type_name(ggml_type)} (no dequantizer in gguf-py); readable: {', '.join(readable_types())}")
@@ -75,7 +76,7 @@ def dequantize(
         return raw.view(FLOAT_TYPES[ggml_type]).reshape(shape).to(dtype)
     elems, size = block_layout(ggml_type)
     blocks = raw.view(-1, size)  # [n_blocks, block_bytes]
-    step = max(1, MAX_CHUNK_ELEMS // elems)
+    step = max(1, max_chunk_elems // elems)
     qtype = T(ggml_type)
     out = torch.empty(blocks.shape[0], elems, dtype=dtype, device=raw.device)
     for i in range(0, blocks.shape[0], step):
@@ -90,5 +91,6 @@ def dequantize_rows(
     ggml_type: int,
     k: int,
     dtype: torch.dtype = torch.float32,
+    max_chunk_elems: int = MAX_CHUNK_ELEMS,
 ) -> torch.Tensor:  # [N, K] dtype, on blocks' device
-    return dequantize(blocks.reshape(-1), ggml_type, (blocks.shape[0], k), dtype)
+    return dequantize(blocks.reshape(-1), ggml_type, (blocks.shape[0], k), dtype, max_chunk_elems)

@@ -7,9 +7,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from treeflash.kernels.pointwise.activation import silu_mul
-from treeflash.kernels.linear.fused import linear_fused
 from treeflash.kernels.pointwise.norm import rmsnorm
-from treeflash.kernels.linear import projection
+from treeflash.kernels.linear import gemv, projection
 from treeflash.models.config import ModelConfig
 from treeflash.models.rope import inv_freq_and_scale
 from treeflash.models.packed_linear import PackedLinear
@@ -43,10 +42,6 @@ class RMSNorm(nn.Module):
         if into is not None and into.shape == folded.shape and into.dtype == folded.dtype and into.device == folded.device:
             return into.copy_(folded)
         return folded
-
-    def linear(self, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
-        """linear(norm(x), weight, bias) as one kernel (kernels/linear/fused.py): x [T, dim] -> [T, out]."""
-        return linear_fused(x, weight, bias, self.weight, self.eps, self.unit_offset)
 
     def add_forward(self, x: torch.Tensor, residual: torch.Tensor | None,
                     out: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
@@ -194,6 +189,7 @@ class MLP(nn.Module):
         self.register_buffer("gate_up", None, persistent=False)  # [2 * inner, hidden] once fused (gate_proj/up_proj become views)
         self.register_buffer("gate_up_folded", None, persistent=False)  # the same times the norm's scale: fold_norm
         self.gate_up_packed = None  # one PackedLinear for gate and up (models.int4_linear, models.quant_linear)
+        self.gemv_tables = gemv.TUNED  # which one-row projections take the GEMVs (CausalLM.fuse_projections)
 
     def fuse(self) -> None:
         """One GEMV for gate and up: the two weights become views of one [2I, H] tensor."""
@@ -212,18 +208,14 @@ class MLP(nn.Module):
     def forward_folded(self, s: torch.Tensor, norm_eps: float) -> torch.Tensor:
         """s + down(swiglu(gate_up(norm(s)))) with s updated in place: gate_up_folded reads s itself, the
         SiLU-mul applies 1 / rms(s), and down adds into s in its GEMM (beta = 1). s: [T, hidden]."""
-        act = projection.folded_swiglu(s, self.gate_up_folded, norm_eps)  # [T, inner]
-        return projection.folded(act, self.down_proj.weight, add_into=s)
-
-    def forward_fused(self, s: torch.Tensor, norm: RMSNorm) -> torch.Tensor:
-        """s + down(swiglu(gate_up(norm(s)))) in two kernels; needs fuse(). s: [T, hidden]."""
-        act = linear_fused(s, self.gate_up, None, norm.weight, norm.eps, norm.unit_offset, swiglu=True)  # [T, inner]
-        return linear_fused(act, self.down_proj.weight, residual=s)
+        act = projection.folded_swiglu(s, self.gate_up_folded, norm_eps, self.gemv_tables)  # [T, inner]
+        return projection.folded(act, self.down_proj.weight, add_into=s, tables=self.gemv_tables)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.gate_up_packed is not None:
             return self.down_proj(silu_mul(self.gate_up_packed(x)))
         if self.gate_up is not None:
-            return projection.apply(self.down_proj, projection.swiglu(x, self.gate_up))
-        act = F.silu(projection.apply(self.gate_proj, x)) * projection.apply(self.up_proj, x)  # apply: CPU row padding
-        return projection.apply(self.down_proj, act)
+            return projection.apply(self.down_proj, projection.swiglu(x, self.gate_up, self.gemv_tables), self.gemv_tables)
+        t = self.gemv_tables
+        act = F.silu(projection.apply(self.gate_proj, x, t)) * projection.apply(self.up_proj, x, t)  # apply: CPU row padding
+        return projection.apply(self.down_proj, act, t)

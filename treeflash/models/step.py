@@ -28,6 +28,7 @@ class StepInput:
     depths: torch.Tensor | None = None  # [T] long
     # Static (CUDA-graph) mode: the caller keeps the host bookkeeping; attention writes K/V at
     # `slots` and reads the whole cache buffer under `key_mask`, so shapes never change.
+    # (Batched rows, `StepInput.rows`: slots [T] grid columns, key_mask [B, T, L], for kv/batch_rows.py.)
     slots: torch.Tensor | None = None  # [T] long, cache slot of each new token
     key_mask: torch.Tensor | None = None  # [T, max_len] bool, which cache slots each token sees
 
@@ -83,6 +84,19 @@ class StepInput:
             tree_mask=mask.to(dev),
             depths=torch.from_numpy(depth_np).to(dev),
         )
+
+    @staticmethod
+    def rows(input_ids: torch.Tensor, positions: torch.Tensor, columns: torch.Tensor, key_mask: torch.Tensor) -> "StepInput":
+        """A static step over a batch of B independent rows of T tokens each (kv/batch_rows.py's RowsCache):
+        input_ids, positions [B, T] long (each row counts its own positions), columns [T] long (the grid
+        columns every row's tokens go to), key_mask [B, T, L] bool (which columns each row's token sees).
+        The layers see the B * T tokens row-major; only the rows cache's attention tells the rows apart."""
+        b, t = input_ids.shape
+        if positions.shape != (b, t) or columns.shape != (t,) or key_mask.dim() != 3 or key_mask.shape[:2] != (b, t):
+            raise ValueError(f"rows: ids and positions [B, T], columns [T], key_mask [B, T, L]; got {tuple(input_ids.shape)}, "
+                             f"{tuple(positions.shape)}, {tuple(columns.shape)}, {tuple(key_mask.shape)}")
+        return StepInput(input_ids=input_ids.reshape(-1), positions=positions.reshape(-1), start=0, slots=columns,
+                         key_mask=key_mask)
 
     @staticmethod
     def chain(input_ids: torch.Tensor, start: int) -> "StepInput":

@@ -12,6 +12,7 @@ import torch
 from torch import nn
 
 from treeflash.kernels.linear import projection
+from treeflash.kernels.linear.gemv import GemvTables
 from treeflash.kv.cache import ATTENTION, RECURRENT, CacheLayout, CacheSpec, ModelCache
 from treeflash.kv.recurrent_cache import RecurrentShape
 from treeflash.models.attention import Attention
@@ -20,17 +21,15 @@ from treeflash.models.layers import MLP, RMSNorm, Rotary
 from treeflash.models.packed_linear import PackedLinear
 from treeflash.models.step import StepInput
 
-# Steps of 2..FUSED_ROWS tokens (verify trees) may run forward_fused: norms, SwiGLU and residual adds inside
-# Triton projections (kernels/linear/fused.py), only where every projection weight is at most FUSED_WEIGHT_BYTES
-# (tl.dot lost to cuBLAS at the 8B and 27B shapes: docs/performance.md). Off: at SmolLM2's shape, inside the
-# step graphs on the H200, DDTree-32's step took 1.478 ms with them against 1.435 without, and from memory
-# cuBLAS wins each projection at 33 rows (bench/results/s22/fused_layers_ab.json, gpu_linear_smol_cold.json).
-FUSED_ROWS = 0
-FUSED_WEIGHT_BYTES = 8 << 20
+# A "small" model: every projection weight at most this many bytes (the folded paths below are for those).
+# (Measured and removed, docs/journal.md: the fused layers, norms, SwiGLU and residual adds inside Triton
+# projections for verify steps; inside the step graphs on the H200 DDTree-32's step took 1.478 ms with them
+# against 1.435 without.)
+SMALL_WEIGHT_BYTES = 8 << 20
 # Steps of 2..FOLDED_ROWS tokens may run forward_folded: each RMSNorm's scale folded into the projection
 # after it (a second copy of the q/k/v and gate/up weights), its 1 / rms applied by the rotary and SiLU-mul
 # kernels that follow, the residual adds inside cuBLAS (beta = 1): 8 launches a layer instead of 10. For
-# small dense attention-only models (every projection at most FUSED_WEIGHT_BYTES), where the step is
+# small dense attention-only models (every projection at most SMALL_WEIGHT_BYTES), where the step is
 # bound by launches, not bytes; fuse_projections chooses it. 64: the node counts checked on the H200 with
 # the real default model (DDTree-48, bench/results/s23/); the 128-row bucket (trees of 64+ nodes) keeps
 # the norm launches: not timed folded. (Stop 23's sampled NaN was not the folded math: a second Engine's
@@ -51,10 +50,10 @@ FOLDED_ROWS = 64
 ROPE_MARGIN = 256
 
 
-def folded_decode_default(on_gpu: bool, foldable: bool, small: bool, fused_rows: int) -> bool:
+def folded_decode_default(on_gpu: bool, foldable: bool, small: bool) -> bool:
     """fuse_projections' choice of folded decode when the caller does not make it: on CUDA (bf16 / fp16)
-    for a small foldable model, never beside the fused layers (fused_rows > 0 needs the weights unfolded)."""
-    return on_gpu and foldable and small and not fused_rows
+    for a small foldable model."""
+    return on_gpu and foldable and small
 
 
 @dataclass
@@ -84,17 +83,6 @@ class DecoderLayer(nn.Module):
     def forward(self, x, rope, step: StepInput, cache) -> torch.Tensor:
         out, residual = self.forward_residual(x, None, rope, step, cache)
         return out + residual
-
-    def forward_fused(self, s: torch.Tensor, rope, step: StepInput, cache) -> torch.Tensor:
-        """The layer on the materialized residual stream s [T, hidden], with each RMSNorm folded into
-        the projection after it and each residual add into the projection before it
-        (kernels/linear/fused.py): s -> s + mixer(norm(s)) -> that + mlp(norm(that))."""
-        norm = self.input_layernorm
-        if self.layer_type == FULL_ATTENTION:
-            s = self.self_attn(s, rope, step, cache, norm=norm, residual=s)
-        else:
-            s = self.linear_attn(s, step, cache, norm=norm, residual=s)
-        return self.mlp.forward_fused(s, self.post_attention_layernorm)
 
     def forward_folded(self, s: torch.Tensor, rope, step: StepInput, cache) -> torch.Tensor:
         """The layer on the residual stream s [T, hidden], updated in place, with both norms folded into
@@ -135,6 +123,11 @@ class DecoderLayer(nn.Module):
         (self.self_attn if self.layer_type == FULL_ATTENTION else self.linear_attn).fuse()
         self.mlp.fuse()
 
+    def use_gemv_tables(self, tables: GemvTables) -> None:
+        """Which of this layer's one-row projections take the GEMVs (kernels/linear/gemv.py)."""
+        (self.self_attn if self.layer_type == FULL_ATTENTION else self.linear_attn).gemv_tables = tables
+        self.mlp.gemv_tables = tables
+
 
 class Backbone(nn.Module):
     def __init__(self, config: ModelConfig):
@@ -155,52 +148,43 @@ class CausalLM(nn.Module):
         else:
             self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
         self.mtp: nn.Module | None = None  # set by the loader when the checkpoint carries mtp.* weights
-        # steps of 2..fused_rows tokens run forward_fused (norms and residual adds folded into the
-        # projections); 0 = off. fuse_projections chooses it (FUSED_ROWS for small bf16/fp16 models on CUDA).
-        self.fused_rows = 0
         self.folded_rows = 0  # steps of 2..folded_rows tokens run forward_folded (fuse_projections chooses it)
         self.folded_decode = False  # every step runs forward_folded, the weights folded in place (fuse_projections' folded_decode)
 
-    def fuse_projections(self, fused_rows: int | None = None, folded_rows: int | None = None,
-                         folded_decode: bool | None = None) -> "CausalLM":
+    def fuse_projections(self, folded_rows: int | None = None, folded_decode: bool | None = None,
+                         gemv_tables: GemvTables | None = None) -> "CausalLM":
         """Fuse q/k/v, gate/up and the linear-attention input projections into single GEMVs
         (the per-projection parameters become views, so names and loading are unchanged), and
-        choose how many tokens a step may have to take the fused-layer path (None: FUSED_ROWS for
-        bf16/fp16 weights on CUDA whose largest projection is at most FUSED_WEIGHT_BYTES, else 0)
-        and the folded-norm path (None: FOLDED_ROWS under the same condition, for the models
-        foldable() accepts; a positive value needs foldable()), and whether one-token steps take it
+        choose how many tokens a step may have to take the folded-norm path (None: FOLDED_ROWS for
+        bf16/fp16 weights on CUDA whose largest projection is at most SMALL_WEIGHT_BYTES, for the models
+        foldable() accepts, else 0; a positive value needs foldable()), and whether one-token steps take it
         too, the weights folded in place (None: on CUDA for a small foldable model; True / False force it for any
         foldable one; True needs foldable(); once on it stays on: every path then runs folded).
+        gemv_tables: which one-row projection shapes take the GEMVs, with which launch configurations
+        (None: as they are, gemv.TUNED for a new model; a tool's sweep or a test's tiny shapes pass others).
         Call after the weights are placed on their device."""
         for layer in self.model.layers:
             layer.fuse()
+            if gemv_tables is not None:
+                layer.use_gemv_tables(gemv_tables)
         on_gpu = self.device.type == "cuda" and self.dtype in (torch.float16, torch.bfloat16)
         largest = max((p.numel() * p.element_size() for name, p in self.model.layers.named_parameters()
                        if name.endswith("weight") and p.dim() == 2), default=0)
-        packed = self.has_packed()  # GGUF blocks: the fused layers would need `.weight`
-        small = on_gpu and largest <= FUSED_WEIGHT_BYTES and not packed
-        if fused_rows is None:
-            fused_rows = FUSED_ROWS if small else 0
-        if fused_rows and packed:
-            raise ValueError("fuse_projections: the fused layers (fused_rows) need float projection weights; "
-                             "this model keeps some as GGUF blocks or int4 codes")
+        small = on_gpu and largest <= SMALL_WEIGHT_BYTES and not self.has_packed()
         foldable = self.foldable()
         if folded_rows is None:
             folded_rows = FOLDED_ROWS if small and foldable else 0
         if folded_decode is None:
-            folded_decode = self.folded_decode or folded_decode_default(on_gpu, foldable, small, fused_rows)
+            folded_decode = self.folded_decode or folded_decode_default(on_gpu, foldable, small)
         if (folded_rows or folded_decode) and not foldable:
             raise ValueError(f"fuse_projections: folded norms need a dense attention-only model without q/k/v bias, "
                              f"output gate or packed (int4, GGUF block) projections ({self.config.arch})")
-        if folded_decode and fused_rows:
-            raise ValueError("fuse_projections: folded_decode folds the weights in place; the fused layers (fused_rows) "
-                             "need them unfolded")
         if self.folded_decode and not folded_decode:
             raise ValueError("fuse_projections: the norms are folded into this model's weights in place "
                              "(folded_decode); load the model again to run it unfolded")
         for layer in self.model.layers:  # built only where the path is on; refreshed in place on a second call
             layer.fold_norms(bool(folded_rows or folded_decode), in_place=bool(folded_decode))
-        self.fused_rows, self.folded_rows, self.folded_decode = fused_rows, folded_rows, bool(folded_decode)
+        self.folded_rows, self.folded_decode = folded_rows, bool(folded_decode)
         return self
 
     def foldable(self) -> bool:
@@ -288,13 +272,7 @@ class CausalLM(nn.Module):
         x = self.embed(step.input_ids)
         rope = self.rotary.cos_sin(step.positions, x.dtype, limit=cache.max_len)  # positions < max_len
         captured = []
-        if 1 < step.num_tokens <= self.fused_rows:  # one token: the GEMV path (kernels/linear/gemv.py)
-            for i, layer in enumerate(self.model.layers):
-                x = layer.forward_fused(x, rope, step, cache.layers[i])
-                if i in capture_layers:
-                    captured.append(x)
-            hidden = self.model.norm(x)
-        elif 1 < step.num_tokens <= self.folded_rows or self.folded_decode:
+        if 1 < step.num_tokens <= self.folded_rows or self.folded_decode:
             # norms folded into the projections (the stream updated in place; folded_decode: every step)
             for i, layer in enumerate(self.model.layers):
                 x = layer.forward_folded(x, rope, step, cache.layers[i])

@@ -25,7 +25,6 @@ from treeflash.kv.cache import ModelCache
 from treeflash.models.runner import EagerRunner
 from treeflash.models.step import StepInput
 from treeflash.models.transformer import CausalLM
-from treeflash.spec import device_loop
 from treeflash.spec.constrained_tree import NodeMasks, prune
 from treeflash.spec.constraint import Constraint, masked
 from treeflash.spec.device_loop import DeviceLoop, PendingStep
@@ -215,19 +214,19 @@ class Decoder:
         return got.tokens
 
     def _device_losing(self) -> bool:
-        """A guarded loop (--budget auto): after AUTO_CHECK_STEPS device steps, are they slower per token
-        than plain decoding (the loop's plain_time), or after AUTO_EARLY_STEPS already AUTO_EARLY_MARGIN
-        times slower? Then this request decodes plainly from here, and the verdict is recorded for the
-        next requests (DeviceLoop.skip_request)."""
+        """A guarded loop (--budget auto, its GuardTuning g): after g.check_steps device steps, are they
+        slower per token than plain decoding (the loop's plain_time), or after g.early_steps already
+        g.early_margin times slower? Then this request decodes plainly from here, and the verdict is
+        recorded for the next requests (DeviceLoop.skip_request)."""
         start, steps, made, plain_s = self._dev_run
-        early = min(device_loop.AUTO_EARLY_STEPS, device_loop.AUTO_CHECK_STEPS)
-        if not self._dev.guarded or steps < early or made == 0:
+        g = self._dev.guard
+        if not self._dev.guarded or steps < min(g.early_steps, g.check_steps) or made == 0:
             return False
         per_token = (time.perf_counter() - start) / made
-        if per_token > plain_s * (1.0 if steps >= device_loop.AUTO_CHECK_STEPS else device_loop.AUTO_EARLY_MARGIN):
+        if per_token > plain_s * (1.0 if steps >= g.check_steps else g.early_margin):
             self._dev_off = True
             self._dev.record(lost=True)
-        elif steps >= device_loop.AUTO_CHECK_STEPS:
+        elif steps >= g.check_steps:
             self._dev.record(lost=False)
         return self._dev_off
 

@@ -28,20 +28,34 @@ from dataclasses import dataclass
 
 import torch
 
-# --budget auto's guard: after this many device steps, a request whose device steps commit tokens
-# slower than plain decoding would decodes plainly from there (synchronous drafting, the same drafts
-# with more overhead, would be slower still)
-AUTO_CHECK_STEPS = 32
-# ... and earlier, after this many steps, if they are already AUTO_EARLY_MARGIN times slower: a sampled request at
-# temperature 1 on the default model (tau ~1.2, a 2 ms sampled step) spent ~40 ms of its 256 tokens in 32 losing
-# steps (treeflash bench on the H200: 0.86x of plain decoding, bench/results/s22/final/cli_bench_sampled.json)
-AUTO_EARLY_STEPS = 8
-AUTO_EARLY_MARGIN = 1.5
-# ... and across requests of one kind (one loop each): after AUTO_LOSSES_IN_ROW requests in a row whose device
-# steps lost, the next AUTO_SKIP_REQUESTS decode plainly from their first token; then one probes again (a server
-# whose requests sample at temperature 1 would otherwise pay the losing steps on every request)
-AUTO_LOSSES_IN_ROW = 2
-AUTO_SKIP_REQUESTS = 8
+@dataclass(frozen=True)
+class GuardTuning:
+    """--budget auto's guard against plain decoding (a `guarded` loop; the Decoder applies it).
+
+    Within a request: after `check_steps` device steps, a request whose device steps commit tokens
+    slower than plain decoding would decodes plainly from there (synchronous drafting, the same drafts
+    with more overhead, would be slower still); and earlier, after `early_steps`, if they are already
+    `early_margin` times slower: a sampled request at temperature 1 on the default model (tau ~1.2, a
+    2 ms sampled step) spent ~40 ms of its 256 tokens in 32 losing steps (treeflash bench on the H200:
+    0.86x of plain decoding).
+    Across requests of one kind (one loop each): after `losses_in_row` requests in a row whose device
+    steps lost, the next `skip_requests` decode plainly from their first token; then one probes again
+    (a server whose requests sample at temperature 1 would otherwise pay the losing steps on every one)."""
+
+    check_steps: int = 32
+    early_steps: int = 8
+    early_margin: float = 1.5
+    losses_in_row: int = 2
+    skip_requests: int = 8
+
+    def __post_init__(self):
+        for name in ("check_steps", "early_steps", "losses_in_row"):
+            if not (isinstance(getattr(self, name), int) and getattr(self, name) >= 1):
+                raise ValueError(f"GuardTuning.{name} must be an int >= 1, got {getattr(self, name)!r}")
+        if not (isinstance(self.skip_requests, int) and self.skip_requests >= 0):
+            raise ValueError(f"GuardTuning.skip_requests must be an int >= 0, got {self.skip_requests!r}")
+        if not self.early_margin >= 1.0:
+            raise ValueError(f"GuardTuning.early_margin must be >= 1.0, got {self.early_margin!r}")
 
 
 @dataclass
@@ -102,6 +116,7 @@ class DeviceLoop(ABC):
 
     # -- the guard (a loop whose budget is not tuned keeps these defaults) --
     guarded: bool = False  # whether the Decoder checks these steps against plain decoding
+    guard: GuardTuning = GuardTuning()  # how (a guarded loop's own)
 
     def plain_time(self, seq_len: int) -> float:
         """Seconds of one plain decode step at this context (nothing in flight)."""
@@ -116,14 +131,15 @@ class DeviceLoop(ABC):
 
 
 class LossRecord:
-    """The guard's memory across requests of one kind (AUTO_LOSSES_IN_ROW, AUTO_SKIP_REQUESTS)."""
+    """The guard's memory across requests of one kind (GuardTuning.losses_in_row, skip_requests)."""
 
-    def __init__(self) -> None:
+    def __init__(self, guard: GuardTuning) -> None:
+        self.guard = guard
         self.losses = 0  # requests in a row whose device steps lost to plain decoding
         self.skipped = 0  # requests decoded plainly since then
 
     def skip_request(self) -> bool:
-        if self.losses >= AUTO_LOSSES_IN_ROW and self.skipped < AUTO_SKIP_REQUESTS:
+        if self.losses >= self.guard.losses_in_row and self.skipped < self.guard.skip_requests:
             self.skipped += 1
             return True
         self.skipped = 0

@@ -84,7 +84,7 @@ class DeviceStep(LossRecord, DeviceLoop):
         warm-ups write scratch rows and advance recurrent state: build it before a prefill, which resets
         the caches. A sampled step with `filtered` applies top-k and top-p (a sort per node); without,
         it serves only requests that set neither (sampling.needs_order), and draws in one launch."""
-        LossRecord.__init__(self)
+        LossRecord.__init__(self, drafter.guard)  # --budget auto's guard tuning, the drafter's
         self.runner, self.drafter, self.t, self.nodes, self.sampled = runner, drafter, nodes, nodes, sampled
         self.guarded = drafter.tuner is not None  # --budget auto: the guard against plain decoding
         self.filtered = sampled and filtered

@@ -32,7 +32,7 @@ from treeflash.models.default_model import default_drafter_path, is_default_mode
 from treeflash.models.transformer import CausalLM
 from treeflash.spec.budget import BudgetTuner, measure_verify_times, runner_verify_timer
 from treeflash.spec.ddtree import build_tree, sample_tree, tree_from_top
-from treeflash.spec.device_loop import DeviceLoop
+from treeflash.spec.device_loop import DeviceLoop, GuardTuning
 from treeflash.spec.device_step import DeviceStep, supported
 from treeflash.spec.dflash_model import DFlashModel, load_dflash
 from treeflash.spec.drafter import DraftContext, Drafter, DraftOptions, register
@@ -48,10 +48,13 @@ class DFlashDrafter(Drafter):
     # seed_chain off by default: plain best-first accepted more than the top-1-chain seed at every budget, offline on the
     # default model's 20 held-out prompts (bench/ddtree_policy_sim.py, bench/results/s24/ddtree_policy_sim_cpu.json: tau along
     # the decode walk +1.4% at budget 48, +3.9% at 32, +20% at 16; fp32 on the CPU)
-    def __init__(self, target: CausalLM, model: DFlashModel, budget: int | str = "auto", tree: bool = True, seed_chain: bool = False):
+    def __init__(self, target: CausalLM, model: DFlashModel, budget: int | str = "auto", tree: bool = True, seed_chain: bool = False,
+                 guard: GuardTuning = GuardTuning()):
+        """guard: --budget auto's guard against plain decoding (its device steps' GuardTuning)."""
         c = model.config
         _check_pair(target, model)
         self.target, self.model, self.tree, self.seed_chain = target, model.fuse(), tree, seed_chain  # fewer GEMMs a layer
+        self.guard = guard
         self.capture_layers = tuple(c.target_layer_ids)
         self.max_depth = c.block_size - 1
         # HF's hidden_states[-1] (what the reference trains on) is after the target's final norm

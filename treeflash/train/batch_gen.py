@@ -11,18 +11,18 @@ Gumbel-max sampling above it; a row ends at its first end token (kept), or at ma
 
 Layout: rows b, columns j of one [B, L] grid, L = the call's widest prompt W + max_new_tokens.
 Prompt row b sits right-aligned in columns [W - len_b, W); new token n of every row goes to column
-W + n. K/V caches [B, Hkv, L, D] per layer; grouped-query attention reads them without repeating:
-the G query heads of a kv head become G query rows of one SDPA call.
+W + n. The model runs its own layers over the B rows (CausalLM.forward_layers with StepInput.rows);
+the K/V caches are kv/batch_rows.py's [B, Hkv, L, D] per layer, where the rows' attention happens.
 """
 
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 
+from treeflash.kv.batch_rows import RowsCache
 from treeflash.models.config import FULL_ATTENTION
-from treeflash.models.layers import apply_rotary
 from treeflash.models.runner import capture_graph
+from treeflash.models.step import StepInput
 from treeflash.models.transformer import CausalLM
 from treeflash.train.data import Generated
 
@@ -49,33 +49,13 @@ class BatchGenerator:
     # -- the computation (eager for the prompt, captured for a decode step) --
 
     def _forward(self, ids: torch.Tensor, pos: torch.Tensor, cols: torch.Tensor, mask: torch.Tensor,
-                 caches: list[tuple[torch.Tensor, torch.Tensor]]) -> torch.Tensor:
-        """ids, pos: [B, T] long; cols: [T] long, the grid columns they fill; mask: [B, 1, G*T or 1, L]
-        bool (which columns each query sees) -> logits of the last column [B, vocab] fp32."""
-        m = self.model
+                 cache: RowsCache) -> torch.Tensor:
+        """ids, pos: [B, T] long; cols: [T] long, the grid columns they fill; mask: [B, T, L] bool (which
+        columns each token sees) -> logits of the last column [B, vocab] fp32. The model's own layers
+        (CausalLM.forward_layers) over a batched-rows step: every row its own positions and mask."""
         b, t = ids.shape
-        x = m.embed(ids)  # [B, T, hidden]
-        cos, sin = m.rotary.cos_sin(pos.reshape(-1), x.dtype)  # [B*T, rotary_dim]
-        for layer, (kc, vc) in zip(m.model.layers, caches):
-            attn = layer.self_attn
-            h = layer.input_layernorm(x)
-            q = F.linear(h, attn.q_proj.weight, attn.q_proj.bias).view(b * t, -1, self.head_dim)
-            k = F.linear(h, attn.k_proj.weight, attn.k_proj.bias).view(b * t, self.hkv, self.head_dim)
-            v = F.linear(h, attn.v_proj.weight, attn.v_proj.bias).view(b, t, self.hkv, self.head_dim)
-            if attn.q_norm is not None:
-                q, k = attn.q_norm(q), attn.k_norm(k)
-            q = apply_rotary(q, cos, sin).view(b, t, self.hkv, self.group, self.head_dim)
-            k = apply_rotary(k, cos, sin).view(b, t, self.hkv, self.head_dim)
-            kc.index_copy_(2, cols, k.transpose(1, 2))  # [B, Hkv, T, D] into columns `cols`
-            vc.index_copy_(2, cols, v.transpose(1, 2))
-            q = q.permute(0, 2, 3, 1, 4).reshape(b, self.hkv, self.group * t, self.head_dim)  # row g*T + t'
-            o = F.scaled_dot_product_attention(q, kc, vc, attn_mask=mask, scale=attn.scale)  # [B, Hkv, G*T, D]
-            o = o.view(b, self.hkv, self.group, t, self.head_dim).permute(0, 3, 1, 2, 4).reshape(b, t, -1)
-            x = x + F.linear(o, attn.o_proj.weight)
-            h = layer.post_attention_layernorm(x)
-            mlp = layer.mlp
-            x = x + F.linear(F.silu(F.linear(h, mlp.gate_proj.weight)) * F.linear(h, mlp.up_proj.weight), mlp.down_proj.weight)
-        return m.head(m.model.norm(x[:, -1]))  # [B, vocab]
+        last = torch.arange(b, device=ids.device) * t + (t - 1)  # [B]: each row's last token
+        return self.model.forward_layers(StepInput.rows(ids, pos, cols, mask), cache, logits_at=last).logits
 
     def _pick(self, logits: torch.Tensor, temperature: float) -> torch.Tensor:
         if temperature <= 0:
@@ -103,8 +83,7 @@ class BatchGenerator:
         start = (w - lens)[:, None]  # [B, 1]: each row's first prompt column
         valid = (col[None, :] >= start) & (col[None, :] < w)  # [B, L]: the prompt's tokens (a new column joins when written)
         pos = (col[None, :w] - start).clamp(min=0)  # [B, W]
-        caches = [(torch.zeros(b, self.hkv, width, self.head_dim, dtype=m.dtype, device=dev),
-                   torch.zeros(b, self.hkv, width, self.head_dim, dtype=m.dtype, device=dev)) for _ in range(m.config.num_layers)]
+        cache = RowsCache.zeros(b, m.config.num_layers, self.hkv, width, self.head_dim, m.dtype, dev)
         if temperature > 0:
             torch.manual_seed(seed)
         # the prompt, PREFILL_MASK elements of attention mask at a time (rows of the batch): query
@@ -115,8 +94,7 @@ class BatchGenerator:
         for r0 in range(0, b, rows):
             r1 = min(b, r0 + rows)
             see = (causal & valid[r0:r1, None, :]) | (col[None, :w, None] == col[None, None, :])  # [R, W, L]
-            see = see[:, None].expand(r1 - r0, self.group, w, width).reshape(r1 - r0, 1, self.group * w, width)
-            logits.append(self._forward(ids[r0:r1], pos[r0:r1], col[:w], see, [(k[r0:r1], v[r0:r1]) for k, v in caches]))
+            logits.append(self._forward(ids[r0:r1], pos[r0:r1], col[:w], see, cache.rows(r0, r1)))
         logits = torch.cat(logits)
         out = torch.zeros(b, max_new_tokens, dtype=torch.long, device=dev)
         tok = self._pick(logits, temperature)  # [B]
@@ -129,7 +107,7 @@ class BatchGenerator:
         def step():
             s = state
             s["valid"].index_fill_(1, s["slot"], True)
-            lg = self._forward(s["tok"][:, None], s["pos"][:, None], s["slot"], s["valid"][:, None, None, :], caches)
+            lg = self._forward(s["tok"][:, None], s["pos"][:, None], s["slot"], s["valid"][:, None, :], cache)
             nxt = self._pick(lg, temperature)
             out.index_copy_(1, s["n"], nxt[:, None])
             s["done"] |= (nxt[:, None] == self.eos[None, :]).any(-1)

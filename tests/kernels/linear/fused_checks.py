@@ -128,36 +128,7 @@ def check_gdn() -> dict:
     o = recurrent_step(yr, a, b, alog, dtb, s1, hk, dk, dv)
     orf = recurrent_step_ref(yr, a, b, alog, dtb, s2, hk, dk, dv)
     out["recurrent_step"] = max((o - orf).abs().max().item(), (s1 - s2).abs().max().item())
-    out.update(check_gdn_fused())
     return out
-
-
-def check_gdn_fused() -> dict:
-    """decode_step (one launch) bit for bit against conv_step + recurrent_step over consecutive steps:
-    outputs, window and state, with a group of 3 v heads per k head (as 27B: 48 / 16) and of 1, two
-    v blocks per head (more programs per k head's ticket), fp32 and bf16 windows."""
-    from treeflash.kernels.gdn.gdn_decode import _ticket_buffer, conv_step, decode_step, recurrent_step
-
-    out = {}
-    for hk, hv, dk, dv, dtype in ((2, 6, 16, 64, torch.float32), (2, 2, 16, 32, torch.float32),
-                                  (2, 6, 16, 32, torch.bfloat16)):
-        c = 2 * hk * dk + hv * dv
-        w = torch.randn(c, 4).to(dtype)
-        win1 = torch.randn(c, 3).to(dtype)
-        win2 = win1.clone()
-        alog, dtb = torch.randn(hv) * 0.3, torch.randn(hv)
-        s1 = torch.randn(hv, dk, dv) * 0.1
-        s2 = s1.clone()
-        same = True
-        for _ in range(4):
-            x, a, b = torch.randn(c).to(dtype), torch.randn(hv), torch.randn(hv)
-            o1 = recurrent_step(conv_step(x, win1, w), a, b, alog, dtb, s1, hk, dk, dv)
-            o2 = decode_step(x, win2, w, a, b, alog, dtb, s2, hk, dk, dv)
-            same &= torch.equal(o1, o2) and torch.equal(win1, win2) and torch.equal(s1, s2)
-        same &= not _ticket_buffer(win2.device, hk).any().item()  # counters back to 0
-        out[f"decode_step_g{hv // hk}_dv{dv}_{str(dtype)[6:]}_bitwise"] = 0.0 if same else 1.0
-    return out
-
 
 
 def tree_mask_of(parents: list[int], pad_to: int) -> torch.Tensor:

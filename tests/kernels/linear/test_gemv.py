@@ -30,23 +30,42 @@ def test_gemv_swiglu_matches_reference(dtype, rel):
     assert_cases((dtype, "swiglu"), 3, rel, check_same=False)
 
 
-def test_projection_routing():
-    """projection.linear sends one row of a tuned shape to gemv, and only then (several rows: cuBLAS)."""
+def test_projection_routing(monkeypatch):
+    """projection.linear sends one row of a shape in the given tables to gemv, with that entry's
+    configuration, and only then (several rows, other shapes, the default tables: cuBLAS)."""
     from treeflash.kernels.linear import gemv as g
     from treeflash.kernels.linear import projection
 
     w = torch.randn(8, 16)
-    saved = (g.TUNED.copy(), projection._interpreting)
-    g.TUNED[(8, 16)] = g.GemvConfig(4, 16, 1, 1)
-    projection._interpreting = lambda: True
-    try:
-        assert projection._takes_gemv(torch.randn(1, 16), w) and not projection._takes_gemv(torch.randn(4, 16), w)
-        assert not projection._takes_gemv(torch.randn(1, 16), torch.randn(8, 15).t().contiguous().t())  # strided
-        assert not projection._takes_gemv(torch.randn(1, 12), torch.randn(9, 12))  # not a tuned shape
-    finally:
-        g.TUNED.clear()
-        g.TUNED.update(saved[0])
-        projection._interpreting = saved[1]
+    cfg = g.GemvConfig(4, 16, 1, 1)
+    tables = g.TUNED.with_entries(linear={(8, 16): cfg})
+    assert (8, 16) in tables.linear and (8, 16) not in g.TUNED.linear  # a new table; the shipped one unchanged
+    table = tables.linear
+    monkeypatch.setattr(projection, "_interpreting", lambda: True)
+    assert projection._takes_gemv(torch.randn(1, 16), w, table) and not projection._takes_gemv(torch.randn(4, 16), w, table)
+    assert not projection._takes_gemv(torch.randn(1, 16), torch.randn(8, 15).t().contiguous().t(), table)  # strided
+    assert not projection._takes_gemv(torch.randn(1, 12), torch.randn(9, 12), table)  # not a tuned shape
+    seen = []
+    monkeypatch.setattr(g, "gemv", lambda x, weight, bias=None, config=None, add_into=None: seen.append(config) or x @ weight.t())
+    projection.linear(torch.randn(1, 16), w, tables=tables)
+    projection.linear(torch.randn(1, 16), w)  # the shipped tables: no entry, cuBLAS
+    assert seen == [cfg]
+
+
+def test_gemv_tables_are_read_only_and_validated():
+    from treeflash.kernels.linear import gemv as g
+
+    with pytest.raises(TypeError):
+        g.TUNED.linear[(8, 16)] = g.GemvConfig(4, 16, 1, 1)
+    with pytest.raises(ValueError, match="split_k 1"):
+        g.GemvTables(swiglu={(8, 16): g.GemvConfig(4, 16, 2, 1)})
+    with pytest.raises(ValueError, match="weight shapes"):
+        g.GemvTables(linear={(8, 0): g.GemvConfig(4, 16, 1, 1)})
+    assert g.TUNED.without_swiglu().swiglu == {} and g.TUNED.without_swiglu().linear == g.TUNED.linear
+    import copy
+    import pickle
+
+    assert copy.deepcopy(g.TUNED) is g.TUNED and pickle.loads(pickle.dumps(g.TUNED)) == g.TUNED  # a model deep-copies
 
 
 def test_gemv_rejects_bad_input():

@@ -9,8 +9,8 @@ import torch
 
 
 def main() -> None:
-    from treeflash.kernels.spec.commit import (RowTable, commit_rows, commit_rows_reference, commit_rows_table, conv_window_commit,
-                                          conv_window_commit_reference)
+    from treeflash.kernels.spec.commit import (RowTable, commit_rows_table, conv_window_commit, conv_window_commit_reference,
+                                               move_rows_reference)
 
     torch.manual_seed(0)
     out = {}
@@ -28,8 +28,8 @@ def main() -> None:
         k = torch.randn(40, 2, w).to(dtype)
         v = torch.randn(40, 2, w).to(dtype)
         k2, v2 = k.clone(), v.clone()
-        commit_rows(k, v, dest, src, n)
-        commit_rows_reference(k2, v2, dest, src, n)
+        commit_rows_table(RowTable([k, v]), dest, src, n)  # one layer's K and V
+        move_rows_reference((k2, v2), dest, src, n)
         out[f"rows_{name}"] = bool(torch.equal(k, k2) and torch.equal(v, v2))
     # one table over several layers' K and V (bf16 and fp32 buffers of one row size in bytes: copied as int16):
     # every buffer's kept rows in one launch

@@ -20,7 +20,9 @@ def test_commit_kernels_reject_bad_input():
     commit._interpreting = lambda: True  # the wrappers' checks run before any launch
     try:
         with pytest.raises(ValueError, match="row size"):
-            commit.commit_rows(torch.zeros(4, 8), torch.zeros(4, 6), torch.arange(2), torch.arange(2), torch.tensor([2]))
+            commit.RowTable([torch.zeros(4, 8), torch.zeros(4, 6)])
+        with pytest.raises(ValueError, match="dest and src"):
+            commit.commit_rows_table(commit.RowTable([torch.zeros(4, 8)]), torch.arange(2), torch.arange(3), torch.tensor([2]))
         with pytest.raises(ValueError, match="taps"):
             commit.conv_window_commit(torch.zeros(8, 5), torch.zeros(2, 8), torch.arange(5))
     finally:

@@ -4,9 +4,9 @@ an unnormalized online-softmax state per query row (m: the running max in log2 u
 
     out = sum_s w_s acc_s / sum_s w_s l_s,   w_s = 2^(m_s - max_s m_s).
 
-`_combine_kernel` is the launch after the partials; `_merge_splits` is the same for the rows of one
-program (the fused combine: the last split of a tile merges them). A split with no visible key has
-l = 0 and weight 0; with SKIP_EMPTY it may have left its acc rows unwritten, and they are not read.
+`_combine_kernel` is the launch after the partials. A split with no visible key has l = 0 and weight
+0; with SKIP_EMPTY (balanced splits, some past the end) it may have left its acc rows unwritten, and
+they are not read.
 The reference is quant_attention_reference (the whole attention in plain torch).
 """
 
@@ -16,28 +16,6 @@ import triton
 import triton.language as tl
 
 from treeflash.kernels.launch import pdl
-
-
-@triton.jit
-def _merge_splits(m_ptr, l_ptr, acc_ptr, out_ptr, rows, row_ok, num_rows, D: tl.constexpr, NUM_SPLITS: tl.constexpr):
-    """out[rows] = sum_s w_s acc_s / sum_s w_s l_s, w_s = 2^(m_s - max m): _combine_kernel for the
-    BLOCK_M rows of one program, splits added one after another."""
-    m_max = tl.full(rows.shape, -1.0e30, tl.float32)
-    for sp in range(NUM_SPLITS):
-        m_max = tl.maximum(m_max, tl.load(m_ptr + sp * num_rows + rows, mask=row_ok, other=-1.0e30, cache_modifier=".cg"))
-    cols = tl.arange(0, D)
-    num = tl.zeros((rows.shape[0], D), tl.float32)
-    den = tl.zeros(rows.shape, tl.float32)
-    for sp in range(NUM_SPLITS):
-        r = sp * num_rows + rows
-        w = tl.exp2(tl.load(m_ptr + r, mask=row_ok, other=-1.0e30, cache_modifier=".cg") - m_max)
-        l_s = tl.load(l_ptr + r, mask=row_ok, other=0.0, cache_modifier=".cg")
-        den += w * l_s
-        a = tl.load(acc_ptr + r.to(tl.int64)[:, None] * D + cols[None, :], mask=(row_ok & (l_s > 0))[:, None], other=0.0,
-                    cache_modifier=".cg")
-        num += w[:, None] * a
-    out = num / tl.where(row_ok, den, 1.0)[:, None]
-    tl.store(out_ptr + rows.to(tl.int64)[:, None] * D + cols[None, :], out.to(out_ptr.dtype.element_ty), mask=row_ok[:, None])
 
 
 @triton.jit

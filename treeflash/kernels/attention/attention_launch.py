@@ -18,10 +18,7 @@ from treeflash.kernels.kv.kv_dequant import DEQ_IDS
 FMT_IDS = {"q8_0": 1, "q4_0": 2, "tq3_0": 3}  # the kernels' FMT_K / FMT_V; anything dense is 0
 MAX_SPLITS = 256  # the combine kernel holds [splits, 64] (over 128 splits: [splits, 32]) partial outputs in registers
 PROGRAMS_PER_SM = 2
-BLOCK_M_MAX = 32  # query rows per program over 16 rows (launch_config); bench/device_step_time.py --attn-block-m
-# LaunchConfig fields replaced for a dense (bf16 / fp16 / fp32) cache, e.g. {"block_n": 128, "num_warps": 8}:
-# a measurement knob (bench/device_step_time.py --attn-block-n / --attn-warps / --attn-stages), empty as shipped
-DENSE_OVERRIDE: dict = {}
+BLOCK_M_MAX = 32  # query rows per program over 16 rows (launch_config); 64 / 128-row tiles lost (docs/journal.md, stop 22)
 
 
 def _next_pow2(n: int) -> int:
@@ -136,8 +133,7 @@ def launch_config(head_dim: int, rows: int, dense_kv: bool = False, compressed_k
     block_m = 16 if rows <= 16 else min(BLOCK_M_MAX, _next_pow2(rows))
     block_n = 64 if head_dim <= 128 else 32
     if dense_kv:
-        cfg = LaunchConfig(block_m, block_n, 4 if head_dim <= 128 else 8, 3, PROGRAMS_PER_SM, prefetch=False)
-        return dataclasses.replace(cfg, **DENSE_OVERRIDE) if DENSE_OVERRIDE else cfg
+        return LaunchConfig(block_m, block_n, 4 if head_dim <= 128 else 8, 3, PROGRAMS_PER_SM, prefetch=False)
     if compressed_kv:
         # "split" where the H200 measured it faster (bench/results/s20/kv_sweep_split.json, head_dim 256):
         # decode (one m-tile) of every pair with a q4_0 / tq3_0 side, and verify without a tq3_0 side

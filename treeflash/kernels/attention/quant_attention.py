@@ -32,7 +32,7 @@ import triton
 import triton.language as tl
 
 from treeflash.kernels.launch import pdl
-from treeflash.kernels.attention.attention_combine import _combine_kernel, _merge_splits
+from treeflash.kernels.attention.attention_combine import _combine_kernel
 
 from treeflash.kernels.kv import kv_formats as formats
 from treeflash.kernels.attention.attention_launch import (  # noqa: F401  (FMT_IDS: re-exported)
@@ -43,28 +43,22 @@ from treeflash.kernels.attention.kv_split import _load_k, _out_columns, _split_a
 from treeflash.kernels.kv.kv_quant import Planes
 from treeflash.kernels.pointwise.norm import _interpreting
 from treeflash.kernels.kv.rotate import rotate_rows
-from treeflash.kernels.launch.scratch import scratch
 
 LOG2E = 1.4426950408889634
 COMBINE_CHUNK = 64
-# Two launch options, both off: measured slower or no faster on the H200 at the SmolLM2-135M shape
-# (bench/results/s17/smollm2/smol_ab.json, decode graph 0.82 ms by default): the fused combine 0.95 ms,
-# the split cap 4 0.82 ms (bench/gpu_speed.py --attn-fused-combine / --static-split-cap 4).
-FUSED_COMBINE = False  # the last split program merges the splits (an atomic ticket): no _combine_kernel launch
-STATIC_SPLIT_CAP = 0  # static mode (slots given), > 0: at most this many key blocks per split over a long buffer
 # Static mode (slots given): the splits share the filled blocks (up to the step's last slot, read on the
-# device) equally, instead of covering fixed stretches of the whole buffer (quant_attention_masked's
-# `balanced`). -1: as many splits as plan_splits would plan (split_count: ~2 programs an SM, at most one per
-# buffer block), > 0: that many, 0: off (splits over the buffer). Over the buffer, a short context in the
-# CLI's 8193-slot buffer left its keys to the first of 22-88 long splits: on the H200 (SmolLM2 shape, 300
-# tokens of context; bench/results/s22/) a 33-node verify's attention took 14.0 us against 9.3 in a 600-slot
-# buffer, and the DDTree-32 step 2.38 ms against 1.47.
-BALANCED_SPLITS = -1
+# device) equally (`balanced`), as many as plan_splits would plan (split_count: ~2 programs an SM, at most
+# one per buffer block) unless num_splits says. Splits over fixed stretches of the whole buffer left a short
+# context in the CLI's 8193-slot buffer to the first of 22-88 long splits: on the H200 (SmolLM2 shape, 300
+# tokens of context) a 33-node verify's attention took 14.0 us against 9.3 in a 600-slot buffer, and the
+# DDTree-32 step 2.38 ms against 1.47 (docs/journal.md, stop 22).
 # One split (splits == 1: a key axis of one block, or num_splits=1) writes the output itself, with no
 # combine launch. Planning one split for short contexts on purpose was measured slower on the H200
-# (bench/results/s17/single_split/: SmolLM2 decode graph 1.07 ms against 0.82, 8B 4.85 against 4.45 ms
-# at 11 key blocks): a handful of programs walking the keys one block after another cost more than the
-# combine launch they save, so plan_splits still spreads the keys over the SMs.
+# (SmolLM2 decode graph 1.07 ms against 0.82, 8B 4.85 against 4.45 ms at 11 key blocks): a handful of
+# programs walking the keys one block after another cost more than the combine launch they save, so
+# plan_splits still spreads the keys over the SMs.
+# Measured and removed (docs/journal.md): the last split program merging the splits (an atomic ticket, no
+# combine launch: 0.95 against 0.82 ms), a cap on key blocks per split over a long buffer (no faster).
 
 
 @triton.jit
@@ -78,10 +72,10 @@ def _dot(a, b, DOT: tl.constexpr):
 
 @triton.jit
 def _partial_kernel(
-    q_ptr, ks_ptr, kc_ptr, vs_ptr, vc_ptr, mask_ptr, end_ptr, m_ptr, l_ptr, acc_ptr, out_ptr, ticket_ptr,
+    q_ptr, ks_ptr, kc_ptr, vs_ptr, vc_ptr, mask_ptr, end_ptr, m_ptr, l_ptr, acc_ptr, out_ptr,
     start, num_tokens, kv_len, end_idx, num_kv_heads, scale_log2, stride_qt, stride_qh,
     KEY_MASK: tl.constexpr, HAS_END: tl.constexpr, DYN_LOOP: tl.constexpr,
-    FUSE_COMBINE: tl.constexpr, NUM_SPLITS: tl.constexpr, DIRECT: tl.constexpr, SKIP_EMPTY: tl.constexpr, GROUP: tl.constexpr, D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+    NUM_SPLITS: tl.constexpr, DIRECT: tl.constexpr, GROUP: tl.constexpr, D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     BLOCKS_PER_SPLIT: tl.constexpr, FMT_K: tl.constexpr, FMT_V: tl.constexpr, DOT: tl.constexpr,
     PREFETCH: tl.constexpr, DEQ: tl.constexpr, C0: tl.constexpr, C1: tl.constexpr, C2: tl.constexpr, C3: tl.constexpr,
     PDL: tl.constexpr = False, DEQ_V: tl.constexpr = 0, ASM: tl.constexpr = False,
@@ -187,17 +181,10 @@ def _partial_kernel(
     tl.store(m_ptr + out_row, m_i, mask=row_ok)
     tl.store(l_ptr + out_row, l_i, mask=row_ok)
     acc_ok = row_ok[:, None]
-    if SKIP_EMPTY:  # a split past the end leaves its acc rows unwritten (l = 0: the merge skips them)
+    if BALANCED:  # an empty split (past the end) leaves its acc rows unwritten (l = 0: the merge skips them)
         acc_ok = acc_ok & (n_blocks > 0)
     for j in tl.static_range(len(acc)):
         tl.store(acc_ptr + out_row[:, None] * D + _out_columns(FMT_V, D, DV, j)[None, :], acc[j], mask=acc_ok)
-    if FUSE_COMBINE:
-        # the last split of this (m tile, kv head) to finish merges all of them, in split order
-        # (deterministic), and resets its ticket: no combine launch
-        ticket_at = ticket_ptr + pid_m * num_kv_heads + kvh
-        if tl.atomic_add(ticket_at, 1, sem="acq_rel") == NUM_SPLITS - 1:
-            _merge_splits(m_ptr, l_ptr, acc_ptr, out_ptr, t * num_heads + h, row_ok, num_tokens * num_heads, D, NUM_SPLITS)
-            tl.atomic_xchg(ticket_at, 0)
 
 
 # ---------------------------------------------------------------- wrapper
@@ -264,15 +251,12 @@ def quant_attention_masked(
     num_splits: int | None = None,
     config: LaunchConfig | None = None,
     slots: torch.Tensor | None = None,  # [T] long on q's device: the slots this step wrote (the last is the highest)
-    balanced: bool | None = None,
 ) -> torch.Tensor:  # [T, H, D] q.dtype
     """Triton, static shapes: reads slots [0, S) under key_mask (no host sync: CUDA-graph capturable);
     with `slots`, only [0, slots[-1]] (key_mask must hide every slot past it).
 
-    `balanced` (with `slots`; None: BALANCED_SPLITS != 0): the splits share the blocks up to slots[-1]
-    equally, however long the buffer, instead of covering fixed stretches of it (where a short context
-    in a long buffer leaves most splits empty and the first one long); num_splits then defaults to
-    BALANCED_SPLITS (-1: plan_splits' count).
+    With `slots` the splits are balanced: they share the blocks up to slots[-1] equally, however long
+    the buffer (num_splits of them, None: plan_splits' count).
 
     key_mask None (with `slots`): every query sees every slot up to slots[-1] (S: the whole buffer), as a
     bidirectional draft block does; no mask is built or read."""
@@ -292,13 +276,8 @@ def quant_attention_masked(
         vis = key_mask.view(torch.int8) if key_mask.is_contiguous() else key_mask.to(torch.int8).contiguous()  # no copy kernel per layer
     if slots is not None and (slots.dim() != 1 or slots.shape[0] != n or slots.device != q.device or slots.dtype != torch.long):
         raise ValueError(f"quant_attention_masked: slots must be long [{n}] on {q.device}")
-    if balanced is None:
-        balanced = slots is not None and BALANCED_SPLITS != 0
-    if balanced and slots is None:
-        raise ValueError("quant_attention_masked: balanced splits need slots (the end is read from them)")
-    if balanced and num_splits is None and BALANCED_SPLITS > 0:
-        num_splits = BALANCED_SPLITS
-    return _launch(q, k, v, vis, 0, kv_len, True, scale, num_splits, config, slots, balanced, all_visible=key_mask is None)
+    return _launch(q, k, v, vis, 0, kv_len, True, scale, num_splits, config, slots, balanced=slots is not None,
+                   all_visible=key_mask is None)
 
 
 def _launch(q, k, v, vis, start, kv_len, key_mask, scale, num_splits, config, slots=None, balanced=False, all_visible=False):
@@ -320,12 +299,6 @@ def _launch(q, k, v, vis, start, kv_len, key_mask, scale, num_splits, config, sl
     else:
         per_split = _next_pow2(triton.cdiv(num_blocks, max(1, min(num_splits, num_blocks, MAX_SPLITS))))
         splits = triton.cdiv(num_blocks, per_split)
-    skip_empty = slots is not None and STATIC_SPLIT_CAP > 0 and not balanced
-    if skip_empty and num_splits is None and per_split > STATIC_SPLIT_CAP:
-        # the filled part of a long buffer may be short: short splits (those past the end exit at
-        # once) instead of one split walking the whole context
-        per_split = max(_next_pow2(STATIC_SPLIT_CAP), _next_pow2(triton.cdiv(num_blocks, MAX_SPLITS)))
-        splits = triton.cdiv(num_blocks, per_split)
 
     in_dtype = q.dtype
     deq_k, deq_v = _schemes(cfg, fmt_k, fmt_v, in_dtype, head_dim)
@@ -343,25 +316,23 @@ def _launch(q, k, v, vis, start, kv_len, key_mask, scale, num_splits, config, sl
     rotated_out = v.name == "tq3_0"
     out = torch.empty(n, num_heads, head_dim, dtype=torch.float32 if rotated_out else in_dtype, device=q.device)
     direct = splits == 1
-    fuse = FUSED_COMBINE and not direct
     balanced = balanced and not direct
-    tickets = scratch("quant_attention.tickets", q.device, m_tiles * num_kv_heads, torch.int32) if fuse else m
     _partial_kernel[(m_tiles, num_kv_heads, splits)](
         q, k.scales if fmt_k else k.codes, k.codes, v.scales if fmt_v else v.codes, v.codes, vis,
-        slots if slots is not None else vis, m, l, acc, out, tickets,
+        slots if slots is not None else vis, m, l, acc, out,
         start, n, kv_len, n - 1, num_kv_heads, scale * LOG2E, q.stride(0), q.stride(1),
         KEY_MASK=key_mask, HAS_END=slots is not None, DYN_LOOP=not _interpreting(),
-        FUSE_COMBINE=fuse, NUM_SPLITS=splits if fuse or balanced else 1, DIRECT=direct, SKIP_EMPTY=skip_empty or balanced,
+        NUM_SPLITS=splits if balanced else 1, DIRECT=direct,
         GROUP=group, D=head_dim, BLOCK_M=block_m, BLOCK_N=block_n, BLOCKS_PER_SPLIT=per_split,
         FMT_K=fmt_k, FMT_V=fmt_v, DOT=dot, PREFETCH=cfg.prefetch, DEQ=DEQ_IDS[deq_k], C0=c0, C1=c1, C2=c2, C3=c3,
         num_warps=cfg.num_warps, num_stages=cfg.num_stages,
         DEQ_V=DEQ_IDS[deq_v], ASM=not _interpreting(), DOT_V=dot_v, BALANCED=balanced, ALL_VISIBLE=all_visible, **pdl.kwargs(q),
     )
-    if not (fuse or direct):
+    if not direct:
         chunk = min(COMBINE_CHUNK if splits <= 128 else COMBINE_CHUNK // 2, head_dim)
         _combine_kernel[(n * num_heads, head_dim // chunk)](
             m, l, acc, out, n * num_heads, splits, D=head_dim, D_CHUNK=chunk, SPLITS=_next_pow2(splits),
-            SKIP_EMPTY=skip_empty or balanced,
+            SKIP_EMPTY=balanced,
             num_warps=4, **pdl.kwargs(q),
         )
     return rotate_rows(out, in_dtype, inverse=True) if rotated_out else out

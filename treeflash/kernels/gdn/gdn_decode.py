@@ -1,5 +1,4 @@
-"""Gated DeltaNet decode (one token) as two fused kernels (or one: decode_step, below), beside their
-plain-torch references:
+"""Gated DeltaNet decode (one token) as two fused kernels, beside their plain-torch references:
 
 conv_step:      window <- [window[:, 1:], x];  y = silu(sum_k w[:, k] * [window, x][:, k])   (in place)
 recurrent_step: per v head h (k head h // group): q, k = l2norm, q /= sqrt(Dk);
@@ -9,24 +8,8 @@ recurrent_step: per v head h (k head h // group): q, k = l2norm, q /= sqrt(Dk);
 `_delta_step` is that step on one state tile; the tree verify and its commit (gdn_tree.py) reuse
 it, so a committed path's state is computed by the same per-token code as plain decoding.
 
-decode_step: both in ONE launch (`_decode_step_kernel`), bitwise equal to conv_step + recurrent_step.
-Program (v head h, v block) computes the conv outputs it reads itself (the 2*Dk q, k channels of k
-head h // GROUP, redundantly across the GROUP * Dv/BV programs of that k head, and the BV v channels
-it alone reads) with the conv kernel's per-channel fp32 operations in the same tap order, stores them
-to y (fp32, as conv_step does: the q/k stores of a k head's programs write identical bits), and after
-a CTA barrier runs the unchanged `_delta_step` on its state tile (loaded first, in flight during the
-conv); `_delta_step` reads q, k, v back from y exactly as in recurrent_step, so its norms' reductions
-see the same loads in the same layout.
-The window shift, race-free without a second buffer or another launch:
-  - v channels: read by one program only, which shifts them in place as it reads (as conv_step does);
-  - q/k channels of k head kh: read by GROUP * Dv/BV programs. Each of them, after its window loads
-    (their values stored to y, then a CTA barrier) and its recurrent step, takes a ticket (atomic
-    add, acq_rel, gpu scope) on a per-k-head counter; the program that draws the last ticket is the
-    last reader, so it alone shifts those channels (re-reading the old window, still untouched) and
-    resets the counter to 0. No program waits for another (no spin: safe with any occupancy and in
-    the interpreter), the counters are 0 between launches, and their buffer is allocated once per
-    device (a static pointer: CUDA-graph safe). Two decode steps of this kernel must not run
-    concurrently on one device (they share the counters); the runner launches them on one stream.
+Measured and removed (docs/journal.md): both in one launch (an atomic ticket for the window shift),
+5.1 against 4.9 us a layer on the H200.
 """
 
 from __future__ import annotations
@@ -39,15 +22,8 @@ import triton.language as tl
 from treeflash.kernels.launch import pdl
 
 from treeflash.kernels.pointwise.norm import _interpreting
-from treeflash.kernels.launch.scratch import scratch
 
 STEP_BLOCK_V = 32  # v columns per program of a step (decode, and commit: same tiles, same rounding)
-# GatedDeltaNet._mix decodes with decode_step (one launch) instead of the two kernels when True.
-# Off until it has run on a GPU: its q/k window shift relies on an atomic ticket and a barrier that
-# the interpreter (programs one after another) cannot exercise. `bench/gdn_kernels_gpu.py` checks it
-# bitwise against the two kernels over 16 steps at the 27B shape and times both.
-FUSED_DECODE = False
-_TICKET_SLOTS = 1024  # per-k-head counters of decode_step, one buffer per device
 
 
 def conv_step_ref(x, window, weight):
@@ -156,95 +132,4 @@ def recurrent_step(y, a, b, a_log, dt_bias, state, num_k_heads: int, k_dim: int,
     _recurrent_step_kernel[(hv, v_dim // bv)](y, a.contiguous(), b.contiguous(), a_log, dt_bias, state, o,
                                               GROUP=hv // num_k_heads, HK=num_k_heads, DK=k_dim, DV=v_dim, BV=bv,
                                               **pdl.kwargs(y))
-    return o
-
-
-@triton.jit
-def _conv_channels(X, WIN, W, Y, c, m, SHIFT: tl.constexpr, K: tl.constexpr):
-    """conv_step's per-channel operations on channels c (mask m), in the same order: y -> Y[c];
-    SHIFT: shift the window of these channels in place as it is read (only for channels no other
-    program reads)."""
-    x = tl.load(X + c, mask=m, other=0.0)
-    acc = x.to(tl.float32) * tl.load(W + c * K + (K - 1), mask=m, other=0.0).to(tl.float32)
-    prev = x
-    for j in tl.static_range(K - 1):  # newest to oldest, as _conv_step_kernel
-        col = K - 2 - j
-        old = tl.load(WIN + c * (K - 1) + col, mask=m, other=0.0)
-        acc += old.to(tl.float32) * tl.load(W + c * K + col, mask=m, other=0.0).to(tl.float32)
-        if SHIFT:
-            tl.store(WIN + c * (K - 1) + col, prev.to(WIN.dtype.element_ty), mask=m)
-        prev = old
-    tl.store(Y + c, acc / (1.0 + tl.exp(-acc)), mask=m)
-
-
-@triton.jit
-def _shift_window(X, WIN, c, m, K: tl.constexpr):
-    """window[c] <- [window[c, 1:], x[c]] (the stores conv_step makes, in its order)."""
-    prev = tl.load(X + c, mask=m, other=0.0)
-    for j in tl.static_range(K - 1):
-        col = K - 2 - j
-        old = tl.load(WIN + c * (K - 1) + col, mask=m, other=0.0)
-        tl.store(WIN + c * (K - 1) + col, prev.to(WIN.dtype.element_ty), mask=m)
-        prev = old
-
-
-@triton.jit
-def _decode_step_kernel(X, WIN, W, Y, A, B, ALOG, DTB, S, O, TICKETS, GROUP: tl.constexpr, HK: tl.constexpr,
-                        DK: tl.constexpr, DV: tl.constexpr, BV: tl.constexpr, K: tl.constexpr):
-    h = tl.program_id(0)
-    kh = h // GROUP
-    ik = tl.arange(0, DK)
-    iv = tl.program_id(1) * BV + tl.arange(0, BV)
-    ptr = S + h * DK * DV + ik[:, None] * DV + iv[None, :]
-    s0 = tl.load(ptr)  # this program's state tile (no other program touches it): in flight during the conv
-    neg_a = -tl.exp(tl.load(ALOG + h).to(tl.float32))
-    a = tl.load(A + h).to(tl.float32)
-    b = tl.load(B + h).to(tl.float32)
-    dtb = tl.load(DTB + h).to(tl.float32)
-    iqk = tl.arange(0, 2 * DK)  # q channels of k head kh, then its k channels
-    cqk = tl.where(iqk < DK, kh * DK + iqk, HK * DK + kh * DK + iqk - DK)
-    mqk = iqk < 2 * DK
-    _conv_channels(X, WIN, W, Y, cqk, mqk, False, K)  # shared with the other programs of k head kh
-    cv = 2 * HK * DK + h * DV + iv
-    _conv_channels(X, WIN, W, Y, cv, cv >= 0, True, K)  # this program's own v channels
-    # this program's y stores visible to all its threads; its window loads are done (the y stores
-    # depend on every value they loaded)
-    tl.debug_barrier()
-    # the recurrent step, as _recurrent_step_kernel (q, k, v read back from y)
-    s, o = _delta_step(s0, Y, a, b, neg_a, dtb, h, ik, iv, GROUP, HK, DK, DV)
-    tl.store(ptr, s)
-    tl.store(O + h * DV + iv, o)
-    # the q/k window shift of k head kh, by its last reader (off the outputs' critical path)
-    ticket = tl.atomic_add(TICKETS + kh, 1, sem="acq_rel", scope="gpu")
-    last = ticket == GROUP * (DV // BV) - 1  # every other reader of kh's q/k window has read it
-    _shift_window(X, WIN, cqk, mqk & last, K)
-    tl.atomic_xchg(TICKETS + kh, 0, mask=last, sem="relaxed", scope="gpu")
-
-
-def _ticket_buffer(device: torch.device, num_k_heads: int) -> torch.Tensor:
-    if num_k_heads > _TICKET_SLOTS:
-        raise ValueError(f"decode_step: {num_k_heads} k heads > {_TICKET_SLOTS} ticket slots")
-    return scratch("gdn_decode.tickets", device, _TICKET_SLOTS, torch.int32)
-
-
-def decode_step(x, window, weight, a, b, a_log, dt_bias, state, num_k_heads: int, k_dim: int, v_dim: int):
-    """conv_step + recurrent_step in one launch (bitwise equal): x [C] new input, window [C, K-1]
-    and state [Hv, Dk, Dv] fp32 updated in place -> o [Hv, Dv] fp32."""
-    if not (x.is_cuda or _interpreting()):
-        return recurrent_step_ref(conv_step_ref(x, window, weight), a, b, a_log, dt_bias, state, num_k_heads, k_dim,
-                                  v_dim)
-    c, k1 = window.shape
-    hv = state.shape[0]
-    if not (x.is_contiguous() and window.is_contiguous() and weight.is_contiguous()) or weight.shape != (c, k1 + 1):
-        raise ValueError("decode_step: contiguous x [C], window [C, K-1], weight [C, K] expected")
-    if state.dtype != torch.float32 or not state.is_contiguous() or state.shape != (hv, k_dim, v_dim):
-        raise ValueError("decode_step: contiguous fp32 state [Hv, Dk, Dv] expected")
-    if x.shape != (c,) or c != 2 * num_k_heads * k_dim + hv * v_dim or hv % num_k_heads:
-        raise ValueError(f"decode_step: shapes x{tuple(x.shape)} state{tuple(state.shape)} do not match")
-    y = torch.empty(c, dtype=torch.float32, device=x.device)
-    o = torch.empty(hv, v_dim, dtype=torch.float32, device=x.device)
-    bv = min(STEP_BLOCK_V, v_dim)
-    _decode_step_kernel[(hv, v_dim // bv)](x, window, weight, y, a.contiguous(), b.contiguous(), a_log, dt_bias, state,
-                                           o, _ticket_buffer(x.device, num_k_heads), GROUP=hv // num_k_heads,
-                                           HK=num_k_heads, DK=k_dim, DV=v_dim, BV=bv, K=k1 + 1)
     return o

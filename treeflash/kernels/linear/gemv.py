@@ -12,10 +12,8 @@ n-block's programs to finish (an atomic ticket per n-block) adds the SPLIT_K par
 writes y and resets the ticket. So the result does not depend on which program finishes last
 (deterministic, no atomics on the values), and there is no second launch.
 
-kernels/linear/fused.py's one-row path (`_gemv_kernel`, inside `linear_fused`, off by default) is the
-same idea with the RMSNorm / SwiGLU / residual fused in, but a rolled K loop without split-K; it
-read 8B o_proj at 12.2 us where this kernel takes 9.6 (docs/performance.md). This one is the plain
-projection that the decode step uses.
+A one-row path with the RMSNorm / SwiGLU / residual fused in (a rolled K loop without split-K) read the
+8B o_proj at 12.2 us where this kernel takes 9.6; it was removed with the fused layers (docs/journal.md).
 
 `gemv_reference` is the plain-torch contract (F.linear, fp32 accumulation); `gemv` runs the kernel
 on CUDA or under TRITON_INTERPRET=1, the reference elsewhere.
@@ -23,7 +21,9 @@ on CUDA or under TRITON_INTERPRET=1, the reference elsewhere.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from types import MappingProxyType
 
 import torch
 import torch.nn.functional as F
@@ -37,7 +37,7 @@ from treeflash.kernels.pointwise.norm import _interpreting
 from treeflash.kernels.launch.scratch import scratch
 
 
-# kernels/linear/projection.py's `linear` and `apply` send one-row projections of the TUNED shapes on CUDA
+# kernels/linear/projection.py's `linear` and `apply` send one-row projections of a model's GemvTables shapes on CUDA
 # through gemv (an H200: 8B decode 204 -> 217 tokens/s, 27B 70 -> 73; docs/performance.md); every
 # other projection stays on cuBLAS. Measured and removed (docs/journal.md): the residual add + RMSNorm
 # as a GEMV epilogue or prologue, and a verify step's rows through the one-row kernel (rows mode).
@@ -155,7 +155,46 @@ class GemvConfig:
 
 def gemv_config(n: int, k: int) -> GemvConfig:
     """The launch configuration for an [N, K] weight: the tuned one, else a generic one (no autotuning)."""
-    return TUNED.get((n, k)) or GemvConfig(block_n=8, block_k=512, split_k=1 if k <= 4096 else 2, num_warps=4)
+    return TUNED.linear.get((n, k)) or GemvConfig(block_n=8, block_k=512, split_k=1 if k <= 4096 else 2, num_warps=4)
+
+
+Shapes = Mapping[tuple[int, int], GemvConfig]
+
+
+@dataclass(frozen=True)
+class GemvTables:
+    """Which one-row projections run on the GEMVs, with which launch configuration: weight shape (N, K) ->
+    GemvConfig. `linear`: gemv (projection.linear / apply / folded); `swiglu`: gemv_swiglu, keyed by the
+    [2I, K] gate_up weight (split_k 1). Every other shape stays on cuBLAS. Read-only once built; a model
+    takes its tables from fuse_projections (TUNED, the H200's, unless a tool or test passes others), and
+    `with_entries` / `without_swiglu` make new ones."""
+
+    linear: Shapes = field(default_factory=dict)
+    swiglu: Shapes = field(default_factory=dict)
+
+    def __post_init__(self):
+        for name in ("linear", "swiglu"):
+            table = dict(getattr(self, name))
+            for key, cfg in table.items():
+                if not (isinstance(key, tuple) and len(key) == 2 and all(isinstance(v, int) and v > 0 for v in key)):
+                    raise ValueError(f"GemvTables.{name}: keys are (N, K) weight shapes, got {key!r}")
+                if not isinstance(cfg, GemvConfig) or (name == "swiglu" and cfg.split_k != 1):
+                    raise ValueError(f"GemvTables.{name}[{key}]: a GemvConfig{' with split_k 1' if name == 'swiglu' else ''}, got {cfg!r}")
+            object.__setattr__(self, name, MappingProxyType(table))
+
+    def __deepcopy__(self, memo) -> "GemvTables":
+        return self  # immutable: a copied model shares its tables
+
+    def __reduce__(self):
+        return GemvTables, (dict(self.linear), dict(self.swiglu))
+
+    def with_entries(self, linear: Shapes | None = None, swiglu: Shapes | None = None) -> "GemvTables":
+        """These tables with more (or replaced) entries."""
+        return GemvTables({**self.linear, **(linear or {})}, {**self.swiglu, **(swiglu or {})})
+
+    def without_swiglu(self) -> "GemvTables":
+        """gate_up + SiLU-mul on cuBLAS + silu_mul for every shape (the A/B baseline of gemv_swiglu)."""
+        return GemvTables(self.linear, {})
 
 
 # (N, K) -> the fastest configuration of an H200 sweep where it beats cuBLAS (bench/gpu_gemv.py;
@@ -165,7 +204,7 @@ def gemv_config(n: int, k: int) -> GemvConfig:
 # Since stop 30 the Qwen3-8B o_proj / down and Qwen3.5-27B (5120, 6144) entries are the fastest inside the whole graphed
 # decode step (bench/gemv_in_graph.py; bench/results/s30/gemv_graph_*): alone, 2 x 2048 o_proj and 4 x 1024 down
 # were faster, in the step they were not (8B pipelined 229.9 -> 238.2 tokens/s; 27B 75.9 -> 77.2)
-TUNED: dict[tuple[int, int], GemvConfig] = {  # bench/results/gpu_gemv.json (wide grid), gpu_gemv_focus.json
+_TUNED_LINEAR = {  # bench/results/gpu_gemv.json (wide grid), gpu_gemv_focus.json
     (6144, 4096): GemvConfig(8, 1024, 1, 4),  # Qwen3-8B q/k/v: 13.8 us vs cuBLAS 15.4-15.7 (also the best in the step)
     (4096, 4096): GemvConfig(8, 1024, 1, 4),  # Qwen3-8B o_proj: alone 9.6 us (2 x 2048, 8 warps) vs cuBLAS 13.5-13.6
     (4096, 12288): GemvConfig(2, 2048, 1, 4),  # Qwen3-8B down: alone 25.2 us (4 x 1024) vs cuBLAS 29.5-29.7
@@ -183,11 +222,12 @@ TUNED: dict[tuple[int, int], GemvConfig] = {  # bench/results/gpu_gemv.json (wid
 
 # [2I, K] gate_up weight -> the SwiGLU GEMV's (block_n, block_k, 1, num_warps); block_n rows of gate
 # and of up per program. Shapes not listed keep cuBLAS + silu_mul.
-TUNED_SWIGLU: dict[tuple[int, int], GemvConfig] = {
+_TUNED_SWIGLU = {
     (24576, 4096): GemvConfig(2, 2048, 1, 4),  # Qwen3-8B gate_up: 47.3 us vs cuBLAS + silu_mul 50.6
     (34816, 5120): GemvConfig(2, 2048, 1, 4),  # Qwen3.5-27B gate_up: 79.1 vs 89.9 (bench/results/gpu_gemv_swiglu.json)
     (3072, 576): GemvConfig(2, 1024, 1, 4),  # SmolLM2-135M gate_up: 2.03 vs 5.92 (bench/results/s18/gpu_gemv_smol.json)
 }
+TUNED = GemvTables(_TUNED_LINEAR, _TUNED_SWIGLU)  # what every model runs with unless given others
 
 
 def gemv_reference(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
@@ -263,7 +303,7 @@ def gemv_swiglu(x: torch.Tensor, gate_up: torch.Tensor, config: GemvConfig | Non
         raise ValueError(f"gemv_swiglu: x [1, {k}] and a contiguous [2I, {k}] weight expected, got {tuple(x.shape)}")
     x = x.reshape(k).contiguous()
     eps = rows[1] if rows is not None else 0.0
-    cfg = config or TUNED_SWIGLU.get((two_i, k)) or GemvConfig(4, 1024, 1, 4)
+    cfg = config or TUNED.swiglu.get((two_i, k)) or GemvConfig(4, 1024, 1, 4)
     if cfg.split_k != 1:
         raise ValueError("gemv_swiglu: split_k must be 1")
     i = two_i // 2

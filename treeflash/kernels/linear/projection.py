@@ -1,7 +1,8 @@
 """Which path a decode step's projection takes.
 
-A one-row projection of a shape in gemv's tables runs on kernels/linear/gemv.py's GEMVs (on CUDA, or under
-the Triton interpreter), every other one on F.linear (cuBLAS).
+A one-row projection of a shape in the model's GemvTables (`tables`, gemv.TUNED unless the model was given
+others) runs on kernels/linear/gemv.py's GEMVs (on CUDA, or under the Triton interpreter), every other one
+on F.linear (cuBLAS).
 
 A folded layer (models.transformer.forward_folded: each norm's gain folded into the projection after it)
 projects the raw stream with `folded` and `folded_swiglu`: on one row of a tuned shape through the GEMVs,
@@ -20,16 +21,15 @@ from treeflash.kernels.pointwise.activation import silu_mul
 from treeflash.kernels.pointwise.norm import _interpreting
 
 
-def swiglu(x: torch.Tensor, gate_up: torch.Tensor) -> torch.Tensor:
-    """silu_mul(linear(x, gate_up)); one row of a TUNED_SWIGLU shape on CUDA: gemv_swiglu."""
-    if _takes_gemv(x, gate_up, gemv.TUNED_SWIGLU):
-        return gemv.gemv_swiglu(x, gate_up)
-    return silu_mul(linear(x, gate_up))
+def swiglu(x: torch.Tensor, gate_up: torch.Tensor, tables: gemv.GemvTables = gemv.TUNED) -> torch.Tensor:
+    """silu_mul(linear(x, gate_up)); one row of a tables.swiglu shape on CUDA: gemv_swiglu."""
+    if _takes_gemv(x, gate_up, tables.swiglu):
+        return gemv.gemv_swiglu(x, gate_up, config=tables.swiglu[tuple(gate_up.shape)])
+    return silu_mul(linear(x, gate_up, tables=tables))
 
 
-def _takes_gemv(x: torch.Tensor, weight: torch.Tensor, table: dict | None = None) -> bool:
-    """One row on CUDA (or the interpreter) with a weight shape in `table` (gemv.TUNED by default)."""
-    table = gemv.TUNED if table is None else table
+def _takes_gemv(x: torch.Tensor, weight: torch.Tensor, table: gemv.Shapes) -> bool:
+    """One row on CUDA (or the interpreter) with a weight shape in `table`."""
     return ((x.is_cuda or _interpreting()) and x.dim() == 2 and x.shape[0] == 1 and weight.is_contiguous()
             and tuple(weight.shape) in table)
 
@@ -53,19 +53,20 @@ def cpu_padded_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor 
     return F.linear(x, weight, bias)
 
 
-def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
-    """F.linear, except one row on CUDA with a TUNED weight shape: gemv (what a decode step's
+def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None,
+           tables: gemv.GemvTables = gemv.TUNED) -> torch.Tensor:
+    """F.linear, except one row on CUDA with a weight shape in tables.linear: gemv (what a decode step's
     projections call)."""
-    if _takes_gemv(x, weight):
-        return gemv.gemv(x, weight, bias)
+    if _takes_gemv(x, weight, tables.linear):
+        return gemv.gemv(x, weight, bias, config=tables.linear[tuple(weight.shape)])
     return cpu_padded_linear(x, weight, bias)
 
 
-def apply(module: nn.Module, x: torch.Tensor) -> torch.Tensor:
-    """module(x), through `linear` when the module is a plain nn.Linear (so a TUNED shape on one row
+def apply(module: nn.Module, x: torch.Tensor, tables: gemv.GemvTables = gemv.TUNED) -> torch.Tensor:
+    """module(x), through `linear` when the module is a plain nn.Linear (so a tables.linear shape on one row
     on CUDA takes gemv); anything else (e.g. a CPU int4 layer) is called as it is."""
     if type(module) is nn.Linear:
-        return linear(x, module.weight, module.bias)
+        return linear(x, module.weight, module.bias, tables)
     return module(x)
 
 
@@ -74,17 +75,18 @@ def _project(x: torch.Tensor, w: torch.Tensor, add_into: torch.Tensor | None = N
     return F.linear(x, w) if add_into is None else add_into.addmm_(x, w.t())
 
 
-def folded(x: torch.Tensor, weight: torch.Tensor, add_into: torch.Tensor | None = None) -> torch.Tensor:
+def folded(x: torch.Tensor, weight: torch.Tensor, add_into: torch.Tensor | None = None,
+           tables: gemv.GemvTables = gemv.TUNED) -> torch.Tensor:
     """A folded layer's projection x W^T (add_into += it in place, when given: the residual add). One row
-    of a TUNED shape: gemv (the add in its epilogue); else cuBLAS."""
-    if _takes_gemv(x, weight):
-        return gemv.gemv(x, weight, add_into=add_into)
+    of a tables.linear shape: gemv (the add in its epilogue); else cuBLAS."""
+    if _takes_gemv(x, weight, tables.linear):
+        return gemv.gemv(x, weight, config=tables.linear[tuple(weight.shape)], add_into=add_into)
     return _project(x, weight, add_into)
 
 
-def folded_swiglu(s: torch.Tensor, gate_up: torch.Tensor, eps: float) -> torch.Tensor:
+def folded_swiglu(s: torch.Tensor, gate_up: torch.Tensor, eps: float, tables: gemv.GemvTables = gemv.TUNED) -> torch.Tensor:
     """A folded MLP's input half: silu(g) u with g, u = (s gate_up^T) / rms(s) (gate_up carries the norm's
-    gain). One row of a TUNED_SWIGLU shape: one gemv_swiglu launch; else cuBLAS + silu_mul(rows)."""
-    if _takes_gemv(s, gate_up, gemv.TUNED_SWIGLU):
-        return gemv.gemv_swiglu(s, gate_up, rows=(s, eps))
+    gain). One row of a tables.swiglu shape: one gemv_swiglu launch; else cuBLAS + silu_mul(rows)."""
+    if _takes_gemv(s, gate_up, tables.swiglu):
+        return gemv.gemv_swiglu(s, gate_up, config=tables.swiglu[tuple(gate_up.shape)], rows=(s, eps))
     return silu_mul(_project(s, gate_up), rows=(s, eps))

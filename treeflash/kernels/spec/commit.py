@@ -2,10 +2,9 @@
 one launch per cache instead of PyTorch's gather + scatter (+ concatenation) sequences. Each runs
 inside the commit CUDA graph, whose kernel count is on the critical path of every speculative step.
 
-- `commit_rows`: attention cache rows, K and V together: rows dest[j] <- rows src[j] for j < n
-  (n on the device); `commit_rows_table` the same in every buffer of a `RowTable` (all the attention
-  layers of a model in one launch: a DDTree step's commit was one launch per layer, ~3.4 us each
-  on the H200). Each program loads its column block of all kept rows at once ([P, BLOCK]:
+- `commit_rows_table`: attention cache rows in every buffer of a `RowTable` (the K and V of all the
+  attention layers of a model in one launch: a DDTree step's commit was one launch per layer, ~3.4 us
+  each on the H200): rows dest[j] <- rows src[j] for j < n (n on the device). Each program loads its column block of all kept rows at once ([P, BLOCK]:
   the loads are independent, so a path costs about one memory latency, not one per row), then a
   barrier, then the stores: in place, nothing is overwritten before every row is read, as in the
   reference's index_select + index_copy_. (The first version walked j = 0, 1, ... with two
@@ -69,11 +68,8 @@ class RowTable:
         self.table = torch.tensor([b.data_ptr() for b in buffers], dtype=torch.int64, device=first.device)
 
 
-def commit_rows_reference(k: torch.Tensor, v: torch.Tensor, dest: torch.Tensor, src: torch.Tensor, n: torch.Tensor) -> None:
-    _move_rows_reference((k, v), dest, src, n)
-
-
-def _move_rows_reference(buffers, dest: torch.Tensor, src: torch.Tensor, n: torch.Tensor) -> None:
+def move_rows_reference(buffers, dest: torch.Tensor, src: torch.Tensor, n: torch.Tensor) -> None:
+    """commit_rows_table in plain torch: in each buffer, rows dest[j] <- rows src[j] for j < n[0]."""
     m = int(n.reshape(-1)[0])
     for buf in buffers:
         buf.index_copy_(0, dest[:m], buf.index_select(0, src[:m]))
@@ -83,20 +79,14 @@ def commit_rows_table(rows: RowTable, dest: torch.Tensor, src: torch.Tensor, n: 
     """In every buffer of `rows`: rows dest[j] <- rows src[j] for j < n[0], in place, in one launch.
     dest, src [P] long (increasing; src[j] >= dest[j]), n [1] long, all on the buffers' device."""
     if not (rows.table.is_cuda or _interpreting()):
-        return _move_rows_reference(rows.buffers, dest, src, n)
+        return move_rows_reference(rows.buffers, dest, src, n)
     if dest.shape != src.shape or dest.dim() != 1 or n.numel() != 1:
-        raise ValueError("commit_rows: dest and src [P], n [1] expected")
+        raise ValueError("commit_rows_table: dest and src [P], n [1] expected")
     p = dest.shape[0]
     p2 = triton.next_power_of_2(p)
     block = max(16, min(1024, triton.next_power_of_2(rows.row), 8192 // p2))  # a [P2, BLOCK] tile of <= 8K values
     _commit_rows_kernel[(triton.cdiv(rows.row, block), len(rows.buffers))](
         rows.table, dest, src, n, ROW=rows.row, P=p, P2=p2, BLOCK=block, ELT=rows.tl_type, **pdl.kwargs(dest))
-
-
-def commit_rows(k: torch.Tensor, v: torch.Tensor, dest: torch.Tensor, src: torch.Tensor, n: torch.Tensor) -> None:
-    """commit_rows_table over (k, v): k, v [S, ...] contiguous, one row size in bytes. Outside CUDA-graph
-    capture only (it makes the table, a host-to-device copy): a cache keeps its RowTable instead."""
-    commit_rows_table(RowTable([k, v]), dest, src, n)
 
 
 @triton.jit

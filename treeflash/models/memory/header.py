@@ -18,8 +18,6 @@ from pathlib import Path
 from treeflash.errors import ModelLoadError
 from treeflash.models.config import ModelConfig
 
-SAFETENSORS_DTYPE_BYTES = {"F64": 8, "F32": 4, "F16": 2, "BF16": 2, "I64": 8, "I32": 4, "I16": 2, "I8": 1, "U8": 1, "BOOL": 1,
-                           "F8_E4M3": 1, "F8_E5M2": 1}
 MAX_SAFETENSORS_HEADER = 100 * 1024 * 1024  # the format's own limit
 
 

@@ -71,11 +71,13 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--num-prompts", type=int, default=8, help="held-out prompts (alternating code / chat), default 8")
     ap.add_argument("--max-tokens", type=int, default=96, help="tokens decoded per prompt, default 96")
     ap.add_argument("--budget", type=int, default=32, help="the DDTree budget (draft nodes), default 32")
+    ap.add_argument("--threads", type=int, default=1, help="torch CPU threads, default 1 (a shared machine)")
     args = ap.parse_args(argv)
     if not 1 <= args.num_prompts <= 20:
         ap.error(f"--num-prompts must be in [1, 20], got {args.num_prompts}")
-    if args.max_tokens < 2 or args.budget < 1:
-        ap.error("--max-tokens must be >= 2 and --budget >= 1")
+    if args.max_tokens < 2 or args.budget < 1 or args.threads < 1:
+        ap.error("--max-tokens must be >= 2, --budget and --threads >= 1")
+    torch.set_num_threads(args.threads)
     torch.manual_seed(0)
     loaded = load_model(None, device="cpu", dtype=torch.float32, progress=False)
     drafter = build_drafter("dflash", loaded, DraftOptions(budget=args.budget))
@@ -86,6 +88,7 @@ def main(argv: list[str] | None = None) -> None:
         for rule in RULES:
             configs.append((label, SamplingParams(temperature=t, top_p=top_p, top_k=top_k, tree_sampling=rule), rule))
     rows = []
+    started = time.perf_counter()
     for label, params, rule in configs:
         per_prompt = []
         for i, (p, x) in enumerate(zip(prompts, ids)):
@@ -97,11 +100,11 @@ def main(argv: list[str] | None = None) -> None:
         rows.append({"setting": label, "rule": rule, "temperature": params.temperature, "top_p": params.top_p,
                      "top_k": params.top_k, "tau": round(committed / passes, 4), "passes": passes,
                      "committed": committed, "per_prompt": per_prompt})
-        print(f"{label:18s} {rule or '-':9s} tau {committed / passes:.3f}", flush=True)
+        print(f"{label:18s} {rule or '-':9s} tau {committed / passes:.3f} ({time.perf_counter() - started:.0f} s)", flush=True)
     result = {
         "tool": "bench.tau_sampling", "machine": machine(), "versions": versions(),
         "target": "SmolLM2-135M-Instruct Q4_1 GGUF (embedded default), fp32", "drafter": "treeflash/assets/smollm2_dflash",
-        "budget": args.budget, "max_tokens": args.max_tokens, "prompts": [p.name for p in prompts],
+        "budget": args.budget, "max_tokens": args.max_tokens, "threads": args.threads, "prompts": [p.name for p in prompts],
         "note": "tau = tokens committed per target pass, pooled over prompts; prompts held out from the drafter's training",
         "rows": rows,
     }

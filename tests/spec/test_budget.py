@@ -48,8 +48,9 @@ def test_one_cold_propose_does_not_price_every_draft():
         else:
             auto.record_plain()
     assert abs(auto.draft_s - 0.0004) < 1e-9
-    # priced at 0.2 s after the cold one, the next draft is the floor's probe; from there the median is right
-    assert all(chosen[auto.config.probe_every + 2 :]), (chosen, auto.reason)
+    # priced at 0.2 s after the cold one, the next draft is the floor's next probe (the first doubled the
+    # interval); from there the median is right
+    assert all(chosen[2 * auto.config.probe_every + 2 :]), (chosen, auto.reason)
     assert "posterior tau" in auto.reason
 
 

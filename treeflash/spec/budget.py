@@ -97,7 +97,8 @@ class AutoBudget:
         step_s = self.step_times(context_len, limit)
         self.budget = self.bandit.choose(step_s)
         tau = self.bandit.expected_tau()
-        self.reason = (f"budget {self.budget}: {self.bandit.last[1]} (posterior tau " +
+        name = "budget 0 (no drafting)" if self.budget == 0 else f"budget {self.budget}"
+        self.reason = (f"{name}: {self.bandit.last[1]} (posterior tau " +
                        ", ".join(f"{a}: {tau[a]:.2f} at {step_s[a] * 1e3:.1f} ms" for a in sorted(step_s)) +
                        f"; step {self.bandit.steps}, request {self.prior.requests})")
         return self.budget

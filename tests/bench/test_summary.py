@@ -47,3 +47,33 @@ def test_collapse_warning_tells_load_from_code():
     first.extra["decode_cpu_s"] = slow.extra["decode_cpu_s"] = 0.5  # ...for the same CPU time: other tenants
     (w,) = collapse_warnings([first, slow])
     assert w["drop"] == 0.5 and w["cpu_time_drop"] == 0.0
+
+
+def test_budget_per_config_and_auto_against_the_best_fixed_budget():
+    """A sweep `budget=auto,8,32`: each config's per-step budgets summed over its runs, and auto's decode
+    tokens/s over the best fixed budget's."""
+    from treeflash.bench.report import format_table
+    from treeflash.bench.sweep import parse_sweep
+
+    assert parse_sweep("budget=auto,8,32").values == ("auto", 8, 32)
+    records = []
+    for run in range(2):
+        for label, seconds, hist in (("ar", 2.0, None), ("dflash budget=auto", 1.2, {"0": 10, "32": 40}),
+                                     ("dflash budget=8", 1.5, {"8": 50}), ("dflash budget=32", 1.25, {"32": 50})):
+            r = rec(label, "p", run, seconds=seconds, tau=None if hist is None else 2.0)
+            if hist is not None:
+                r.spec["budget"] = {"mean": 0.0, "steps_per_budget": hist, "per_step": [], "per_step_truncated": True}
+            records.append(r)
+    values = {"dflash budget=auto": "auto", "dflash budget=8": 8, "dflash budget=32": 32}
+    summary, _ = summarize(records, ["ar", *values], "ar", values)
+    auto = summary["configs"][1]
+    assert auto["budget"] == {"mean": 25.6, "steps_per_budget": {"0": 20, "32": 80}}
+    avf = summary["auto_vs_best_fixed"]
+    assert avf["best_fixed"] == "dflash budget=32" and avf["tokens_per_second_ratio"] == 1.25  # decode 0.20 s against 0.25 s
+    assert "auto vs the best fixed budget" in format_table(summary)
+    try:
+        parse_sweep("num_draft=auto,2")
+    except Exception as e:
+        assert "integers" in str(e)
+    else:
+        raise AssertionError("num_draft=auto must be refused")

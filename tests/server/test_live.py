@@ -160,7 +160,8 @@ def test_metrics(server, client):
     text = httpx.get(server.url + "/metrics").text
     for name in ('treeflash_requests_total{route="/chat/completions",status="200"}', "treeflash_time_to_first_token_seconds_count",
                  "treeflash_time_per_output_token_seconds_count", "treeflash_tokens_per_second_count", "treeflash_queue_depth",
-                 "treeflash_spec_tau", 'treeflash_spec_acceptance{depth="1"}'):
+                 "treeflash_spec_tau", 'treeflash_spec_acceptance{depth="1"}', "treeflash_spec_steps_by_budget_total{budget=",
+                 'treeflash_spec_step_budget_bucket{le="+Inf"}'):
         assert name in text, name
 
 

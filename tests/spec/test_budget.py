@@ -1,27 +1,14 @@
-"""`--budget auto`: the choice logic on synthetic timings and acceptance."""
+"""`--budget auto`'s AutoBudget: step prices from measured verify and draft times, one bandit per
+request, a prior across requests (the policy itself: tests/spec/test_bandit.py)."""
 
 import pytest
 
-from treeflash.spec.budget import AcceptanceByRank, BudgetTuner, choose_budget, context_bucket, interpolate, measure_verify_times
-
-
+from treeflash.spec.bandit import BanditConfig
+from treeflash.spec.budget import AutoBudget, arms_within, context_bucket, interpolate, measure_verify_times
 
 
 def linear_times(fixed: float, per_node: float) -> dict[int, float]:
     return {n: fixed + per_node * n for n in (1, 2, 3, 5, 9, 17, 33, 65)}
-
-
-def geometric(p: float, max_budget: int) -> list[float]:
-    """E[accepted | b] when node r is accepted with probability p**r (a chain-like tree)."""
-    out = [0.0]
-    for r in range(1, max_budget + 1):
-        out.append(out[-1] + p**r)
-    return out
-
-
-def brute_force(expected, times, draft_s, max_budget) -> int:
-    rates = {b: (1 + expected[b]) / ((draft_s if b else 0.0) + interpolate(times, b + 1)) for b in range(0, max_budget + 1)}
-    return max(rates, key=lambda b: (rates[b], -b))
 
 
 def test_interpolate():
@@ -32,105 +19,50 @@ def test_interpolate():
     assert interpolate(times, 15) == pytest.approx(8.0)  # extrapolated along the last segment
 
 
-@pytest.mark.parametrize(
-    "p, fixed, per_node, expect",
-    [
-        (0.9, 0.020, 0.0001, "large"),  # memory-bound GPU: extra nodes are nearly free -> big tree
-        (0.3, 0.010, 0.0010, "small"),  # compute-bound: each node costs 10% of a pass -> tiny tree
-    ],
-)
-def test_choice_follows_the_tradeoff(p, fixed, per_node, expect):
-    expected, times = geometric(p, 64), linear_times(fixed, per_node)
-    choice = choose_budget(expected, times, draft_s=0.002, max_budget=64)
-    assert choice.budget == brute_force(expected, times, 0.002, 64)
-    assert (choice.budget >= 20) if expect == "large" else (choice.budget <= 3)
-    assert choice.tokens_per_s == pytest.approx((1 + expected[choice.budget]) / (0.002 + fixed + per_node * (choice.budget + 1)))
-    assert f"budget {choice.budget}" in choice.reason()
+def test_step_prices_come_from_the_verify_table_and_the_draft_median():
+    auto = AutoBudget(64, lambda n: linear_times(0.010, 0.001))
+    auto.record(8, [1], draft_s=0.004)
+    step_s = auto.step_times(100, limit=20)
+    assert set(step_s) == {0, 4, 8, 16}  # arms above the limit (the room left in the cache) are not offered
+    assert step_s[0] == pytest.approx(0.011)  # a plain step: a one-node verify, no draft
+    assert step_s[16] == pytest.approx(0.004 + 0.010 + 0.001 * 17)
 
 
-def test_a_weak_drafter_gets_budget_zero():
-    """Little acceptance on a compute-bound machine (a CPU: 8 nodes cost 2x one): not drafting at
-    all (budget 0: a plain step, no draft pass) beats every tree, and the reason says so."""
-    times = {n: 0.070 * (1 + (n - 1) / 7) for n in (1, 2, 3, 5, 9, 17, 33, 65)}
-    choice = choose_budget(geometric(0.3, 64), times, draft_s=0.045, max_budget=64)
-    assert choice.budget == 0 and choice.tokens_per_s == pytest.approx(1 / 0.070)
-    assert "budget 0 (no drafting)" in choice.reason()
-    good = choose_budget(geometric(0.9, 64), times, draft_s=0.005, max_budget=64)  # a strong, cheap drafter still drafts
-    assert good.budget > 0
+def test_arms_are_cut_at_the_drafters_limit():
+    assert arms_within(BanditConfig(), 15).arms == (0, 4, 8, 15)  # a DFlash chain drafts at most 15
+    assert arms_within(BanditConfig(), 64).arms == BanditConfig().arms
 
 
-def test_choice_with_a_knee_in_verify_time():
-    """Verify time flat up to 17 nodes, then steep (a GPU tile boundary): the choice stops at the knee."""
-    times = {1: 0.010, 2: 0.010, 3: 0.010, 5: 0.010, 9: 0.010, 17: 0.010, 33: 0.030, 65: 0.060}
-    choice = choose_budget(geometric(0.8, 64), times, draft_s=0.001, max_budget=64)
-    assert choice.budget == 16
-
-
-def test_acceptance_by_rank_reads_smaller_budgets_off_larger_trees():
-    stats = AcceptanceByRank(decay=1.0)
-    stats.record(8, [1, 3])  # accepted nodes 1 and 3: a budget-2 tree would have accepted 1, budget-3 two
-    stats.record(8, [])
-    stats.record(4, [2])
-    e = stats.expected_accepted(10)
-    assert e[0] == 0.0
-    assert e[1] == pytest.approx(1 / 3)
-    assert e[2] == pytest.approx(1 / 3 + 1 / 3)
-    assert e[3] == pytest.approx(1 / 3 + 1 / 3 + 1 / 3)
-    assert e[8] == pytest.approx(1.0) and e[10] == pytest.approx(1.0)  # ranks never held count 0
-
-
-def test_decay_follows_drift():
-    stats = AcceptanceByRank(decay=0.9)
-    for _ in range(100):
-        stats.record(1, [1])
-    for _ in range(100):
-        stats.record(1, [])
-    assert stats.expected_accepted(1)[1] < 0.01
-
-
-def test_tuner_warms_up_then_revises_and_probes():
-    calls = []
-
-    def measure(context_len):
-        calls.append(context_len)
-        return linear_times(0.010, 0.0010)  # a compute-bound machine: 12 nodes cost 2 one-node steps
-
-    tuner = BudgetTuner(max_budget=64, measure=measure, revise_every=10, warmup=5)
-    budgets = []
+def test_one_cold_propose_does_not_price_every_draft():
+    """A cold propose (a first kernel compile, or a request's first pass over its prompt, which the drafter
+    leaves out itself) can take 100x a steady one: the draft cost is the low median of recent proposes,
+    so one outlier leaves the policy drafting (a mean priced drafts at 24 ms on the H200 and chose plain)."""
+    auto = AutoBudget(64, lambda n: linear_times(0.0005, 0.00001))
+    auto.start_request()
+    chosen = []
     for step in range(40):
-        b = tuner.next_budget(100 + step)
-        budgets.append(b)
-        accepted = [r for r in range(1, min(b, 3) + 1)] if step % 2 else []  # ranks 1..3 are accepted half the time
-        tuner.record(b, accepted, draft_s=0.001)
-    assert tuner.probe_budget == 11  # the largest tree whose verify costs <= 2 steps
-    assert budgets[:5] == [11] * 5  # warm-up explores at the probe budget
-    assert calls[:2] == [100, 105]  # timed at the first step (for the probe budget), revised after warm-up
-    assert len(calls) == 5  # then every 10 steps
-    assert budgets[5 + 9] == 11 and budgets[5 + 19] == 11  # one probe per period
-    assert budgets[6] == tuner.budget == 3  # ranks above 3 are never accepted: no point verifying them
-    assert "budget 3" in tuner.reason
-
-
-def test_probe_budget_is_everything_on_a_memory_bound_gpu():
-    tuner = BudgetTuner(max_budget=64, measure=lambda n: linear_times(0.020, 0.0001))
-    assert tuner.next_budget(100) == 64
-
-
-def test_tuner_backs_off_while_no_drafting_wins():
-    """A drafter that is never right: budget 0 wins, and revisions (each with one probe) come
-    every 20, 40, 80, 160 ... steps (the period doubles at each revision that keeps 0), so probes
-    cost less and less."""
-    tuner = BudgetTuner(max_budget=64, measure=lambda n: linear_times(0.010, 0.0010), revise_every=10, warmup=4)
-    budgets = []
-    for step in range(400):
-        b = tuner.next_budget(100)
-        budgets.append(b)
+        b = auto.next_budget(100, limit=64)
+        chosen.append(b)
         if b:
-            tuner.record(b, [], draft_s=0.005)
-    assert tuner.budget == 0 and "no drafting" in tuner.reason
-    probes = [i for i, b in enumerate(budgets) if b and i >= 4]
-    assert probes == [23, 63, 143, 303]  # one step before each revision: steps 25, 65, 145, 305 (1-based)
-    assert sum(1 for b in budgets if b) < 12  # 4 warm-up trees + a handful of probes in 400 steps
+            auto.record(b, list(range(1, min(b, 6) + 1)), draft_s=0.2 if step == 0 else 0.0004)
+        else:
+            auto.record_plain()
+    assert abs(auto.draft_s - 0.0004) < 1e-9
+    # priced at 0.2 s after the cold one, the next draft is the floor's next probe (the first doubled the
+    # interval); from there the median is right
+    assert all(chosen[2 * auto.config.probe_every + 2 :]), (chosen, auto.reason)
+    assert "posterior tau" in auto.reason
+
+
+def test_requests_start_from_the_prior_the_last_one_left():
+    auto = AutoBudget(64, lambda n: linear_times(0.001, 0.00001))
+    auto.start_request()
+    for _ in range(30):
+        b = auto.next_budget(100, limit=64)
+        auto.record(b, list(range(1, min(b, 5) + 1)), draft_s=0.0005) if b else auto.record_plain()
+    auto.start_request()
+    assert auto.prior.requests == 1 and auto.bandit.steps == 0
+    assert auto.bandit.prior[4][0] == pytest.approx(4.0)  # the first arm's gain: 4 accepted drafts at budget 4
 
 
 def test_measure_verify_times_is_cached_per_bucket():
@@ -166,13 +98,3 @@ def test_cpu_verify_table_is_short():
     assert set(times) == set(budget.CPU_NODE_COUNTS) and max(times) == 33
 
 
-def test_one_cold_propose_does_not_price_every_draft():
-    """A request's first propose (the prompt's eager pass, or a first kernel compile) can take 100x a
-    steady one: the draft cost is the median of recent proposes, so one such outlier leaves the
-    tuner drafting (a mean of the first steps priced drafts at 24 ms on the H200 and chose plain)."""
-    tuner = BudgetTuner(max_budget=64, measure=lambda n: linear_times(0.0005, 0.00001), revise_every=10, warmup=4)
-    for step in range(12):
-        b = tuner.next_budget(100)
-        tuner.record(b, list(range(1, min(b, 4) + 1)), draft_s=0.2 if step == 0 else 0.0004)
-    assert abs(tuner.draft_s - 0.0004) < 1e-9
-    assert tuner.budget > 0, tuner.reason

@@ -32,3 +32,31 @@ def test_generate_draft_dflash_equals_plain(prompt, capsys):
     spec = capsys.readouterr()
     assert spec.out == plain and len(plain) > 40
     assert "dflash" in spec.err  # the summary names the drafter (and the budget auto chose)
+
+
+@pytest.mark.slow
+def test_auto_budget_across_requests_equals_plain():
+    """--budget auto on the default pair (CPU, fp32), several requests through one engine (the bandit's
+    prior carried from one to the next, code and chat prompts alternating): greedy output token-identical
+    to plain decoding, and every request's per-step budgets in its usage."""
+    import torch
+
+    from treeflash.data.prompts import encode_prompt
+    from treeflash.engine.engine import Engine, EngineConfig
+    from treeflash.engine.request import GenerationRequest
+    from treeflash.models.loader import load_model
+    from treeflash.train.prompts import heldout_prompts
+
+    loaded = load_model(None, device="cpu", dtype=torch.float32, progress=False)
+    prompts = [p for p in heldout_prompts() if p.name.endswith(("/0", "/1", "HumanEval/3", "HumanEval/17"))]
+    plain = Engine(loaded, EngineConfig(max_context=1024))
+    auto = Engine(loaded, EngineConfig(max_context=1024, draft="dflash"))
+    assert auto.drafter.describe()["budget_mode"] == "auto"
+    for p in prompts:
+        req = GenerationRequest(tuple(encode_prompt(loaded, p)), max_tokens=40, ignore_eos=True)
+        _, want, _ = plain.complete(req)
+        _, got, last = auto.complete(req)
+        assert got == want, p.name
+        budget = last.usage.spec["budget"]
+        assert sum(budget["steps_per_budget"].values()) == last.usage.spec["passes"] == len(budget["per_step"])
+    assert auto.drafter.tuner.prior.requests == len(prompts) - 1

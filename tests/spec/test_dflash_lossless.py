@@ -61,7 +61,7 @@ def test_greedy_auto_budget():
     assert out == ref
     info = drafter.describe()
     assert info["budget_mode"] == "auto" and 0 <= info["budget"] <= 64
-    assert ("maximizes" if info["budget"] else "no drafting") in info["budget_reason"]
+    assert info["budget_reason"].startswith(f"budget {info['budget']}") and "posterior tau" in info["budget_reason"]
 
 
 # -- sampling ------------------------------------------------------------------------------------

@@ -15,7 +15,7 @@ def _pm(s: dict | None, fmt: str = "{:.1f}", scale: float = 1.0) -> str:
 
 def format_table(summary: dict, warnings: list[dict] | None = None) -> str:
     """One row per target: mean [min-max] over passes."""
-    head = ["target", "decode tok/s", "e2e tok/s", "decode tok/cpu-s", "TTFT ms", "tau", "accept d1/d2/d3/d4", "draft/verify/rest",
+    head = ["target", "decode tok/s", "e2e tok/s", "decode tok/cpu-s", "TTFT ms", "tau", "budget", "accept d1/d2/d3/d4", "draft/verify/rest",
             "speedup", "cpu speedup", "same"]
     rows = [head]
     for c in summary["configs"]:
@@ -29,6 +29,7 @@ def format_table(summary: dict, warnings: list[dict] | None = None) -> str:
             _pm(c.get("tokens_per_cpu_second")),
             _pm(c["ttft_s"], "{:.0f}", 1000.0),
             _pm(c.get("tau"), "{:.2f}"),
+            f"{c['budget']['mean']:.1f}" if c.get("budget") else "-",  # mean draft nodes per step
             "/".join(f"{a:.2f}" for a in acc[:4]) if acc else "-",
             "/".join(f"{100 * split[p]:.0f}%" for p in ("draft", "verify", "rest")) if split else "-",
             _pm(c.get("speedup_vs_baseline"), "{:.2f}x"),
@@ -42,6 +43,9 @@ def format_table(summary: dict, warnings: list[dict] | None = None) -> str:
         cpu = f"; per CPU-second: {-100 * w['cpu_time_drop']:+.0f}%" if "cpu_time_drop" in w else ""
         lines.append(f"WARNING: {w['target']} on {w['prompt']} run {w['run'] + 1}: {w['metric']} {w['value']:.3g} is "
                      f"{100 * w['drop']:.0f}% below the first run's {w['first']:.3g}{cpu} (possible silent collapse)")
+    avf = summary.get("auto_vs_best_fixed")
+    if avf:
+        lines.append(f"auto vs the best fixed budget ({avf['best_fixed']}): {avf['tokens_per_second_ratio']:.3f}x decode tokens/s")
     return "\n".join(lines)
 
 
@@ -62,7 +66,7 @@ def plot(path: str | Path, summary: dict, sweep_key: str | None = None, title: s
     base = next((c for c in configs if c["label"] == summary.get("baseline")), None)
     spec = [c for c in configs if c is not base]
     fig, ax = plt.subplots(figsize=(7, 4.2), dpi=120)
-    if sweep_key is not None and all("sweep_value" in c for c in spec):
+    if sweep_key is not None and all(isinstance(c.get("sweep_value"), int) for c in spec):  # ('auto' among them: bars)
         xs = [c["sweep_value"] for c in spec]
         ys = [c["tokens_per_second"]["mean"] for c in spec]
         err = [[y - c["tokens_per_second"]["min"] for y, c in zip(ys, spec)],

@@ -79,6 +79,33 @@ def acceptance_per_depth(records: list[RunRecord]) -> list[float] | None:
     return [round(a / p, 4) if p else 0.0 for a, p in zip(accepted, proposed)]
 
 
+def budget_figures(records: list[RunRecord]) -> dict | None:
+    """The budget of every step (draft nodes, 0 = plain) over these runs: mean and steps per budget."""
+    hist: dict[int, int] = {}
+    for r in records:
+        for b, n in ((r.spec or {}).get("budget") or {}).get("steps_per_budget", {}).items():
+            hist[int(b)] = hist.get(int(b), 0) + n
+    steps = sum(hist.values())
+    if not steps:
+        return None
+    return {"mean": round(sum(b * n for b, n in hist.items()) / steps, 3),
+            "steps_per_budget": {str(b): n for b, n in sorted(hist.items())}}
+
+
+def auto_vs_fixed(configs: list[dict]) -> dict | None:
+    """A sweep with budget 'auto' beside fixed budgets: auto's decode tokens/s over the best fixed one's
+    (means over passes), and the same for tau."""
+    auto = next((c for c in configs if c.get("sweep_value") == "auto"), None)
+    fixed = [c for c in configs if isinstance(c.get("sweep_value"), int)]
+    if auto is None or not fixed:
+        return None
+    best = max(fixed, key=lambda c: c["tokens_per_second"]["mean"] or 0.0)
+    return {"auto": auto["label"], "best_fixed": best["label"],
+            "tokens_per_second_ratio": round(auto["tokens_per_second"]["mean"] / best["tokens_per_second"]["mean"], 4),
+            "auto_speedup_vs_baseline": (auto.get("speedup_vs_baseline") or {}).get("mean"),
+            "best_fixed_speedup_vs_baseline": (best.get("speedup_vs_baseline") or {}).get("mean")}
+
+
 def collapse_warnings(records: list[RunRecord], drop: float = COLLAPSE_DROP) -> list[dict]:
     """Runs whose decode tokens/s or tau fell more than `drop` below the first run (same target, prompt)."""
     first: dict[tuple[str, str], RunRecord] = {}
@@ -146,6 +173,7 @@ def summarize(records: list[RunRecord], labels: list[str], baseline: str | None 
             split = {part: sum(p.get(f"{part}_s", 0.0) for p in runs) for part in ("draft", "verify", "rest")}
             total = sum(split.values())
             c["time_split"] = {part: round(v / total, 4) for part, v in split.items()} if total else None
+            c["budget"] = budget_figures(rs)
         if baseline is not None and lab != baseline:
             base = per_pass[baseline]
             paired = [run for run in passes if run in base]
@@ -172,5 +200,6 @@ def summarize(records: list[RunRecord], labels: list[str], baseline: str | None 
         "baseline_tokens_per_second": next((c["tokens_per_second"]["mean"] for c in configs if c["label"] == baseline), None),
         "outputs_identical": all(identity) if identity else None,
         "collapse_warnings": len(warnings),
+        "auto_vs_best_fixed": auto_vs_fixed(configs),
         "configs": configs,
     }, warnings

@@ -11,28 +11,30 @@ from dataclasses import dataclass, replace
 
 from treeflash.errors import InvalidRequestError
 
-SWEEPABLE = ("budget", "num_draft", "ngram_max", "ngram_min")  # integer DraftOptions fields
+SWEEPABLE = ("budget", "num_draft", "ngram_max", "ngram_min")  # integer DraftOptions fields (budget also "auto")
 
 
 @dataclass(frozen=True)
 class Sweep:
     key: str  # a DraftOptions field
-    values: tuple[int, ...]
+    values: tuple[int | str, ...]
 
-    def label(self, draft: str, value: int) -> str:
+    def label(self, draft: str, value: int | str) -> str:
         return f"{draft} {self.key}={value}"
 
 
 def parse_sweep(text: str) -> Sweep:
-    """'budget=6,10,14' -> Sweep('budget', (6, 10, 14)); dashes are accepted for underscores."""
+    """'budget=6,10,14' -> Sweep('budget', (6, 10, 14)); dashes are accepted for underscores; `budget` also
+    takes 'auto' (--budget auto beside fixed budgets: 'budget=auto,8,16,32')."""
     key, sep, rest = text.partition("=")
     key = key.strip().replace("-", "_")
     if not sep or key not in SWEEPABLE:
         raise InvalidRequestError(f"--sweep must look like KEY=v1,v2,... with KEY one of {', '.join(SWEEPABLE)}; got {text!r}", "sweep")
     try:
-        values = tuple(int(v) for v in rest.split(",") if v.strip())
+        values = tuple(v.strip() if key == "budget" and v.strip() == "auto" else int(v) for v in rest.split(",") if v.strip())
     except ValueError:
-        raise InvalidRequestError(f"--sweep {key}: values must be integers, got {rest!r}", "sweep") from None
+        also = " or 'auto'" if key == "budget" else ""
+        raise InvalidRequestError(f"--sweep {key}: values must be integers{also}, got {rest!r}", "sweep") from None
     if not values:
         raise InvalidRequestError(f"--sweep {key}: give at least one value", "sweep")
     if len(set(values)) != len(values):

@@ -11,13 +11,15 @@ import time
 from dataclasses import asdict
 from pathlib import Path
 
-from treeflash.cli.common import add_model_args, parse_budget
+from treeflash.cli.common import add_model_args, parse_bandit, parse_budget
 from treeflash.errors import InvalidRequestError
 
 EXAMPLES = """examples:
   treeflash bench --prompts humaneval --num-prompts 10 --draft ngram --baseline ar --json out.json
   treeflash bench --model ./Qwen3.6-27B --draft dflash --draft-model ./drafter \\
       --sweep budget=6,10,14,18,22,26,30 --baseline ar --json sweep.json --plot sweep.png
+  treeflash bench --draft dflash --sweep budget=auto,4,8,16,32,64 --baseline ar --temperature 0.8 --json auto.json
+  treeflash bench --draft dflash --auto-arms 0,8,32 --baseline ar --prompts humaneval --num-prompts 10
   treeflash bench --endpoint http://localhost:8000 --prompts chat --runs 3
   treeflash bench --rerun sweep.json --json again.json
 """
@@ -208,7 +210,7 @@ def _engine_targets(args, prompts):
     max_context = min(requested, longest + args.max_tokens + 256)
     options = DraftOptions(num_draft=args.num_draft, draft_model=args.draft_model, budget=parse_budget(args.budget),
                            tree=not args.no_tree, mtp_tree=args.mtp_tree,
-                           replay_corrupt=getattr(args, "replay_corrupt", 0.0))
+                           replay_corrupt=getattr(args, "replay_corrupt", 0.0), bandit=parse_bandit(args.auto_arms))
     base = EngineConfig(max_context=max_context, draft=args.draft, draft_options=options,
                         cache_type_k=args.cache_type_k, cache_type_v=args.cache_type_v,
                         cache_k_exact_layers=args.cache_k_exact_layers)

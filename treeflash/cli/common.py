@@ -31,6 +31,8 @@ def add_model_args(p: argparse.ArgumentParser) -> None:
     d.add_argument("--draft-model", default=None, help="drafter weights for --draft draft / dflash (dflash on the embedded default: its shipped drafter)")
     d.add_argument("--num-draft", type=int, default=5, help="tokens per chain draft for ngram/draft/mtp (default 5)")
     d.add_argument("--budget", default="auto", help="DDTree node budget for dflash: an integer or 'auto' (default)")
+    d.add_argument("--auto-arms", default=None, metavar="B0,B1,...",
+                   help="dflash --budget auto: the budgets its bandit chooses among, 0 = a plain step (default 0,4,8,16,32,48,64)")
     d.add_argument("--no-tree", action="store_true", help="dflash: verify the plain DFlash chain instead of a DDTree")
     d.add_argument("--mtp-tree", action="store_true",
                    help="mtp: draft a DDTree from the MTP head's per-depth top-k (--budget nodes; auto: 3 per --num-draft depth) instead of a chain")
@@ -68,6 +70,22 @@ def parse_budget(value: str) -> int | str:
         raise InvalidRequestError(f"--budget must be an integer or 'auto', got {value!r}", "budget") from None
 
 
+def parse_bandit(value: str | None):
+    """--auto-arms '0,8,32' -> the BanditConfig of --budget auto (the defaults when None)."""
+    from treeflash.spec.bandit import BanditConfig
+
+    if value is None:
+        return BanditConfig()
+    try:
+        arms = tuple(int(v) for v in value.split(",") if v.strip())
+    except ValueError:
+        raise InvalidRequestError(f"--auto-arms must be comma-separated integers, got {value!r}", "auto_arms") from None
+    try:
+        return BanditConfig(arms=arms)
+    except InvalidRequestError as e:
+        raise InvalidRequestError(f"--auto-arms: {e}", "auto_arms") from None
+
+
 def build_engine(args: argparse.Namespace, progress: bool = True):
     import torch
 
@@ -99,6 +117,7 @@ def build_engine(args: argparse.Namespace, progress: bool = True):
         tree=not args.no_tree,
         mtp_tree=getattr(args, "mtp_tree", False),
         replay_corrupt=getattr(args, "replay_corrupt", 0.0),
+        bandit=parse_bandit(getattr(args, "auto_arms", None)),
     )
     config = EngineConfig(
         max_context=start.max_context,

@@ -11,7 +11,7 @@ from __future__ import annotations
 import time
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
 
 from treeflash.server.worker import Job, Worker
 
@@ -21,6 +21,7 @@ ROUTES = ("/chat/completions", "/completions", "/models", "/health", "/metrics",
 _TIME_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600)
 _TPOT_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5)
 _RATE_BUCKETS = (1, 2, 5, 10, 20, 50, 100, 200, 500, 1000, 2000)
+_BUDGET_BUCKETS = (0, 4, 8, 16, 32, 48, 64, 128, 256)  # draft nodes per step (--budget auto's arms by default)
 
 
 def route_label(path: str) -> str:
@@ -82,7 +83,8 @@ class Metrics:
 
 
 class _SpecCollector:
-    """tau and acceptance per depth from the engine's running totals, read when scraped."""
+    """tau, acceptance per depth and the budget of each step (draft nodes; 0 = plain) from the engine's
+    running totals, read when scraped."""
 
     def __init__(self, worker: Worker):
         self.worker = worker
@@ -105,7 +107,20 @@ class _SpecCollector:
                                    labels=["depth"])
         for depth, rate in enumerate(stats.acceptance_per_depth(), start=1):
             accept.add_metric([str(depth)], rate)
-        yield from (passes, committed, tau, accept)
+        per_budget = CounterMetricFamily("treeflash_spec_steps_by_budget", "decode steps by their budget (draft nodes; 0 = a "
+                                         "plain step): what --budget auto chose", labels=["budget"])
+        for b, n in sorted(stats.steps_per_budget.items()):
+            per_budget.add_metric([str(b)], n)
+        yield from (passes, committed, tau, accept, per_budget, _budget_histogram(stats.steps_per_budget))
+
+
+def _budget_histogram(steps_per_budget: dict[int, int]) -> HistogramMetricFamily:
+    """The per-step budgets as a Prometheus histogram (cumulative buckets of draft nodes)."""
+    h = HistogramMetricFamily("treeflash_spec_step_budget", "draft nodes per decode step (0 = a plain step)")
+    buckets = [(str(le), sum(n for b, n in steps_per_budget.items() if b <= le)) for le in _BUDGET_BUCKETS]
+    buckets.append(("+Inf", sum(steps_per_budget.values())))
+    h.add_metric([], buckets, sum_value=sum(b * n for b, n in steps_per_budget.items()))
+    return h
 
 
 class _GatewayCollector:

@@ -69,8 +69,8 @@ class Decoder:
         self._ahead = None  # PendingToken of a plain step enqueued before its input was read back
         self._dev: DeviceLoop | None = None  # the drafter's device loop for this request (None: synchronous steps)
         self._dev_cur: PendingStep | None = None  # its step enqueued, not read yet
-        self._dev_off = False  # the loop's guard: device steps lost to plain decoding; plain steps from here
-        self._dev_run = (0.0, 0, 0, 0.0)  # since entering: start time, steps, tokens, plain decoding's s/token
+        self._dev_plain = False  # a guarded loop chose a plain step for this step (--budget auto)
+        self._dev_read_at: float | None = None  # when the loop's last step was read, within a run
 
     @property
     def capture(self) -> tuple[int, ...]:
@@ -90,9 +90,10 @@ class Decoder:
         self._dev = None  # built (captured) before the reset below
         if self.drafter is not None and self.device_steps:
             self._dev = self.drafter.device_loop(self.runner, self.params, self.want_logprobs)
-        # a guarded loop: plain from the first token after requests of this kind kept losing (skip_request)
-        self._dev_off = self._dev is not None and self._dev.guarded and self._dev.skip_request()
-        self._dev_run = (0.0, 0, 0, 0.0)
+        if self._dev is not None and self._dev.guarded:
+            self._dev.begin_request()
+        self._dev_plain = False
+        self._dev_read_at = None
         if self._dev is not None and self._dev.first_use() and start:  # its capture's warm-ups wrote over the resumed rows
             start, hidden_before = 0, None
         self.resumed = start  # prompt tokens not prefilled again
@@ -141,7 +142,7 @@ class Decoder:
             return self._plain_step()
         if self._dev_cur is not None or self._device_ready():
             return self._device_step()
-        if self._dev_off:  # the loop's guard: drafting lost to plain decoding in this request
+        if self._dev_plain:  # the loop's policy chose a plain step (it still feeds the drafter)
             return self._plain_step()
         return self._drafted_step()
 
@@ -181,29 +182,38 @@ class Decoder:
     # -- drafted steps on the device (the drafter's DeviceLoop) --
 
     def _device_ready(self) -> bool:
-        if self._dev is None or self._dev_off:
+        """Whether the next step runs on the device; a guarded loop's policy may choose a plain step."""
+        self._dev_plain = False
+        if self._dev is None or not self._dev.ready(self.cache.seq_len, self.cache.max_len):
             return False
-        return self._dev.ready(self.cache.seq_len, self.cache.max_len)
+        if self._dev.guarded and not self._dev.choose(self.cache.seq_len, in_flight=False):
+            self._dev_plain = True
+            self._dev.observe_plain()
+            return False
+        return True
 
     def _device_step(self) -> list[int]:
         """Read the step enqueued last, after enqueueing the next one; the host only keeps the books.
-        Without room for another step the loop ends and the drafter takes its state back."""
+        Without room for another step, or when a guarded loop's policy chooses a plain step next, the
+        run ends and the drafter takes its state back."""
         t0 = time.perf_counter()
         loop = self._dev
         if self._dev_cur is None:  # entering: load the state, enqueue the first step
-            plain_s = loop.plain_time(self.cache.seq_len) if loop.guarded else 0.0  # nothing in flight
             seed = 0
             if loop.sampled:  # the device draws from a hash of (seed, step, node): the seed comes from the request's generator
                 seed = int(torch.randint(0, 2**31 - 1, (1,), generator=self.generator, device=self.generator.device))
             loop.start(self.root, self.cache.seq_len, self.params, seed)
-            self._dev_run = (time.perf_counter(), 0, 0, plain_s)
+            self._dev_read_at = None
             self._dev_cur = loop.enqueue()
         cur = self._dev_cur
-        go_on = loop.room(self.cache.seq_len, self.cache.max_len) and not self._device_losing()
+        go_on = loop.room(self.cache.seq_len, self.cache.max_len) and (
+            not loop.guarded or loop.choose(self.cache.seq_len, in_flight=True))
         self._dev_cur = loop.enqueue() if go_on else None  # the next step, before this one is read
         got = loop.read(cur)
-        start, steps, made, plain_s = self._dev_run
-        self._dev_run = (start, steps + 1, made + got.accepted + 1, plain_s)
+        now = time.perf_counter()
+        if self._dev_read_at is not None and loop.guarded:
+            loop.timed(now - self._dev_read_at)  # pipelined: one step's time between two reads
+        self._dev_read_at = now if go_on else None
         self.tokens.extend([self.root, *got.tokens[:-1]])
         self.cache.advance(got.accepted + 1)
         self.root = got.tokens[-1]
@@ -213,36 +223,18 @@ class Decoder:
         self.stats.record(got.depth, got.accepted, got.drafted)
         return got.tokens
 
-    def _device_losing(self) -> bool:
-        """A guarded loop (--budget auto, its GuardTuning g): after g.check_steps device steps, are they
-        slower per token than plain decoding (the loop's plain_time), or after g.early_steps already
-        g.early_margin times slower? Then this request decodes plainly from here, and the verdict is
-        recorded for the next requests (DeviceLoop.skip_request)."""
-        start, steps, made, plain_s = self._dev_run
-        g = self._dev.guard
-        if not self._dev.guarded or steps < min(g.early_steps, g.check_steps) or made == 0:
-            return False
-        per_token = (time.perf_counter() - start) / made
-        if per_token > plain_s * (1.0 if steps >= g.check_steps else g.early_margin):
-            self._dev_off = True
-            self._dev.record(lost=True)
-        elif steps >= g.check_steps:
-            self._dev.record(lost=False)
-        return self._dev_off
-
     def _plain_step(self, draft_s: float = 0.0) -> list[int]:
         """One token through the plain decode path (the decode graph on a GPU). Also the step for a
         root-only tree (budget 0: nothing drafted), which is cheaper than a one-node verify plus its
         commit and exact: that verify would sample the same distribution at the same node. A drafter
-        still gets the root's hidden states, unless --budget auto's guard turned drafting off for the
-        rest of the request: then greedy steps run pipelined, as without a drafter."""
+        still gets the root's hidden states (so that it can draft again at the next step)."""
         t0 = time.perf_counter()
         if self._pipelined():
             return self._plain_step_ahead(t0, draft_s)
         ids = torch.tensor([self.root], dtype=torch.long)  # on the host: a graph runner copies it in with the step's other ints
         out = self.runner.forward(StepInput.plain(ids, self.cache.seq_len), capture_layers=self.capture)
         self.tokens.append(self.root)
-        if self.drafter is not None and not self._dev_off:  # (off: it drafts no more in this request)
+        if self.drafter is not None:
             # a copy: on a GPU `captured` is the decode graph's output buffer, which the next replay overwrites
             self.drafter.observe([self.root], None if out.captured is None else out.captured.clone())
         self.root = int(self._pick(out)[0])
@@ -257,8 +249,7 @@ class Decoder:
         """Greedy plain decoding through a graph runner: step k + 1 is enqueued before step k's token
         is read back (`enqueue_greedy`), so the GPU does not wait for the host between tokens."""
         enqueue = getattr(self.runner, "enqueue_greedy", None)
-        # a drafter that --budget auto's guard turned off (_dev_off) drafts no more in this request
-        return (enqueue is not None and (self.drafter is None or self._dev_off) and self.params.greedy
+        return (enqueue is not None and self.drafter is None and self.params.greedy
                 and self.want_logprobs is None and self.constraint is None and getattr(self.runner, "decode", None) is not None)
 
     def _plain_step_ahead(self, t0: float, draft_s: float) -> list[int]:

@@ -14,8 +14,9 @@ books. The Decoder drives every loop the same way:
     read(pending) -> StepRead  wait for that step; the loop advances its own books
     stop(observed)             no step in flight: the drafter takes its state back
 
-and, for a drafter whose budget is tuned (`guarded`), the guard that turns drafting off for a
-request whose device steps lose to plain decoding: `plain_time`, `skip_request`, `record`.
+and, for a drafter whose budget is tuned (`guarded`, --budget auto), a policy per request that picks,
+step by step, a device step or a plain one (which still feeds the drafter, so drafting can resume):
+`begin_request`, `choose`, `observe_plain`, `timed`.
 Tokens are those of the synchronous steps (greedy) or the same distribution (sampled): a loop is an
 implementation of the same step, checked against the target alone (tests/spec/test_device_loop.py
 shows a minimal one).
@@ -27,36 +28,6 @@ from abc import ABC, abstractmethod
 from dataclasses import dataclass
 
 import torch
-
-@dataclass(frozen=True)
-class GuardTuning:
-    """--budget auto's guard against plain decoding (a `guarded` loop; the Decoder applies it).
-
-    Within a request: after `check_steps` device steps, a request whose device steps commit tokens
-    slower than plain decoding would decodes plainly from there (synchronous drafting, the same drafts
-    with more overhead, would be slower still); and earlier, after `early_steps`, if they are already
-    `early_margin` times slower: a sampled request at temperature 1 on the default model (tau ~1.2, a
-    2 ms sampled step) spent ~40 ms of its 256 tokens in 32 losing steps (treeflash bench on the H200:
-    0.86x of plain decoding).
-    Across requests of one kind (one loop each): after `losses_in_row` requests in a row whose device
-    steps lost, the next `skip_requests` decode plainly from their first token; then one probes again
-    (a server whose requests sample at temperature 1 would otherwise pay the losing steps on every one)."""
-
-    check_steps: int = 32
-    early_steps: int = 8
-    early_margin: float = 1.5
-    losses_in_row: int = 2
-    skip_requests: int = 8
-
-    def __post_init__(self):
-        for name in ("check_steps", "early_steps", "losses_in_row"):
-            if not (isinstance(getattr(self, name), int) and getattr(self, name) >= 1):
-                raise ValueError(f"GuardTuning.{name} must be an int >= 1, got {getattr(self, name)!r}")
-        if not (isinstance(self.skip_requests, int) and self.skip_requests >= 0):
-            raise ValueError(f"GuardTuning.skip_requests must be an int >= 0, got {self.skip_requests!r}")
-        if not self.early_margin >= 1.0:
-            raise ValueError(f"GuardTuning.early_margin must be >= 1.0, got {self.early_margin!r}")
-
 
 @dataclass
 class PendingStep:
@@ -115,35 +86,18 @@ class DeviceLoop(ABC):
         return first
 
     # -- the guard (a loop whose budget is not tuned keeps these defaults) --
-    guarded: bool = False  # whether the Decoder checks these steps against plain decoding
-    guard: GuardTuning = GuardTuning()  # how (a guarded loop's own)
+    guarded: bool = False  # whether the Decoder asks `choose` before each step
 
-    def plain_time(self, seq_len: int) -> float:
-        """Seconds of one plain decode step at this context (nothing in flight)."""
-        return 0.0
+    def begin_request(self) -> None:
+        """A request that may use this loop starts (its policy starts from the earlier requests' prior)."""
 
-    def skip_request(self) -> bool:
-        """At a request's start: whether it decodes plainly from its first token."""
-        return False
+    def choose(self, seq_len: int, in_flight: bool) -> bool:
+        """Before a step (in_flight: a device step is still to be read): True for a device step, False for a
+        plain decode step. Timing passes may run only with nothing in flight."""
+        return True
 
-    def record(self, lost: bool) -> None:
-        """A request's verdict from the guard: its device steps lost (or did not)."""
+    def observe_plain(self) -> None:
+        """The step `choose` turned down ran plainly."""
 
-
-class LossRecord:
-    """The guard's memory across requests of one kind (GuardTuning.losses_in_row, skip_requests)."""
-
-    def __init__(self, guard: GuardTuning) -> None:
-        self.guard = guard
-        self.losses = 0  # requests in a row whose device steps lost to plain decoding
-        self.skipped = 0  # requests decoded plainly since then
-
-    def skip_request(self) -> bool:
-        if self.losses >= self.guard.losses_in_row and self.skipped < self.guard.skip_requests:
-            self.skipped += 1
-            return True
-        self.skipped = 0
-        return False
-
-    def record(self, lost: bool) -> None:
-        self.losses = self.losses + 1 if lost else 0
+    def timed(self, step_s: float) -> None:
+        """Seconds between two device steps' reads within a run (the pipelined step time)."""

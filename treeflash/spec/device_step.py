@@ -46,11 +46,11 @@ from treeflash.kernels.spec.ddtree import ddtree
 from treeflash.kernels.spec.sample import sample_rows, sample_static
 from treeflash.kv.recurrent_cache import RecurrentCache
 from treeflash.models.runner import CudaGraphRunner, capture_graph
-from treeflash.spec.device_loop import DeviceLoop, LossRecord, PendingStep, StepRead
+from treeflash.spec.device_loop import DeviceLoop, PendingStep, StepRead
 from treeflash.spec.sampling import OFF_TOP_P, needs_order, processed_probs_static, static_params
 
-# --budget auto on the device: one tree size for the whole request, not the tuner's per-step choice
-# (a graph per budget). 32 since stop 26 (docs/performance.md, "Stop 26"): on the default model 32 and 48
+# --budget auto on the device: one tree size in the captured graph (a graph per budget), and per step the
+# request's bandit (bandit.py) between that tree and a plain step. 32 since stop 26 (docs/performance.md, "Stop 26"): on the default model 32 and 48
 # are even on identical text (H200 step 1.104 against 1.144 ms, 3.6% more; fp32 tau 3.73 against 3.86,
 # 3.5% more) and over the 20 held-out prompts in bf16 either has led by up to 5% (v8: 48, v9: 32), while
 # on larger targets a 49-node verify costs more than a 33-node one (Qwen3.5-27B shape: verify-64 1.47x of
@@ -78,15 +78,17 @@ def supported(runner, drafter, want_logprobs) -> int:
     return t if 2 <= t <= limit else 0
 
 
-class DeviceStep(LossRecord, DeviceLoop):
+class DeviceStep(DeviceLoop):
     def __init__(self, runner: CudaGraphRunner, drafter, nodes: int, sampled: bool = False, filtered: bool = True):
         """Captures the step (a CUDA graph on a GPU) for `drafter`, the DFlashDrafter that owns it. Its
         warm-ups write scratch rows and advance recurrent state: build it before a prefill, which resets
         the caches. A sampled step with `filtered` applies top-k and top-p (a sort per node); without,
         it serves only requests that set neither (sampling.needs_order), and draws in one launch."""
-        LossRecord.__init__(self, drafter.guard)  # --budget auto's guard tuning, the drafter's
         self.runner, self.drafter, self.t, self.nodes, self.sampled = runner, drafter, nodes, nodes, sampled
-        self.guarded = drafter.tuner is not None  # --budget auto: the guard against plain decoding
+        self.guarded = drafter.tuner is not None  # --budget auto: a bandit between this step and a plain one
+        self.policy = None  # this request's BudgetBandit (begin_request)
+        self.step_s: dict[int, float] = {}  # the policy's prices: arm -> seconds (0: plain, t - 1: this step)
+        self.measured_s: float | None = None  # this step's pipelined time, a moving average of `timed`
         self.filtered = sampled and filtered
         self.tree, self.seed_chain = drafter.tree, drafter.seed_chain
         g = drafter.graphs
@@ -112,7 +114,7 @@ class DeviceStep(LossRecord, DeviceLoop):
         self.ring = [torch.zeros(HEAD + t, dtype=torch.long, pin_memory=pin) for _ in range(2)]
         self.events = [torch.cuda.Event() if pin else None for _ in range(2)]
         self._slot = 0
-        self._plain_timer = None  # --budget auto's guard: the runner's one-node verify, timed per context bucket
+        self._timer = None  # --budget auto: the runner's 1- and t-node verify, timed per context bucket
         self.draft_len = 0  # the draft cache length the host knows (the device runs ahead of it)
         self.count = 0  # rows the next read step's draft pass consumed
         saved = [layer.pending for layer in self.recurrent]
@@ -244,6 +246,8 @@ class DeviceStep(LossRecord, DeviceLoop):
         step's pass consumes the accepted + 1 rows this one committed."""
         vals = pending.wait()
         a = vals[0]
+        if self.policy is not None:
+            self.policy.observe_count(self.t - 1, a)
         self.draft_len += self.count
         self.count = a + 1
         return StepRead(accepted=a, depth=vals[1], drafted=vals[2], tokens=vals[HEAD : HEAD + a + 1])
@@ -253,12 +257,36 @@ class DeviceStep(LossRecord, DeviceLoop):
         draft cache length and the tokens observed."""
         self.drafter.take_back(self.drafter.graphs.ctx_in[: self.count].clone(), self.draft_len, observed)
 
-    def plain_time(self, seq_len: int) -> float:
-        """Seconds of one plain step at this context (the runner's one-node verify graph, a few replays
-        per context bucket and process). Call with nothing in flight: the replays overwrite buffers."""
+    # -- --budget auto: the policy between this step and a plain one --
+    def begin_request(self) -> None:
+        self.policy = self.drafter.tuner.start_device(self.t - 1, self.policy)
+
+    def choose(self, seq_len: int, in_flight: bool) -> bool:
+        """The request's bandit: a device step (arm t - 1) or a plain one (arm 0), priced by the runner's
+        one-node verify (timed when nothing is in flight) and this step's measured time (at first its
+        t-node verify plus the drafter's propose time)."""
+        if self.policy is None:
+            self.begin_request()
+        if not in_flight or not self.step_s:
+            times = self._times(seq_len)
+            self.step_s[0] = times.get(1, 0.0)
+            model = times.get(self.t, 0.0) + self.drafter.tuner.draft_s
+            self.step_s[self.t - 1] = model if self.measured_s is None else self.measured_s
+        return self.policy.choose(self.step_s) > 0
+
+    def observe_plain(self) -> None:
+        self.policy.observe_plain()
+
+    def timed(self, step_s: float) -> None:
+        self.measured_s = step_s if self.measured_s is None else 0.8 * self.measured_s + 0.2 * step_s
+        self.step_s[self.t - 1] = self.measured_s
+
+    def _times(self, seq_len: int) -> dict[int, float]:
+        """The runner's verify graph at 1 and t nodes, a few replays per context bucket and process. Call
+        with nothing in flight: the replays overwrite buffers."""
         from treeflash.spec.budget import runner_verify_timer
 
-        if self._plain_timer is None:
-            self._plain_timer = runner_verify_timer(self.runner, node_counts=(1,))
+        if self._timer is None:
+            self._timer = runner_verify_timer(self.runner, node_counts=(1, self.t))
         self.drafter.own_pending()  # the observed rows may view the buffers the replays overwrite
-        return self._plain_timer(seq_len).get(1, 0.0)
+        return self._timer(seq_len)

@@ -15,8 +15,8 @@ step (their target hidden states arrive through `observe`), and read B - 1 distr
   rejection sampling. DFlash samples each depth independently of the tokens above it, so q is
   exactly the conditional distribution the token was drawn from, as rejection sampling requires.
 
-`budget="auto"` hands the budget to a BudgetTuner (budget.py), fed with the accepted path of
-every tree this drafter proposed.
+`budget="auto"` hands the budget to an AutoBudget (budget.py): per request a bandit over budgets
+(bandit.py), fed with the accepted path of every tree this drafter proposed and with its plain steps.
 """
 
 from __future__ import annotations
@@ -30,9 +30,10 @@ import torch
 from treeflash.errors import ModelLoadError
 from treeflash.models.default_model import default_drafter_path, is_default_model
 from treeflash.models.transformer import CausalLM
-from treeflash.spec.budget import BudgetTuner, measure_verify_times, runner_verify_timer
+from treeflash.spec.bandit import BanditConfig
+from treeflash.spec.budget import AutoBudget, measure_verify_times, runner_verify_timer
 from treeflash.spec.ddtree import build_tree, sample_tree, tree_from_top
-from treeflash.spec.device_loop import DeviceLoop, GuardTuning
+from treeflash.spec.device_loop import DeviceLoop
 from treeflash.spec.device_step import DeviceStep, supported
 from treeflash.spec.dflash_model import DFlashModel, load_dflash
 from treeflash.spec.drafter import DraftContext, Drafter, DraftOptions, register
@@ -49,8 +50,7 @@ class DFlashDrafter(Drafter):
     # default model's 20 held-out prompts (bench/ddtree_policy_sim.py, bench/results/s24/ddtree_policy_sim_cpu.json: tau along
     # the decode walk +1.4% at budget 48, +3.9% at 32, +20% at 16; fp32 on the CPU)
     def __init__(self, target: CausalLM, model: DFlashModel, budget: int | str = "auto", tree: bool = True, seed_chain: bool = False,
-                 guard: GuardTuning = GuardTuning()):
-        """guard: --budget auto's guard against plain decoding (its device steps' GuardTuning)."""
+                 bandit: BanditConfig = BanditConfig()):
         c = model.config
         _check_pair(target, model)
         self.target, self.model, self.tree, self.seed_chain = target, model.fuse(), tree, seed_chain  # fewer GEMMs a layer
@@ -60,9 +60,9 @@ class DFlashDrafter(Drafter):
         # HF's hidden_states[-1] (what the reference trains on) is after the target's final norm
         self.normed_slot = c.target_layer_ids.index(target.config.num_layers - 1) if target.config.num_layers - 1 in c.target_layer_ids else None
         limit = AUTO_MAX_BUDGET if tree else self.max_depth
-        self.tuner: BudgetTuner | None = None
+        self.tuner: AutoBudget | None = None
         if budget == "auto":
-            self.tuner = BudgetTuner(limit, lambda n: measure_verify_times(target, n))
+            self.tuner = AutoBudget(limit, lambda n: measure_verify_times(target, n), bandit)
             self.fixed_budget = None
         else:
             self.fixed_budget = min(int(budget), limit) if not tree else int(budget)
@@ -125,6 +125,11 @@ class DFlashDrafter(Drafter):
     # -- the drafter protocol --
 
     def reset(self) -> None:
+        """A new sequence: with --budget auto, a new request's bandit (the last one's evidence folds into its prior)."""
+        if self.tuner is not None:
+            self.tuner.start_request()
+        self._prompted = False  # the first observe after a reset is the prompt's, not a step's
+        self._proposed = False  # the first propose after a reset also projects the prompt's rows
         self.cache.reset()
         self._pending: list[torch.Tensor] = []  # [n, C] context rows observed, not yet projected
         self._observed = 0  # tokens whose hidden states arrived (= the draft context length)
@@ -138,7 +143,11 @@ class DFlashDrafter(Drafter):
         self._absorb_excess()
         if self._last is not None and self.tuner is not None:
             tree, draft_s = self._last
-            self.tuner.record(tree.budget, _accepted_nodes(tree, committed_ids), draft_s)
+            self.tuner.record(tree.budget, _accepted_nodes(tree, committed_ids), draft_s if self._proposed else None)
+            self._proposed = True
+        elif self.tuner is not None and self._prompted:  # a plain step (budget 0)
+            self.tuner.record_plain()
+        self._prompted = True
         self._last = None
 
     def _absorb_excess(self) -> None:
@@ -157,8 +166,7 @@ class DFlashDrafter(Drafter):
     def propose(self, ctx: DraftContext) -> DraftTree:
         if self._observed != len(ctx.tokens):
             raise RuntimeError(f"dflash: observed {self._observed} tokens, the context has {len(ctx.tokens)}")
-        budget = self._budget(len(ctx.tokens))
-        budget = min(budget, ctx.max_nodes - 1)
+        budget = min(self._budget(len(ctx.tokens), ctx.max_nodes - 1), ctx.max_nodes - 1)
         if budget < 1:
             return DraftTree.root_only(ctx.root, self.target.device)
         t0 = time.perf_counter()
@@ -291,11 +299,11 @@ class DFlashDrafter(Drafter):
         s = self.normed_slot * h
         return torch.cat((context[:, :s], self.target.model.norm(context[:, s : s + h]), context[:, s + h :]), dim=1)
 
-    def _budget(self, context_len: int) -> int:
+    def _budget(self, context_len: int, limit: int) -> int:
         if self.tuner is None:
             assert self.fixed_budget is not None
             return self.fixed_budget
-        return self.tuner.next_budget(context_len)
+        return self.tuner.next_budget(context_len, limit)
 
     def _tree_logprobs(self, logits: torch.Tensor, ctx: DraftContext) -> torch.Tensor:
         """[D, vocab]: the drafter's guess of each depth's target token, under the request's sampler."""
@@ -346,4 +354,4 @@ def _build(target, options: DraftOptions) -> Drafter:
             raise ModelLoadError("--draft dflash needs --draft-model: a DFlash checkpoint directory (config.json + *.safetensors); "
                                  "only the embedded default model comes with a drafter")
     model = load_dflash(path, target.model.device, target.model.dtype)
-    return DFlashDrafter(target.model, model, options.budget, options.tree)
+    return DFlashDrafter(target.model, model, options.budget, options.tree, bandit=options.bandit)

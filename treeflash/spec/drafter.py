@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any, Callable
 import torch
 
 from treeflash.errors import InvalidRequestError
+from treeflash.spec.bandit import BanditConfig
 from treeflash.spec.sampling import SamplingParams
 from treeflash.spec.tree import DraftTree
 
@@ -34,6 +35,7 @@ class DraftOptions:
     ngram_max: int = 4  # ngram: longest suffix to match
     ngram_min: int = 1
     replay_corrupt: float = 0.0  # replay (an oracle for benchmarks): chance that a drafted token is replaced
+    bandit: BanditConfig = BanditConfig()  # budget="auto": the policy's arms, discount and exploration (spec/bandit.py)
 
     def __post_init__(self) -> None:
         if self.num_draft < 1 or self.num_draft > 64:

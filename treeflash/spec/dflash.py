@@ -54,7 +54,6 @@ class DFlashDrafter(Drafter):
         c = model.config
         _check_pair(target, model)
         self.target, self.model, self.tree, self.seed_chain = target, model.fuse(), tree, seed_chain  # fewer GEMMs a layer
-        self.guard = guard
         self.capture_layers = tuple(c.target_layer_ids)
         self.max_depth = c.block_size - 1
         # HF's hidden_states[-1] (what the reference trains on) is after the target's final norm

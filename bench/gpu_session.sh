@@ -28,6 +28,14 @@
 #              at 32K / 128K, checked and timed
 # kv_long      bench.kv_long_decode: 27B shape at 128K, bf16 and the compressed pairs   kv_long_decode.json    200 s
 # fla          bench.gpu_fla: flash-linear-attention's Gated DeltaNet prefill           gpu_fla.json           120 s
+# fit_hf       bench.fit_check: the planner against the measured peak, 8B / hybrid-9B      fit_hf.json            400 s
+#              bf16 rows and the emulated 24 GiB card
+# fit_27b      bench.fit_check: the 27B Q4_K_M rows (a random GGUF written first, 11 s)  fit_27b.json           500 s
+# quant        bench.quant_gemv --q4k-ab (Q4_K GEMV word-wide vs byte-wise, every 27B /  quant_gemv_q4k_ab.json 200 s
+#              8B projection), then gpu_speed --quant: whole-model quantized decode      gpu_speed_quant.json   300 s
+# prefix       treeflash.bench.prefix_cache: TTFT with a 4K-token prefix-cache hit        prefix_cache_gpu.json  90 s
+#              against a miss, outputs identical (needs $SMOL_GGUF)
+# oracle       bench.oracle_ceiling: --draft replay at tau 4 / 8 / 16, 27B and 8B shapes oracle_ceiling.json   300 s
 #
 # Wheels in .whl/ (flash-linear-attention, fla-core, einops) are installed offline into /tmp/site and put
 # on the path for every stage but check: gpu_check compares against transformers, which would route its own
@@ -132,7 +140,35 @@ for stage in $STAGES; do
     fla)
       run gpu_fla 120 -m bench.gpu_fla --out "$OUT/gpu_fla.json"
       tail -n 12 "$OUT/gpu_fla.log" | tee -a "$OUT/progress.log" ;;
-    *) log "unknown stage $stage (check speed hf eval cli_bench device_steps profile gdn gemv_graph kv kv_long fla)" ;;
+    fit_hf)
+      run fit_hf 400 -m bench.fit_check --out "$OUT/fit_hf.json" --workdir /tmp/fit --timeout 120 \
+        --only 8b-bf16-32k,8b-bf16-32k-q8_0-dflash,8b-bf16-64k-tq3_0,hybrid9b-bf16-32k-q4_0-dflash,24gib-8b-bf16-auto
+      grep -E "^\[fit_check\] wrote" "$OUT/fit_hf.log" | tee -a "$OUT/progress.log" ;;
+    fit_27b)
+      [ -f /tmp/gguf/qwen3.5-27b-q4_k_m.gguf ] || run make_gguf 60 -m bench.make_gguf --shape qwen3.5-27b --mix q4_k_m \
+        --out /tmp/gguf/qwen3.5-27b-q4_k_m.gguf
+      run fit_27b 500 -m bench.fit_check --out "$OUT/fit_27b.json" --workdir /tmp/fit --gguf /tmp/gguf/qwen3.5-27b-q4_k_m.gguf \
+        --timeout 150 --only 27b-q4km-32k-q8_0,27b-q4km-128k-q4_0,27b-q4km-32k-tq3_0-dflash,27b-q4km-128k-q8_0-tq3_0-dflash
+      grep -E "^\[fit_check\] wrote" "$OUT/fit_27b.log" | tee -a "$OUT/progress.log" ;;
+    quant)
+      run quant_gemv 200 -m bench.quant_gemv --formats Q4_K --rows 1 --q4k-ab --out "$OUT/quant_gemv_q4k_ab.json"
+      run gpu_speed_quant 300 -m bench.gpu_speed --shapes qwen3.5-27b --quant qwen3.5-27b:q4_k_m,qwen3-8b:q4_k_m \
+        --gguf-dir /tmp/gguf --buckets 1,32 --prefill "" --drafter-layers 0 --decode-tokens 32 --out "$OUT/gpu_speed_quant.json"
+      grep -E "decode|32 nodes" "$OUT/gpu_speed_quant.log" | tee -a "$OUT/progress.log" ;;
+    prefix)
+      if [ -f "$SMOL_GGUF" ]; then
+        mkdir -p /tmp/tfc && cp "$SMOL_GGUF" /tmp/tfc/SmolLM2-135M-Instruct.Q4_1.gguf
+        log "prefix_cache"
+        TREEFLASH_CACHE=/tmp/tfc PYTHONPATH=$PYPATH timeout 90 python3 -m treeflash.bench.prefix_cache --device cuda --runs 3 \
+          --out "$OUT/prefix_cache_gpu.json" > "$OUT/prefix_cache_gpu.log" 2>&1
+        log "rc=$? $(tail -n 1 "$OUT/prefix_cache_gpu.log")"
+      else
+        log "no $SMOL_GGUF: prefix skipped"
+      fi ;;
+    oracle)
+      run oracle_ceiling 300 -m bench.oracle_ceiling --shapes qwen3.5-27b,qwen3-8b --taus 4 8 16 --out "$OUT/oracle_ceiling.json"
+      tail -n 12 "$OUT/oracle_ceiling.log" | tee -a "$OUT/progress.log" ;;
+    *) log "unknown stage $stage (check speed hf eval cli_bench auto_greedy auto_sampled device_steps profile gdn gemv_graph kv kv_long fla fit_hf fit_27b quant prefix oracle)" ;;
   esac
 done
 log "done"

@@ -51,8 +51,9 @@ TOY = {"toy.qkv": (96, 512), "toy.down": (64, 1024)}
 ROWS = (1, 2, 4, 8, 16, 32, 64)
 GEMV_GRID = [GemvConfig(bn, u, w) for bn, u, w in itertools.product((2, 4, 8, 16, 32), (1, 2, 4), (2, 4, 8))]
 ROWS_GRID = [RowsConfig(16, bn, w) for bn, w in itertools.product((16, 32, 64, 128), (2, 4, 8))]
-Q4K_GRID = [Q4kGemvConfig(bn, u, w, mp) for bn, u, w, mp in
-            ((16, 2, 1, 2048), (32, 2, 1, 2048), (32, 1, 1, 2048), (16, 4, 1, 2048), (32, 2, 2, 1024), (16, 2, 1, 4096), (64, 2, 2, 1024))]
+Q4K_GRID = [Q4kGemvConfig(bn, u, w, mp, xt) for bn, u, w, mp, xt in
+            ((16, 2, 1, 2048, False), (16, 2, 1, 2048, True), (32, 2, 1, 2048, True), (16, 4, 1, 2048, True), (32, 2, 2, 1024, True),
+             (16, 2, 1, 4096, True), (32, 2, 1, 2048, False), (16, 4, 1, 2048, False))]
 MIN_BYTES_PER_REPLAY = 256 << 20
 
 

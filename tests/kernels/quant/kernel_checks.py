@@ -56,7 +56,8 @@ def cases(fmt: str) -> dict:
         from treeflash.kernels.quant.config import Q4kGemvConfig
 
         x = torch.randn(1, k, generator=gen)
-        for name, tuning in (("words_nosplit", QuantTuning(q4k=Q4kGemvConfig(min_programs=1))), ("bytewise", QuantTuning(q4k_words=False))):
+        for name, tuning in (("words_nosplit", QuantTuning(q4k=Q4kGemvConfig(min_programs=1))), ("bytewise", QuantTuning(q4k_words=False)),
+                             ("words_xtile", QuantTuning(q4k=Q4kGemvConfig(x_tile=True)))):
             y = quant_matmul(x, blocks, fmt, k, out_dtype=torch.float32, tuning=tuning)
             out[f"{fmt}_m1_{name}"] = [(y - x @ w.t()).abs().max().item(), (x @ w.t()).abs().max().item(), True]
     wd = dequantize(blocks, fmt, k, torch.empty(n, k))

@@ -62,13 +62,13 @@ def test_q4_k_gemv_loads_codes_as_vectors():
     assert re.search(r"ld\.global(\.\w+)*\.v4\.b32", ptx), "no 16-byte loads in the Q4_K GEMV"
 
 
-def compile_q4k_words(block_n: int = 16, unroll: int = 2, warps: int = 1):
+def compile_q4k_words(block_n: int = 16, unroll: int = 2, warps: int = 1, x_tile: bool = False):
     from treeflash.kernels.quant import gemv_q4k
 
     fn = gemv_q4k.q4k_gemv_kernel
     sig = ("X", "W", "B", "Y", "P", "N", "ROW_WORDS")
     types = {"X": "*bf16", "W": "*i32", "B": "*u8", "Y": "*bf16", "P": "*fp32"}
-    cst = dict(BPS=K // 256, SPLIT=1, BLOCK_N=block_n, UNROLL=unroll)
+    cst = dict(BPS=K // 256, SPLIT=1, BLOCK_N=block_n, UNROLL=unroll, X_TILE=x_tile)
     signature = {a: types.get(a, "i32") for a in sig} | {a: "constexpr" for a in cst}
     attrs = {(fn.arg_names.index(a),): [["tt.divisibility", 16]] for a in sig if a in types or a == "ROW_WORDS"}
     src = ASTSource(fn, signature, constexprs={(fn.arg_names.index(a),): v for a, v in cst.items()}, attrs=attrs)
@@ -81,3 +81,10 @@ def test_q4_k_word_gemv_compiles_with_wide_loads_and_no_int_to_float_per_value()
     assert len(re.findall(r"ld\.global(\.\w+)*\.v4\.b32", ptx)) >= 8, "the codes are not read as 16-byte vectors"
     # the scales and mins (16 a block per row) are the only integers converted; the codes take the 2^23 trick
     assert len(re.findall(r"cvt\.rn\.f32\.[us]32", ptx)) <= 16 * 2
+
+
+@needs_ptxas
+def test_q4_k_word_gemv_x_tile_reads_x_without_a_shared_memory_shuffle():
+    ptx = compile_q4k_words(x_tile=True).asm["ptx"]
+    assert "bar.sync" not in ptx and "st.shared" not in ptx, "x still goes through shared memory"
+    assert len(re.findall(r"ld\.global(\.\w+)*\.v4\.b32", ptx)) >= 8 + 32  # codes, and x as 16-byte vectors

@@ -39,6 +39,9 @@ class Q4kGemvConfig:
     unroll: int = 2
     num_warps: int = 1
     min_programs: int = 2048
+    # x loaded in the code tile's layout (no shared-memory shuffle and barrier per x vector, in the
+    # PTX); not yet timed on a GPU: bench/quant_gemv.py --q4k-ab times it against the default
+    x_tile: bool = False
 
     def __post_init__(self):
         _pow2("block_n", self.block_n, 2, 128)

@@ -63,7 +63,7 @@ def _scale_min(w1, w2, w3, g: tl.constexpr):
 
 @triton.jit
 def q4k_gemv_kernel(X, W, B, Y, P, N, ROW_WORDS, BPS: tl.constexpr, SPLIT: tl.constexpr,
-                    BLOCK_N: tl.constexpr, UNROLL: tl.constexpr):
+                    BLOCK_N: tl.constexpr, UNROLL: tl.constexpr, X_TILE: tl.constexpr):
     """X [K] (any float dtype) @ dequant(W)^T for BLOCK_N rows over BPS blocks: Y [N] (SPLIT == 1) or
     the fp32 partial P [SPLIT, N]. W: the blocks as int32 words [N, ROW_WORDS], B the same memory as
     bytes. BPS % UNROLL == 0. A chunk's 32 code bytes per row are one [BLOCK_N, 32] tile: byte l holds
@@ -86,13 +86,17 @@ def q4k_gemv_kernel(X, W, B, Y, P, N, ROW_WORDS, BPS: tl.constexpr, SPLIT: tl.co
             for c in tl.static_range(4):
                 q = tl.load(B + (4 * base + 16 + 32 * c)[:, None] + ll[None, :]).to(tl.int32)  # [BLOCK_N, 32] code bytes
                 xb = X + blk * 256 + 64 * c
-                x_lo = tl.load(xb + ll).to(tl.float32)  # [32]: values 64c + l
-                x_hi = tl.load(xb + 32 + ll).to(tl.float32)
+                if X_TILE:  # x read in the code tile's own layout ([BLOCK_N, 32], rows served by L1): no shuffle
+                    x_lo = tl.load(xb + ll[None, :] + 0 * rows[:, None]).to(tl.float32)
+                    x_hi = tl.load(xb + 32 + ll[None, :] + 0 * rows[:, None]).to(tl.float32)
+                else:
+                    x_lo = tl.load(xb + ll).to(tl.float32)[None, :]  # [1, 32]: values 64c + l
+                    x_hi = tl.load(xb + 32 + ll).to(tl.float32)[None, :]
                 sc_lo, m_lo = _scale_min(w1, w2, w3, 2 * c)
                 sc_hi, m_hi = _scale_min(w1, w2, w3, 2 * c + 1)
                 w_lo = _nibble(q, 0) * (d * sc_lo)[:, None] - (dmin * m_lo)[:, None]
                 w_hi = _nibble(q, 4) * (d * sc_hi)[:, None] - (dmin * m_hi)[:, None]
-                acc += w_lo * x_lo[None, :] + w_hi * x_hi[None, :]
+                acc += w_lo * x_lo + w_hi * x_hi
     y = tl.sum(acc, axis=1)
     if SPLIT == 1:
         tl.store(Y + rows, y.to(Y.dtype.element_ty), mask=rows < N)

@@ -74,7 +74,7 @@ def gemv_words_q4k(x: torch.Tensor, blocks: torch.Tensor, k: int, out: torch.Ten
     unroll = cfg.unroll if bps % cfg.unroll == 0 else 1
     part = out if split == 1 else torch.empty(split, n, dtype=torch.float32, device=x.device)  # [SPLIT, N] fp32
     gemv_q4k.q4k_gemv_kernel[(programs, split)](x, words, blocks, out, part, n, words.shape[1], BPS=bps, SPLIT=split,
-                                                BLOCK_N=cfg.block_n, UNROLL=unroll, num_warps=cfg.num_warps)
+                                                BLOCK_N=cfg.block_n, UNROLL=unroll, X_TILE=cfg.x_tile, num_warps=cfg.num_warps)
     if split > 1:
         gemv_q4k.split_sum_kernel[(triton.cdiv(n, 1024),)](part, out, n, SPLIT=split, BLOCK=1024, num_warps=4)
     return out

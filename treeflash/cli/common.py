@@ -6,6 +6,7 @@ import argparse
 import sys
 
 from treeflash.errors import InvalidRequestError
+from treeflash.cli.planning import parse_budget  # noqa: F401  (bench and build_engine use it from here)
 
 
 def add_model_args(p: argparse.ArgumentParser) -> None:
@@ -61,15 +62,6 @@ def context_arg(value: str) -> int | str:
         raise argparse.ArgumentTypeError(str(e)) from None
 
 
-def parse_budget(value: str) -> int | str:
-    if value == "auto":
-        return "auto"
-    try:
-        return int(value)
-    except ValueError:
-        raise InvalidRequestError(f"--budget must be an integer or 'auto', got {value!r}", "budget") from None
-
-
 def parse_bandit(value: str | None):
     """--auto-arms '0,8,32' -> the BanditConfig of --budget auto (the defaults when None)."""
     from treeflash.spec.bandit import BanditConfig
@@ -105,7 +97,9 @@ def build_engine(args: argparse.Namespace, progress: bool = True):
     if progress:
         print(f"[treeflash] {start.summary}", file=sys.stderr)
     dtype = getattr(torch, args.dtype) if args.dtype else None
-    if str(args.device).startswith("cuda") or (args.device in (None, "auto") and torch.cuda.is_available()):
+    from treeflash.models.loader import resolve_device
+
+    if resolve_device(args.device).type == "cuda":
         from treeflash.models.memory.allocator import use_expandable_segments
 
         use_expandable_segments()  # the allocator's reserve then follows the planned peak (allocator.py)

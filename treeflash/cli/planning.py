@@ -46,6 +46,19 @@ def parse_memory(value: str) -> int | str:
     return n
 
 
+def parse_budget(value) -> int | str:
+    """--budget: 'auto' or an integer >= 0 (serve, generate, bench and the planner)."""
+    if value == "auto":
+        return "auto"
+    try:
+        n = int(value)
+    except ValueError:
+        raise InvalidRequestError(f"--budget must be an integer or 'auto', got {value!r}", "budget") from None
+    if n < 0:
+        raise InvalidRequestError(f"--budget must be >= 0, got {n}", "budget")
+    return n
+
+
 def parse_context(value: str) -> int | str:
     """--max-context: a positive integer or 'auto'."""
     if value == "auto":
@@ -207,7 +220,7 @@ def plan_inputs(args, device_type: str):
     dtype_bytes = {"float32": 4, "bfloat16": 2, "float16": 2}[dtype] if dtype else (4 if device_type == "cpu" else 2)
     drafter = drafter_shape(args.draft, args.draft_model, header, dtype_bytes, device_type)
     budget = getattr(args, "budget", "auto")
-    budget = budget if budget == "auto" else _int_budget(budget)
+    budget = parse_budget(budget)
     nodes = verify_nodes(args.draft, budget, args.num_draft, not args.no_tree, drafter.block_size if drafter and drafter.block_size else 16)
     try:
         weights = getattr(args, "weights", "float")
@@ -217,16 +230,6 @@ def plan_inputs(args, device_type: str):
     except ValueError as e:
         raise InvalidRequestError(str(e)) from None
     return header, drafter, request
-
-
-def _int_budget(value) -> int:
-    try:
-        n = int(value)
-    except ValueError:
-        raise InvalidRequestError(f"--budget must be an integer or 'auto', got {value!r}", "budget") from None
-    if n < 0:
-        raise InvalidRequestError(f"--budget must be >= 0, got {n}", "budget")
-    return n
 
 
 def fit_report(args, device_type: str) -> tuple[FitReport, Any, Any]:

@@ -165,19 +165,21 @@ class Worker:
                     return
                 job = self._running = self._pending.popleft()
                 job.started_at = time.perf_counter()
+            end = APIError(500, "the engine thread stopped")  # what the handler hears if _run raised past its own handler
             try:
-                self._run(job)
-            finally:
+                end = self._run(job)
+            finally:  # not running any more before the handler hears the end: a scrape after the reply reads idle
                 with self._cv:
                     self._running = None
+                job.put(end)
 
-    def _run(self, job: Job) -> None:
+    def _run(self, job: Job):
+        """Streams the job's events to its handler; returns the item that ends it: _DONE or the error."""
         try:
             for index, req in enumerate(job.requests):
                 if job.cancelled.is_set():
                     if job.reason == "shutdown":  # between two choices: the reply would be silently short
-                        job.put(APIError(503, "the server is shutting down; the generation was stopped"))
-                        return
+                        return APIError(503, "the server is shutting down; the generation was stopped")
                     break
                 stream = self.engine.stream(req, job.cancelled)
                 try:  # close() releases engine.lock even if we stop early
@@ -190,9 +192,8 @@ class Worker:
                 log.exception("generation failed")
             if is_out_of_memory(e):
                 _release_cached_memory()  # the failed step's temporaries: give them back before the next request
-            job.put(e)
-            return
-        job.put(_DONE)
+            return e
+        return _DONE
 
 
 def _release_cached_memory() -> None:

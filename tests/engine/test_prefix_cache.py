@@ -112,3 +112,27 @@ def test_a_drafter_on_hidden_states_is_rebuilt_from_the_stored_rows():
         hits.append(hit)
     assert hits[0] == 64 and hits[1] == 70  # at most the stored prompt's rows: the grown prompt resumes at its end
     assert hits[2] == 32
+
+
+@pytest.mark.parametrize("arch", ["qwen3", "qwen3_5"])
+def test_a_short_tail_runs_as_one_static_verify(arch, monkeypatch):
+    # on a GPU the runner replays captured graphs: a hit's few new tokens go through one verify graph of a
+    # chain (then committed whole) instead of an eager prefill of a launch per op; the same static code runs
+    # eagerly here (use_graphs=False), and the outputs stay the uncached ones
+    from treeflash.engine.stack import build_runner
+    from treeflash.spec.decoder import Decoder
+
+    loaded = toy_loaded(arch)
+    plain = Engine(loaded, EngineConfig(max_context=512, prefix_cache=OFF))
+    cached = Engine(loaded, EngineConfig(max_context=512, draft="ngram", draft_options=DraftOptions(num_draft=4), prefix_cache=SMALL))
+    cached.runner = build_runner(cached.model, cached.cache, cached.drafter, use_graphs=False)
+    tails = []
+    chain_tail = Decoder._chain_tail
+    monkeypatch.setattr(Decoder, "_chain_tail", lambda self, tail: tails.append(len(tail)) or chain_tail(self, tail))
+    out1, _ = run(cached, conversation([])[0])
+    assert tails == [70 - 64]  # the prompt's last chunk ends at 64 (block 16, chunk 32 boundaries), 6 tokens left
+    for prompt in conversation(out1)[1:]:
+        got, hit = run(cached, prompt)
+        assert got == run(plain, prompt)[0], (arch, len(prompt), hit)
+    p2 = conversation(out1)[1]
+    assert len(p2) - (len(conversation([])[0]) + len(out1) - 1) in tails  # the grown prompt's hit: its new turn, as a chain

@@ -34,6 +34,11 @@ class EagerRunner:
         """Drop a pending verify step without committing anything (used for timing)."""
         self.cache.rollback_pending()
 
+    def static_verify(self, n: int) -> bool:
+        """Whether a verify of n nodes at the cache's length runs a static (graph-captured) step; then a short
+        prefill tail is cheaper as a chain verify than eagerly (Decoder.prefill). The eager runner has none."""
+        return False
+
 
 DEFAULT_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128)
 
@@ -307,6 +312,11 @@ class CudaGraphRunner(EagerRunner):
         logits = g.logits[:n]
         captured = g.captured[:n] if g.captured is not None else None
         return ForwardOutput(logits=logits, hidden=logits.new_empty(0), captured=captured, argmax=g.argmax[:n])
+
+    def static_verify(self, n: int) -> bool:
+        if not 1 <= n <= self.buckets[-1]:
+            return False
+        return self.cache.seq_len + next(b for b in self.buckets if b >= n) <= self.max_len
 
     def enqueue_greedy(self, token: int | None) -> PendingToken:
         """Enqueue one greedy decode step without waiting for it. Its input is `token` (from the host)

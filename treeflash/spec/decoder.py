@@ -111,12 +111,15 @@ class Decoder:
         for e in ends:
             part = ids[s:e]
             last = e == n
-            out = self.runner.forward(
-                StepInput.plain(part, self.cache.seq_len),
-                capture_layers=self.capture,
-                logits_at=torch.tensor([part.shape[0] - 1], device=ids.device) if last else None,
-                compute_logits=last,
-            )
+            if last and s > 0 and self.runner.static_verify(e - s):
+                out = self._chain_tail(prompt_ids[s:e])
+            else:
+                out = self.runner.forward(
+                    StepInput.plain(part, self.cache.seq_len),
+                    capture_layers=self.capture,
+                    logits_at=torch.tensor([part.shape[0] - 1], device=ids.device) if last else None,
+                    compute_logits=last,
+                )
             if out.captured is not None:
                 hidden_parts.append(out.captured)
             if on_stop is not None and e in stops:
@@ -133,6 +136,18 @@ class Decoder:
         self._logprobs(out.logits, [self.root])
         self._advance([self.root])
         return self.root
+
+    def _chain_tail(self, tail: list[int]):
+        """The prompt's last tokens after a resumed or prefilled start, as one verify of a chain, committed whole:
+        a graph replay where an eager prefill of a few tokens costs a launch per op (the prefix-cache hit's tail).
+        The same rows and states as a prefill chunk (other kernels: the floating-point order differs). -> the
+        output with the last token's logits [1, vocab]."""
+        n = len(tail)
+        step = StepInput.tree(torch.tensor(tail, dtype=torch.long), list(range(-1, n - 1)), self.cache.seq_len)
+        out = self.runner.forward(step, capture_layers=self.capture)
+        logits, captured = out.logits[n - 1 : n].clone(), None if out.captured is None else out.captured[:n].clone()
+        self.runner.commit(list(range(n)))
+        return type(out)(logits=logits, hidden=out.hidden, captured=captured)
 
     @torch.inference_mode()
     def step(self) -> list[int]:

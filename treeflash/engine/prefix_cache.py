@@ -19,7 +19,9 @@ is cached, the last: a request with another prefix replaces it.
 
 Exactness: the resumed rows and states are the ones a fresh prefill computes for those tokens;
 only chunk boundaries differ (floating-point order), so at temperature 0 the output is the
-uncached output (tests/engine/test_prefix_cache.py). A compressed K cache that centres keys on
+uncached output (tests/engine/test_prefix_cache.py) up to near-ties that order flips: on a hybrid
+model a snapshot inside a prefill chunk (block < chunk) splits that chunk, and a 4-bit K cache can
+turn the difference into another token (seen once with q4_0 on a toy; none with q8_0/tq3_0). A compressed K cache that centres keys on
 the first chunk's mean (kv/quantized.py) is resumed only when both prompts share that whole
 first chunk, so the centre is the same one.
 """

@@ -136,3 +136,21 @@ def test_a_short_tail_runs_as_one_static_verify(arch, monkeypatch):
         assert got == run(plain, prompt)[0], (arch, len(prompt), hit)
     p2 = conversation(out1)[1]
     assert len(p2) - (len(conversation([])[0]) + len(out1) - 1) in tails  # the grown prompt's hit: its new turn, as a chain
+
+
+@pytest.mark.parametrize("arch", ["qwen3", "qwen3_5"])
+def test_a_pipelined_output_is_cached_whole(arch):
+    # greedy plain decoding through a graph runner enqueues each step before the last token is read, so
+    # the cache ends one row past the output: that row is the last output token, which the grown prompt
+    # repeats; a hybrid model then resumes past the whole output, not at the previous prompt's end
+    from treeflash.engine.stack import build_runner
+
+    loaded = toy_loaded(arch)
+    plain = Engine(loaded, EngineConfig(max_context=512, prefix_cache=OFF))
+    cached = Engine(loaded, EngineConfig(max_context=512, prefix_cache=SMALL))
+    cached.runner = build_runner(cached.model, cached.cache, None, use_graphs=False)
+    out1, _ = run(cached, conversation([])[0])
+    p1, p2 = conversation(out1)[:2]
+    got, hit = run(cached, p2)
+    assert got == run(plain, p2)[0]
+    assert hit == len(p1) + len(out1)

@@ -104,7 +104,7 @@ class Engine:
             dec, self._last_decoder = self._last_decoder, None
             if self.prefix is not None:
                 if dec is not None:
-                    self.prefix.record(dec.tokens, len(req.prompt_ids), dec.prompt_hidden)
+                    self.prefix.record(dec.cached_tokens, len(req.prompt_ids), dec.prompt_hidden)
                 else:
                     self.prefix.clear()
 

@@ -73,6 +73,12 @@ class Decoder:
         self._dev_read_at: float | None = None  # when the loop's last step was read, within a run
 
     @property
+    def cached_tokens(self) -> list[int]:
+        """The tokens the cache's committed rows hold: `tokens`, and the root too when a pipelined plain step
+        enqueued ahead has already consumed it (the cache is one row past the output: the prefix cache keeps it)."""
+        return self.tokens + [self.root] if self._ahead is not None else self.tokens
+
+    @property
     def capture(self) -> tuple[int, ...]:
         return self.drafter.capture_layers if self.drafter is not None else ()
 

@@ -27,6 +27,8 @@
 # kv           bench.kv_attention_gpu: compressed-cache decode attention, every pair    kv_attention.json      170 s
 #              at 32K / 128K, checked and timed
 # kv_long      bench.kv_long_decode: 27B shape at 128K, bf16 and the compressed pairs   kv_long_decode.json    200 s
+# kv_table     bench.kv_long_decode: 27B shape, bf16 and Q4_K_M weights, 512 to 256K,   kv_table_{bf16,q4_k_m}.json 270 s each
+#              every K/V pair: tok/s, roofline fraction, speed against 512 tokens
 # fla          bench.gpu_fla: flash-linear-attention's Gated DeltaNet prefill           gpu_fla.json           120 s
 # fit_hf       bench.fit_check: the planner against the measured peak, 8B / hybrid-9B      fit_hf.json            400 s
 #              bf16 rows and the emulated 24 GiB card
@@ -137,6 +139,16 @@ for stage in $STAGES; do
       run kv_long_decode 200 -m bench.kv_long_decode --shape qwen3.5-27b --contexts 131072 \
         --types bf16/bf16,q8_0/q8_0,q4_0/q4_0,q8_0/tq3_0,tq3_0/tq3_0 --decode-tokens 16 --out "$OUT/kv_long_decode.json"
       tail -n 12 "$OUT/kv_long_decode.log" | tee -a "$OUT/progress.log" ;;
+    kv_table)  # [kv2]'s table: 27B bf16 and Q4_K_M weights, 512 to 256K, every pair (speed vs 512 in each row)
+      [ -f /tmp/gguf/qwen3.5-27b-q4_k_m.gguf ] || run make_gguf 60 -m bench.make_gguf --shape qwen3.5-27b --mix q4_k_m \
+        --out /tmp/gguf/qwen3.5-27b-q4_k_m.gguf
+      for w in bf16 q4_k_m; do
+        shape=$([ "$w" = bf16 ] && echo qwen3.5-27b || echo qwen3.5-27b:q4_k_m)
+        run "kv_table_$w" 270 -m bench.kv_long_decode --shape "$shape" --gguf-dir /tmp/gguf \
+          --contexts 512,8192,32768,131072,262144 --types bf16/bf16,q8_0/q8_0,q4_0/q4_0,q8_0/tq3_0,tq3_0/tq3_0 \
+          --decode-tokens 12 --out "$OUT/kv_table_$w.json"
+        grep -E "^ctx" "$OUT/kv_table_$w.log" | tee -a "$OUT/progress.log"
+      done ;;
     fla)
       run gpu_fla 120 -m bench.gpu_fla --out "$OUT/gpu_fla.json"
       tail -n 12 "$OUT/gpu_fla.log" | tee -a "$OUT/progress.log" ;;
@@ -168,7 +180,7 @@ for stage in $STAGES; do
     oracle)
       run oracle_ceiling 300 -m bench.oracle_ceiling --shapes qwen3.5-27b,qwen3-8b --taus 4 8 16 --out "$OUT/oracle_ceiling.json"
       tail -n 12 "$OUT/oracle_ceiling.log" | tee -a "$OUT/progress.log" ;;
-    *) log "unknown stage $stage (check speed hf eval cli_bench auto_greedy auto_sampled device_steps profile gdn gemv_graph kv kv_long fla fit_hf fit_27b quant prefix oracle)" ;;
+    *) log "unknown stage $stage (check speed hf eval cli_bench auto_greedy auto_sampled device_steps profile gdn gemv_graph kv kv_long kv_table fla fit_hf fit_27b quant prefix oracle)" ;;
   esac
 done
 log "done"

@@ -157,3 +157,24 @@ def random_drafter(model: CausalLM, layers: int, block_size: int, budget: int = 
     init_weights(draft, seed=1)
     draft = draft.to(device=model.device, dtype=model.dtype).eval()
     return DFlashDrafter(model, draft, budget=budget, tree=tree)
+
+
+def quant_model(spec: str, gguf_dir: str) -> tuple[CausalLM, dict]:
+    """SHAPE:MIX -> (the model of a random-weight GGUF of that shape and mix, its weight plan). The file is
+    written on first use (gguf_synth; a 27B Q4_K_M takes a few minutes at disk speed)."""
+    from pathlib import Path
+
+    from treeflash.models.gguf_synth import write_synth_gguf
+    from treeflash.models.loader import build_model as load_blocks, open_checkpoint, weight_plan
+    from treeflash.kernels.quant import FORMATS, has_kernel
+
+    shape, _, mix = spec.partition(":")
+    path = Path(gguf_dir) / f"{shape}-{mix}.gguf"
+    if not path.is_file():
+        t0 = time.perf_counter()
+        write_synth_gguf(path.with_suffix(".part"), shape, mix).rename(path)
+        print(f"wrote {path} ({path.stat().st_size / 1e9:.2f} GB) in {time.perf_counter() - t0:.0f} s", flush=True)
+    ckpt = open_checkpoint(path)
+    keep = (lambda fmt: fmt in FORMATS and has_kernel(fmt)) if DEV == "cuda" else (lambda fmt: True)  # the CPU check runs the reference path on every block
+    model = load_blocks(ckpt, torch.device(DEV), torch.bfloat16, progress=False, keep_quantized=keep)
+    return model, {"gguf": str(path), "file_gb": path.stat().st_size / 1e9, "weights": weight_plan(ckpt, model)}

@@ -30,7 +30,7 @@ from pathlib import Path
 import torch
 
 
-from bench.gpu_shapes import (DEV, build_model, cuda_time, measure_bandwidth, random_drafter, step_bytes, sync,
+from bench.gpu_shapes import (DEV, build_model, quant_model, cuda_time, measure_bandwidth, random_drafter, step_bytes, sync,
                         wall_time, weight_bytes)
 from treeflash.engine.stack import build_runner
 from treeflash.models.runner import CudaGraphRunner
@@ -68,25 +68,6 @@ def max_depth(parents: list[int]) -> int:
     for i, p in enumerate(parents[1:], 1):
         depth[i] = depth[p] + 1
     return max(depth)
-
-
-def quant_model(spec: str, gguf_dir: str) -> tuple[CausalLM, dict]:
-    """SHAPE:MIX -> (the model of a random-weight GGUF of that shape and mix, its weight plan). The file is
-    written on first use (gguf_synth; a 27B Q4_K_M takes a few minutes at disk speed)."""
-    from treeflash.models.gguf_synth import write_synth_gguf
-    from treeflash.models.loader import build_model as load_blocks, open_checkpoint, weight_plan
-    from treeflash.kernels.quant import FORMATS, has_kernel
-
-    shape, _, mix = spec.partition(":")
-    path = Path(gguf_dir) / f"{shape}-{mix}.gguf"
-    if not path.is_file():
-        t0 = time.perf_counter()
-        write_synth_gguf(path.with_suffix(".part"), shape, mix).rename(path)
-        print(f"wrote {path} ({path.stat().st_size / 1e9:.2f} GB) in {time.perf_counter() - t0:.0f} s", flush=True)
-    ckpt = open_checkpoint(path)
-    keep = (lambda fmt: fmt in FORMATS and has_kernel(fmt)) if DEV == "cuda" else (lambda fmt: True)  # the CPU check runs the reference path on every block
-    model = load_blocks(ckpt, torch.device(DEV), torch.bfloat16, progress=False, keep_quantized=keep)
-    return model, {"gguf": str(path), "file_gb": path.stat().st_size / 1e9, "weights": weight_plan(ckpt, model)}
 
 
 @torch.inference_mode()

@@ -14,6 +14,8 @@ bandwidth, and the KV cache's size. Writes JSON after every row.
     python -m bench.kv_long_decode --shape qwen3.5-27b --contexts 32768,131072 \
         --types bf16/bf16,q8_0/q8_0,q4_0/q4_0,tq3_0/tq3_0 --out bench/results/kv_long_decode.json
     python -m bench.kv_long_decode --contexts 131072 --types q8_0/q8_0,q8_0/q8_0:norot   # the key rotation's cost
+    python -m bench.kv_long_decode --shape qwen3.5-27b:q4_k_m --contexts 512,8192,32768,131072,262144 \
+        --types bf16/bf16,q8_0/q8_0,q4_0/q4_0,q8_0/tq3_0,tq3_0/tq3_0 --out $OUT/kv_table_q4km.json   # the [kv2] table
     python -m bench.kv_long_decode --shape tiny-hybrid --contexts 256 --decode-tokens 4   # CPU check
 """
 
@@ -22,13 +24,15 @@ from __future__ import annotations
 import argparse
 import json
 import platform
+import sys
 import time
 from pathlib import Path
 
 import torch
 
 
-from bench.gpu_shapes import DEV, SHAPES, build_model, cuda_time, measure_bandwidth, state_bytes, wall_time, weight_bytes
+from bench.gpu_shapes import (DEV, SHAPES, build_model, cuda_time, measure_bandwidth, quant_model, state_bytes, wall_time,
+                              weight_bytes)
 
 from treeflash.kernels.kv.kv_formats import bytes_per_token_per_layer
 from treeflash.models.runner import CudaGraphRunner
@@ -65,7 +69,9 @@ def one(model, context: int, type_k: str, type_v: str, decode_tokens: int, bandw
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--shape", default="qwen3.5-27b", choices=sorted(SHAPES))
+    p.add_argument("--shape", default="qwen3.5-27b", help=f"one of {', '.join(sorted(SHAPES))}, or SHAPE:MIX for a random GGUF "
+                   "kept quantized (mixes of treeflash/models/gguf_synth.py, e.g. qwen3.5-27b:q4_k_m)")
+    p.add_argument("--gguf-dir", default="/tmp/treeflash-gguf", help="where SHAPE:MIX files are written and reused")
     p.add_argument("--contexts", type=lambda s: [int(x) for x in s.split(",")], default=[32768, 131072])
     p.add_argument("--types", default="bf16/bf16,q8_0/q8_0,q4_0/q4_0,tq3_0/tq3_0",
                    help="comma-separated K/V pairs, e.g. bf16/bf16,tq3_0/tq3_0; a ':norot' suffix stores q8_0 / q4_0 "
@@ -73,6 +79,8 @@ def main() -> None:
     p.add_argument("--decode-tokens", type=int, default=32)
     p.add_argument("--out", default="bench/results/kv_long_decode.json")
     args = p.parse_args()
+    if args.shape.partition(":")[0] not in SHAPES:
+        p.error(f"--shape: unknown shape {args.shape.partition(':')[0]!r}; one of {', '.join(sorted(SHAPES))}")
     pairs = []
     for x in args.types.split(","):
         x, _, flag = x.partition(":")
@@ -82,11 +90,16 @@ def main() -> None:
         pairs.append((k, v, flag != "norot"))
     bw = measure_bandwidth(4.0 if DEV == "cuda" else 0.25)
     t0 = time.perf_counter()
-    model = build_model(args.shape)
+    extra = {}
+    if ":" in args.shape:
+        model, extra = quant_model(args.shape, args.gguf_dir)
+    else:
+        model = build_model(args.shape)
     model.fuse_projections()
     result = {"gpu": torch.cuda.get_device_name() if DEV == "cuda" else platform.processor() or "cpu",
               "torch": torch.__version__, "shape": args.shape, "copy_bandwidth_gb_s": bw / 1e9,
-              "weight_gb": weight_bytes(model) / 1e9, "build_s": time.perf_counter() - t0, "rows": []}
+              "weight_gb": weight_bytes(model) / 1e9, "build_s": time.perf_counter() - t0, **extra,
+              "command": "python -m bench.kv_long_decode " + " ".join(sys.argv[1:]), "rows": []}
     print(f"copy bandwidth {bw / 1e9:.0f} GB/s; {args.shape} weights {result['weight_gb']:.1f} GB", flush=True)
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
@@ -97,11 +110,17 @@ def main() -> None:
             except torch.OutOfMemoryError as e:
                 row = {"context": ctx, "cache_type_k": k, "cache_type_v": v, "error": str(e)[:200]}
                 torch.cuda.empty_cache()
+            first = next((r for r in result["rows"] if (r["cache_type_k"], r["cache_type_v"], r.get("rotate_keys")) == (k, v, rot)
+                          and "error" not in r), None)
+            if "error" not in row and first is not None:
+                row["vs_context"] = first["context"]  # the slowdown against the same pair at the run's first context
+                row["speed_vs_first_context"] = row["tokens_per_s"] / first["tokens_per_s"]
             result["rows"].append(row)
             if "error" not in row:
                 print(f"ctx {ctx:>7} {k:>5}/{v:<5}{'' if rot else ' norot'}: {row['tokens_per_s']:6.1f} tok/s, step {row['step_ms']:.2f} ms "
                       f"(graph {row['graph_ms']:.2f}), KV read {row['kv_bytes_read_gb']:.2f} GB, "
-                      f"{row['fraction_of_roofline']:.0%} of roofline", flush=True)
+                      f"{row['fraction_of_roofline']:.0%} of roofline"
+                      + (f", {row['speed_vs_first_context']:.2f}x its speed at {row['vs_context']}" if "vs_context" in row else ""), flush=True)
             else:
                 print(f"ctx {ctx} {k}/{v}: {row['error']}", flush=True)
             out.write_text(json.dumps(result, indent=2))

@@ -33,6 +33,28 @@ def test_default_gguf_header_sums_to_its_data_and_its_loaded_parameters():
     assert plan.part("weights") == params
 
 
+PAIR_GGUFS = [Path.home() / ".cache" / "treeflash" / "pairs" / f"qwen2.5-coder-{size}-instruct.gguf" for size in ("0.5b", "1.5b")]
+
+
+@pytest.mark.parametrize("path", PAIR_GGUFS, ids=lambda p: p.stem)
+def test_offline_pair_headers_sum_to_their_data_and_plan_their_loaded_weights(path):
+    # the offline Qwen2.5-Coder GGUFs (bench/spec_pair_cpu.py fetch_gguf: not in CI): a mix of Q5_0 / Q8_0 /
+    # Q4_K / Q6_K tensors, each counted at its own type, and the float plan equals what the loader allocates
+    if not path.is_file():
+        pytest.skip(f"{path} is absent (bench/spec_pair_cpu.py fetch_gguf fetches it)")
+    import gguf
+
+    from treeflash.models.loader import load_model
+
+    h = read_header(path)
+    reader = gguf.GGUFReader(path)
+    assert h.stored_bytes() == h.data_bytes == sum(int(t.n_bytes) for t in reader.tensors)
+    assert {t.stored_type for t in h.tensors} >= {"Q4_K", "Q6_K"}
+    plan = plan_memory(h, PlanRequest(512, device_type="cpu", dtype_bytes=2))
+    model = load_model(str(path), device="cpu", dtype=torch.bfloat16, progress=False).model
+    assert plan.part("weights") == sum(p.numel() * p.element_size() for p in model.parameters())
+
+
 @needs_default
 def test_native_placement_keeps_listed_block_types_of_linear_weights_only():
     h = read_header(DEFAULT_GGUF)

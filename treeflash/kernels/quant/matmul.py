@@ -2,7 +2,8 @@
 
 Routing by the number of rows M (at small M the weight's bytes are the cost, so the kernels read
 each stored block once and dequantize in registers): on CUDA (or under TRITON_INTERPRET=1, on CPU
-tensors) M == 1 takes the decode GEMV, 2 <= M <= max_rows the small-M kernel; larger M dequantizes
+tensors) M == 1 takes the decode GEMV, 2 <= M <= max_rows the small-M kernel (for Q4_K the one that
+QuantTuning.q4k_rows_route names: rows_kernel, rows_q4k or the dequantized tiles); larger M dequantizes
 the weight in row tiles (to x's dtype) and uses torch matmul (compute-bound there: tensor cores on
 a dense tile win). Elsewhere the reference path (dequantize_ref + an fp32 matmul) runs. The kernel
 paths allocate only the output (and, for large M, the tile buffer) and never sync the host, so

@@ -57,12 +57,13 @@ def q4k_rows_kernel(X, W, B, Y, P, M, N, K, ROW_WORDS, BPS: tl.constexpr,
                     ROUND_W: tl.constexpr, DOT_F32: tl.constexpr):
     """Y [M, N] = X [M, K] @ dequant(W)^T for BLOCK_N weight rows x BLOCK_M rows of x over BPS blocks
     (PARTIAL: the fp32 partial P [SPLIT, M, N] of this program's split instead). W: the Q4_K blocks
-    as int32 words [N, ROW_WORDS], B the same memory as bytes. Rows past N or M are clamped (loads
+    as int32 words [N, ROW_WORDS], B the same memory as bytes. Weight rows past N are clamped (loads
     unmasked, results dropped)."""
     rows = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)  # [BLOCK_N] weight rows = output columns
     part = tl.program_id(1)
     m = tl.program_id(2) * BLOCK_M + tl.arange(0, BLOCK_M)  # [BLOCK_M] rows of x
     row_w = tl.minimum(rows, N - 1).to(tl.int64) * ROW_WORDS
+    m_ok = m < M
     x_row = tl.minimum(m, M - 1).to(tl.int64) * K
     ll = tl.arange(0, 32)
     kk = tl.arange(0, 64)
@@ -82,7 +83,8 @@ def q4k_rows_kernel(X, W, B, Y, P, M, N, K, ROW_WORDS, BPS: tl.constexpr,
             sc_hi, m_hi = scale_min(w1, w2, w3, 2 * c + 1)
             w_lo = nibble(q, 0) * (d * sc_lo)[:, None] - (dmin * m_lo)[:, None]  # [BLOCK_N, 32]: values 64c + l
             w_hi = nibble(q, 4) * (d * sc_hi)[:, None] - (dmin * m_hi)[:, None]  # values 64c + 32 + l
-            xt = tl.load(X + x_row[None, :] + (blk * 256 + 64 * c + kk)[:, None])  # [64, BLOCK_M]: values 64c + kk
+            # [64, BLOCK_M]: values 64c + kk; rows of x past M masked (zero-filled, not read: M = 2 reads 2 rows, not 16)
+            xt = tl.load(X + x_row[None, :] + (blk * 256 + 64 * c + kk)[:, None], mask=m_ok[None, :], other=0.0)
             if ROUND_W:
                 w_lo = w_lo.to(X.dtype.element_ty)
                 w_hi = w_hi.to(X.dtype.element_ty)
@@ -91,7 +93,7 @@ def q4k_rows_kernel(X, W, B, Y, P, M, N, K, ROW_WORDS, BPS: tl.constexpr,
                 acc += tl.dot(wt.to(tl.float32), xt.to(tl.float32), input_precision="ieee")
             else:
                 acc += tl.dot(wt, xt)
-    mask = (rows < N)[:, None] & (m < M)[None, :]
+    mask = (rows < N)[:, None] & m_ok[None, :]
     if PARTIAL:
         tl.store(P + (part * M + m[None, :]).to(tl.int64) * N + rows[:, None], acc, mask=mask)
     else:

@@ -6,7 +6,7 @@ at M = 32 on the H200 (bench/results/quant_gemv.json). This kernel is the GPTQ/A
 structure on Q4_K's stored blocks (q4k_block.py): a program owns BLOCK_N weight rows and BLOCK_M
 rows of x and walks its range of super-blocks; per block it loads the 4 header words once (d, dmin,
 the 8 six-bit scales and mins) and, per chunk c of 32 code bytes, one [BLOCK_N, 32] byte tile
-(16-byte loads), which both nibbles turn into weights w = d sc q - dmin m in fp32, rounded once to
+(16-byte copies), which both nibbles turn into weights w = d sc q - dmin m in fp32, rounded once to
 x's dtype. The two [BLOCK_N, 32] halves (values 64c + l and 64c + 32 + l) are joined into one
 [BLOCK_N, 64] tile in value order (column 32h + l), so x's [64, BLOCK_M] tile is one contiguous
 load, and one tl.dot of K = 64 per chunk accumulates in fp32: four a block.
@@ -18,7 +18,8 @@ wgmma reads as its B operand), so nothing is staged through registers twice.
 
 Operands swapped (acc [BLOCK_N, BLOCK_M] = w_tile @ x^T, stored transposed): the weight rows fill
 the tensor core's M side (64 rows a warpgroup on sm_90) and the few rows of x its N side, which
-may be as small as 16, so M = 2 pads x to 16 rows, not to 64.
+may be as small as 16, so M = 2 pads x to 16 rows, not to 64 (the padding rows masked: zero-filled,
+never read).
 
 Precision: the weight is rounded to x's dtype (bf16/fp16) before the dot, as the large-M tiled path
 and `--weights float` do; fp32 x keeps it fp32 (IEEE fp32 dot). DOT_F32 also serves bf16 x under

@@ -35,6 +35,9 @@
 # fit_27b      bench.fit_check: the 27B Q4_K_M rows (a random GGUF written first, 11 s)  fit_27b.json           500 s
 # quant        bench.quant_gemv --q4k-ab (Q4_K GEMV word-wide vs byte-wise, every 27B /  quant_gemv_q4k_ab.json 200 s
 #              8B projection), then gpu_speed --quant: whole-model quantized decode      gpu_speed_quant.json   300 s
+# quant_rows   bench.quant_gemv --rows-ab: Q4_K at M = 2..64, generic rows kernel vs    quant_rows_ab.json     200 s
+#              rows_q4k vs tiled vs bf16, every 27B / 8B projection (its own stage: with
+#              quant's 500 s it would pass the 600 s of one call)
 # prefix       treeflash.bench.prefix_cache: TTFT with a 4K-token prefix-cache hit        prefix_cache_gpu.json  90 s
 #              against a miss, outputs identical (needs $SMOL_GGUF)
 # oracle       bench.oracle_ceiling: --draft replay at tau 4 / 8 / 16, 27B and 8B shapes oracle_ceiling.json   300 s
@@ -167,6 +170,9 @@ for stage in $STAGES; do
       run gpu_speed_quant 300 -m bench.gpu_speed --shapes qwen3.5-27b --quant qwen3.5-27b:q4_k_m,qwen3-8b:q4_k_m \
         --gguf-dir /tmp/gguf --buckets 1,32 --prefill "" --drafter-layers 0 --decode-tokens 32 --out "$OUT/gpu_speed_quant.json"
       grep -E "decode|32 nodes" "$OUT/gpu_speed_quant.log" | tee -a "$OUT/progress.log" ;;
+    quant_rows)
+      run quant_rows_ab 200 -m bench.quant_gemv --rows-ab --time-limit 170 --out "$OUT/quant_rows_ab.json"
+      grep -E '"m": 32' "$OUT/quant_rows_ab.log" | tee -a "$OUT/progress.log" ;;
     prefix)
       if [ -f "$SMOL_GGUF" ]; then
         mkdir -p /tmp/tfc && cp "$SMOL_GGUF" /tmp/tfc/SmolLM2-135M-Instruct.Q4_1.gguf
@@ -180,7 +186,7 @@ for stage in $STAGES; do
     oracle)
       run oracle_ceiling 300 -m bench.oracle_ceiling --shapes qwen3.5-27b,qwen3-8b --taus 4 8 16 --out "$OUT/oracle_ceiling.json"
       tail -n 12 "$OUT/oracle_ceiling.log" | tee -a "$OUT/progress.log" ;;
-    *) log "unknown stage $stage (check speed hf eval cli_bench auto_greedy auto_sampled device_steps profile gdn gemv_graph kv kv_long kv_table fla fit_hf fit_27b quant prefix oracle)" ;;
+    *) log "unknown stage $stage (check speed hf eval cli_bench auto_greedy auto_sampled device_steps profile gdn gemv_graph kv kv_long kv_table fla fit_hf fit_27b quant quant_rows prefix oracle)" ;;
   esac
 done
 log "done"

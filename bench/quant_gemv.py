@@ -7,6 +7,7 @@ matmul at the same shape. Each call is first checked against dequantize_ref + an
     python -m bench.quant_gemv --formats Q4_K,Q6_K --rows 1,32 --out q.json
     python -m bench.quant_gemv --formats Q4_K --configs --rows 1,32 --out sweep.json   # launch-config sweep
     python -m bench.quant_gemv --formats Q4_K --rows 1 --q4k-ab --out ab.json   # word-wide Q4_K GEMV vs byte-wise
+    python -m bench.quant_gemv --rows-ab --out rows_ab.json   # Q4_K at M = 2..64: generic vs rows_q4k vs tiled vs bf16
     python -m bench.quant_gemv --device cpu --toy --out /tmp/q.json        # checks the script on a CPU
 
 Timing: CUDA-graph replay (triton.testing.do_bench_cudagraph) of one graph that calls quant_matmul on
@@ -16,6 +17,14 @@ replay time divided by the number of copies. The roofline is bytes / --bandwidth
 H200's HBM3e); "roofline_frac" = roofline time / measured time. With --configs each GEMV (M == 1) and
 rows (M > 1) launch configuration of a small grid is timed too, and the best per (format, N, K)
 comes out as ready-to-use QuantTuning table entries ("best_gemv_table", "best_rows_table").
+
+--rows-ab: Q4_K at every projection and M in ROWS_AB_M through each QuantTuning.q4k_rows_route
+("generic": kernels.rows_kernel, "q4k": rows_q4k at each configuration of Q4K_ROWS_GRID, "tiled":
+dequantized tiles + torch matmul) beside bf16 F.linear and the shape's M == 1 decode GEMV, each
+checked against dequantize_ref + an fp32 matmul first; "best" per (shape, M) and each route's time
+over the M == 1 GEMV's ("vs_m1": the target is <= 1.5 at M = 32). Shorter timing windows
+(ROWS_AB_REP_MS) and copies of one random weight keep it under --time-limit (default 170 s): past
+it, the remaining rows are listed as skipped.
 """
 
 from __future__ import annotations
@@ -33,7 +42,8 @@ import torch
 import torch.nn.functional as F
 
 from treeflash.kernels.quant import FORMATS, dequantize_ref, has_kernel, quant_matmul
-from treeflash.kernels.quant.config import GemvConfig, Q4kGemvConfig, QuantTuning, RowsConfig
+from treeflash.kernels.quant.config import GemvConfig, Q4kGemvConfig, Q4kRowsConfig, QuantTuning, RowsConfig, split_for
+from treeflash.kernels.quant.rows_q4k import block_m_for
 from treeflash.kernels.quant.synthetic import random_blocks
 
 PROJECTIONS = {  # name: (N, K)
@@ -55,9 +65,15 @@ Q4K_GRID = [Q4kGemvConfig(bn, u, w, mp, xt) for bn, u, w, mp, xt in
             ((16, 2, 1, 2048, False), (16, 2, 1, 2048, True), (32, 2, 1, 2048, True), (16, 4, 1, 2048, True), (32, 2, 2, 1024, True),
              (16, 2, 1, 4096, True), (32, 2, 1, 2048, False), (16, 4, 1, 2048, False))]
 MIN_BYTES_PER_REPLAY = 256 << 20
+ROWS_AB_M = (2, 8, 16, 32, 64)
+# rows_q4k's configurations in --rows-ab (each a compile per K and BLOCK_M: keep it short): the default,
+# 128 weight rows over two warpgroups (x re-read from L2 half as often), the default without a split over K
+# (timed only where the default splits)
+Q4K_ROWS_GRID = (Q4kRowsConfig(), Q4kRowsConfig(block_n=128, num_warps=8), Q4kRowsConfig(min_programs=1))
+ROWS_AB_REP_MS = 20
 
 
-def time_calls(fns: list, device: str) -> float:
+def time_calls(fns: list, device: str, rep_ms: int = 200) -> float:
     """Median seconds of one call, replaying a CUDA graph of all fns in turn (wall clock off CUDA)."""
     def step():
         for fn in fns:
@@ -65,7 +81,7 @@ def time_calls(fns: list, device: str) -> float:
     if device == "cuda":
         import triton.testing
 
-        return triton.testing.do_bench_cudagraph(step, rep=200, return_mode="median") / 1000 / len(fns)
+        return triton.testing.do_bench_cudagraph(step, rep=rep_ms, return_mode="median") / 1000 / len(fns)
     step()
     times = []
     for _ in range(3):
@@ -135,13 +151,102 @@ def bench_shape(fmt: str, name: str, n: int, k: int, rows: list[int], args, devi
     return out
 
 
+def q4k_routes(grid, n: int, k: int, m: int) -> list[tuple[str, dict, QuantTuning]]:
+    """(label, config fields, tuning) of each rows_q4k configuration whose launch at (N, K, M) differs from an
+    earlier one's (a config without a split launches as the default where the default does not split either)."""
+    routes, seen = [], set()
+    for i, c in enumerate(grid):
+        bm = block_m_for(m, c)
+        programs = -(-n // c.block_n) * -(-m // bm)
+        launch = (c.block_n, c.num_warps, c.num_stages, bm, split_for(k // 256, programs, c.min_programs))
+        if launch not in seen:
+            seen.add(launch)
+            routes.append((f"q4k{i}", dataclasses.asdict(c), QuantTuning(q4k_rows_route="q4k", q4k_rows=c)))
+    return routes
+
+
+def rows_ab_setup(name: str, n: int, k: int, args) -> dict:
+    """One projection's tensors for --rows-ab (>= MIN_BYTES_PER_REPLAY of blocks and of bf16 weights) and its
+    M == 1 decode GEMV (the default route), checked then timed."""
+    device, fmt = args.device, "Q4_K"
+    w0 = random_blocks(fmt, n, k, torch.Generator().manual_seed(0), device)  # [N, row_bytes] uint8
+    row_bytes = FORMATS[fmt].row_bytes(k)
+    copies = max(1, -(-MIN_BYTES_PER_REPLAY // (n * row_bytes))) if device == "cuda" else 1
+    dense = [torch.randn(n, k, device=device, dtype=torch.bfloat16) / k**0.5
+             for _ in range(max(1, -(-MIN_BYTES_PER_REPLAY // (n * k * 2)) if device == "cuda" else 1))]
+    st = dict(name=name, n=n, k=k, row_bytes=row_bytes, weights=[w0] + [w0.clone() for _ in range(copies - 1)],  # copies only defeat the L2
+              dense=dense, w_ref=dequantize_ref(w0, fmt, k))  # w_ref: [N, K] fp32
+    x1 = torch.randn(1, k, device=device, dtype=torch.bfloat16)
+    st["m1_error"] = check(x1, w0, fmt, k, QuantTuning())
+    st["m1_s"] = time_calls([lambda w=w: quant_matmul(x1, w, fmt, k) for w in st["weights"]], device, ROWS_AB_REP_MS)
+    return st
+
+
+def rows_ab_row(st: dict, m: int, args) -> dict:
+    """--rows-ab at one projection and M: bf16 F.linear, then each route checked against the reference and timed."""
+    device, fmt, n, k, weights = args.device, "Q4_K", st["n"], st["k"], st["weights"]
+    rec = dict(format=fmt, projection=st["name"], n=n, k=k, m=m, copies=len(weights), m1_s=st["m1_s"], m1_error=st["m1_error"],
+               quant_bytes=n * st["row_bytes"] + m * k * 2 + m * n * 2, bf16_bytes=n * k * 2 + m * k * 2 + m * n * 2)
+    x = torch.randn(m, k, device=device, dtype=torch.bfloat16)
+    ref = x.float() @ st["w_ref"].t()  # [M, N] fp32
+    rec["bf16_s"] = time_calls([lambda w=w: F.linear(x, w) for w in st["dense"]], device, ROWS_AB_REP_MS)
+    rec["bf16_roofline_frac"] = rec["bf16_bytes"] / args.bandwidth / rec["bf16_s"]
+    grid = Q4K_ROWS_GRID[: 1 if args.toy else None]
+    routes = [("generic", None, QuantTuning()), ("tiled", None, QuantTuning(q4k_rows_route="tiled"))] + q4k_routes(grid, n, k, m)
+    timings = []
+    for route, cfg, tuning in routes:
+        label = dict(route=route) | ({"config": cfg} if cfg else {})
+        try:
+            y = quant_matmul(x, weights[0], fmt, k, out_dtype=torch.float32, tuning=tuning)
+            err = ((y - ref).abs().max() / ref.abs().max().clamp_min(1e-30)).item()
+            if not err <= 1e-2:  # bf16 x (rows_q4k and tiled: weights rounded to bf16): ~2^-9; a wrong kernel is far off
+                timings.append(dict(label, error=err, failed="differs from the reference"))
+                continue
+            s = time_calls([lambda w=w, t=tuning: quant_matmul(x, w, fmt, k, tuning=t) for w in weights], device, ROWS_AB_REP_MS)
+        except Exception as e:  # a configuration that does not compile or launch: recorded, not fatal
+            timings.append(dict(label, failed=f"{type(e).__name__}: {str(e)[:200]}"))
+            continue
+        timings.append(dict(label, error=err, s=s, roofline_frac=rec["quant_bytes"] / args.bandwidth / s,
+                            vs_m1=s / st["m1_s"], vs_bf16=s / rec["bf16_s"]))
+    ok = [t for t in timings if "s" in t]
+    rec["routes"] = timings
+    rec["best"] = min(ok, key=lambda t: t["s"]) if ok else None
+    generic = next((t for t in ok if t["route"] == "generic"), None)
+    if rec["best"] and generic:
+        rec["best_speedup_vs_generic"] = generic["s"] / rec["best"]["s"]
+    us = {t["route"]: round(t["s"] * 1e6, 1) if "s" in t else t["failed"] for t in timings}
+    print(json.dumps(dict(projection=st["name"], m=m, m1_us=round(st["m1_s"] * 1e6, 1), bf16_us=round(rec["bf16_s"] * 1e6, 1), **us)),
+          file=sys.stderr, flush=True)
+    return rec
+
+
+def rows_ab(shapes: dict, names: list[str], args) -> None:
+    """--rows-ab: M = 32 (the verify width of the target) at every projection first, then the other M; rows
+    past --time-limit are written as skipped. The JSON is rewritten after every row."""
+    deadline = time.monotonic() + args.time_limit
+    setups, results = {}, []
+    for ms in ((32,), tuple(m for m in ROWS_AB_M if m != 32)):
+        for name in names:
+            for m in ms:
+                if time.monotonic() > deadline:
+                    n, k = shapes[name]
+                    results.append(dict(format="Q4_K", projection=name, n=n, k=k, m=m, skipped=f"past --time-limit {args.time_limit} s"))
+                    continue
+                if name not in setups:
+                    setups[name] = rows_ab_setup(name, *shapes[name], args)
+                results.append(rows_ab_row(setups[name], m, args))
+                results.sort(key=lambda r: (names.index(r["projection"]), r["m"]))
+                write(args.out, results, args)
+    write(args.out, results, args)
+
+
 def tables(results: list[dict]) -> tuple[list, list]:
     """The best configuration per (format, N, K) as QuantTuning table entries (GEMV at M == 1; rows at
     M = 32): [format, N, K, {GemvConfig / RowsConfig fields}], i.e. (fmt, n, k, GemvConfig(**fields))."""
     gemv, rows = [], []
     for r in results:
         best = r.get("best")
-        if not best or best["config"] == "default":
+        if not best or best.get("config", "default") == "default" or "route" in best:  # --rows-ab records name routes
             continue
         if r["m"] == 1:
             gemv.append([r["format"], r["n"], r["k"], best["config"]])
@@ -167,6 +272,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--rows", default=",".join(map(str, ROWS)), help="comma-separated M values")
     p.add_argument("--configs", action="store_true", help="also time a grid of launch configurations (--toy: its first 3)")
     p.add_argument("--q4k-ab", action="store_true", help="Q4_K at M == 1: the word-wide GEMV's configurations against the byte-wise kernel")
+    p.add_argument("--rows-ab", action="store_true", help="Q4_K at M in 2..64: generic rows kernel vs rows_q4k vs tiled vs bf16 (--formats, --rows ignored)")
+    p.add_argument("--time-limit", type=float, default=170.0, help="--rows-ab: seconds after which the remaining rows are skipped")
     p.add_argument("--bandwidth", type=float, default=4.2e12, help="bytes/s of the roofline (H200: 4.2e12)")
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu", choices=("cuda", "cpu"))
     p.add_argument("--toy", action="store_true", help="toy shapes (checks the script; CPU)")
@@ -189,6 +296,9 @@ def main(argv: list[str] | None = None) -> int:
     if args.device == "cuda" and not torch.cuda.is_available():
         p.error("--device cuda: no CUDA device (use --device cpu --toy)")
     results = []
+    if args.rows_ab:
+        rows_ab(shapes, names, args)
+        return 0
     for fmt in formats:
         for name in names:
             n, k = shapes[name]

@@ -65,6 +65,32 @@ class RowsConfig:
 
 
 @dataclass(frozen=True)
+class Q4kRowsConfig:
+    """2 <= M <= max_rows for Q4_K through rows_q4k: BLOCK_N weight rows x BLOCK_M rows of x per program
+    (BLOCK_M the smallest power of two >= M, at least 16, at most block_m), num_stages of Triton's
+    software pipelining over the blocks, and a split over K chosen so that at least min_programs
+    programs run (a divisor of the block count; 1: never split). Not yet timed on a GPU."""
+    block_m: int = 64
+    block_n: int = 64
+    num_warps: int = 4
+    num_stages: int = 2
+    min_programs: int = 264  # two programs per SM of an H200 (132 SMs)
+
+    def __post_init__(self):
+        _pow2("block_m", self.block_m, 16, 128)
+        _pow2("block_n", self.block_n, 16, 256)
+        _pow2("num_warps", self.num_warps, 1, 16)
+        if not 1 <= self.num_stages <= 6:
+            raise ValueError(f"num_stages must be in [1, 6], got {self.num_stages}")
+        if self.min_programs < 1:
+            raise ValueError(f"min_programs must be >= 1, got {self.min_programs}")
+
+
+# the kernels Q4_K takes at 2 <= M <= max_rows: kernels.rows_kernel, rows_q4k, or dequantized tiles + torch matmul
+Q4K_ROWS_ROUTES = ("generic", "q4k", "tiled")
+
+
+@dataclass(frozen=True)
 class QuantTuning:
     """Which kernel and launch configuration each quant_matmul call takes.
 
@@ -76,6 +102,9 @@ class QuantTuning:
     rows: RowsConfig = RowsConfig()
     q4k: Q4kGemvConfig = Q4kGemvConfig()
     q4k_words: bool = True  # Q4_K decode GEMVs through gemv_q4k (False: the generic byte-wise kernel)
+    q4k_rows: Q4kRowsConfig = Q4kRowsConfig()
+    # Q4_K at 2 <= M <= max_rows (Q4K_ROWS_ROUTES); "generic" until bench/quant_gemv.py --rows-ab times the others
+    q4k_rows_route: str = "generic"
     gemv_table: tuple[tuple[str, int, int, GemvConfig], ...] = ()
     rows_table: tuple[tuple[str, int, int, RowsConfig], ...] = ()
     rows_block_m: tuple[tuple[int, int], ...] = ((16, 16), (32, 32), (128, 64))
@@ -85,6 +114,8 @@ class QuantTuning:
     def __post_init__(self):
         if not 1 <= self.max_rows <= 1024:
             raise ValueError(f"max_rows must be in [1, 1024], got {self.max_rows}")
+        if self.q4k_rows_route not in Q4K_ROWS_ROUTES:
+            raise ValueError(f"q4k_rows_route must be one of {', '.join(Q4K_ROWS_ROUTES)}, got {self.q4k_rows_route!r}")
         if self.dequant_rows < 1:
             raise ValueError(f"dequant_rows must be positive, got {self.dequant_rows}")
         if not self.rows_block_m or self.rows_block_m[-1][0] < self.max_rows:
@@ -102,3 +133,9 @@ class QuantTuning:
 
 
 DEFAULT_TUNING = QuantTuning()
+
+
+def split_for(nb: int, programs: int, min_programs: int) -> int:
+    """The largest divisor of nb (blocks per row) that keeps programs * split <= max(programs, min_programs)."""
+    want = max(1, min_programs // programs)
+    return max(d for d in range(1, nb + 1) if nb % d == 0 and d <= want)

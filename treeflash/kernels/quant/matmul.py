@@ -2,7 +2,8 @@
 
 Routing by the number of rows M (at small M the weight's bytes are the cost, so the kernels read
 each stored block once and dequantize in registers): on CUDA (or under TRITON_INTERPRET=1, on CPU
-tensors) M == 1 takes the decode GEMV, 2 <= M <= max_rows the small-M kernel; larger M dequantizes
+tensors) M == 1 takes the decode GEMV, 2 <= M <= max_rows the small-M kernel (for Q4_K the one that
+QuantTuning.q4k_rows_route names: rows_kernel, rows_q4k or the dequantized tiles); larger M dequantizes
 the weight in row tiles (to x's dtype) and uses torch matmul (compute-bound there: tensor cores on
 a dense tile win). Elsewhere the reference path (dequantize_ref + an fp32 matmul) runs. The kernel
 paths allocate only the output (and, for large M, the tile buffer) and never sync the host, so
@@ -18,7 +19,8 @@ import triton
 
 import treeflash.kernels.quant.gemv_q4k as gemv_q4k
 import treeflash.kernels.quant.kernels as kernels
-from treeflash.kernels.quant.config import DEFAULT_TUNING, QuantTuning
+import treeflash.kernels.quant.rows_q4k as rows_q4k
+from treeflash.kernels.quant.config import DEFAULT_TUNING, QuantTuning, split_for
 from treeflash.kernels.quant.decode import FMT_ID, GROUPS
 from treeflash.kernels.quant.formats import BlockFormat, BlockFormatError, check_blocks, get_format
 from treeflash.kernels.quant.reference import dequantize_ref
@@ -58,12 +60,6 @@ def gemv(x: torch.Tensor, blocks: torch.Tensor, f: BlockFormat, k: int, out: tor
     return out
 
 
-def split_for(nb: int, programs: int, min_programs: int) -> int:
-    """The largest divisor of nb (blocks per row) that keeps programs * split <= max(programs, min_programs)."""
-    want = max(1, min_programs // programs)
-    return max(d for d in range(1, nb + 1) if nb % d == 0 and d <= want)
-
-
 def gemv_words_q4k(x: torch.Tensor, blocks: torch.Tensor, k: int, out: torch.Tensor, tuning: QuantTuning) -> torch.Tensor:
     """out [1, N] = x [1, K] @ dequant(Q4_K blocks)^T through gemv_q4k (+ its split sum)."""
     n, nb, cfg = blocks.shape[0], k // 256, tuning.q4k
@@ -87,8 +83,13 @@ def rows_matmul(x: torch.Tensor, blocks: torch.Tensor, f: BlockFormat, k: int, o
     grid = (triton.cdiv(n, cfg.block_n), triton.cdiv(m, cfg.block_m))
     kernels.rows_kernel[grid](
         x, blocks, blocks.view(torch.float16), out, m, n, k, f.row_bytes(k), k // f.block_values, **_meta(f, k),
-        BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, DOT_F32=x.dtype == torch.float32 or (_INTERPRET and x.dtype == torch.bfloat16), num_warps=cfg.num_warps)
+        BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, DOT_F32=_dot_f32(x), num_warps=cfg.num_warps)
     return out
+
+
+def _dot_f32(x: torch.Tensor) -> bool:
+    """The rows kernels take an IEEE fp32 tl.dot for fp32 x, and for bf16 x under the interpreter (whose bf16 dot is wrong)."""
+    return x.dtype == torch.float32 or (_INTERPRET and x.dtype == torch.bfloat16)
 
 
 def dequantize(blocks: torch.Tensor, fmt: str, k: int, out: torch.Tensor) -> torch.Tensor:
@@ -146,5 +147,9 @@ def quant_matmul(x: torch.Tensor, blocks: torch.Tensor, fmt: str, k: int,
             return gemv_words_q4k(x, blocks, k, out, tuning)
         return gemv(x, blocks, f, k, out, tuning)
     if m <= tuning.max_rows:
+        if f.name == "Q4_K" and tuning.q4k_rows_route == "q4k" and blocks.is_contiguous():
+            return rows_q4k.rows_q4k(x, blocks, k, out, tuning.q4k_rows, _dot_f32(x))
+        if f.name == "Q4_K" and tuning.q4k_rows_route == "tiled":
+            return tiled_matmul(x, blocks, f, k, out, tuning)
         return rows_matmul(x, blocks, f, k, out, tuning)
     return tiled_matmul(x, blocks, f, k, out, tuning)

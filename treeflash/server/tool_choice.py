@@ -9,7 +9,9 @@ of one or more calls (exactly one with `max_calls` 1) in the form the output par
 - json: `<tool_call>\\n{"name": NAME, "arguments": ARGS}\\n</tool_call>`. The object is an inline
   `%json` schema: the name one of the allowed tools (a const per tool), ARGS valid against that
   tool's parameters schema (everything llguidance enforces; a keyword it does not implement is a
-  400 naming `tools`). Separators ", " and ": ", no other whitespace (how templates render past calls).
+  400 naming `tools`), and, when the schema declares properties and says nothing of
+  additionalProperties, only those (a model that invents an argument never ends it otherwise).
+  Separators ", " and ": ", no other whitespace (how templates render past calls).
 - xml: `<tool_call>\\n<function=NAME>\\n<parameter=P>\\nVALUE\\n</parameter>\\n...</function>\\n</tool_call>`.
   The function names are the allowed tools'; the parameters are the declared ones, in the schema's
   order, each at most once, the required ones present (any name when the schema declares none and
@@ -121,6 +123,8 @@ def _think_rules(special: frozenset[str]) -> list[str]:
 
 def _json_call(i: int, name: str, params: dict[str, Any]) -> list[str]:
     defs = {k: params[k] for k in ("$defs", "definitions") if k in params}  # "#/$defs/X" refs resolve at the root
+    if isinstance(params.get("properties"), dict) and params["properties"] and "additionalProperties" not in params:
+        params = {**params, "additionalProperties": False}  # the declared parameters only (as the xml form)
     schema = {"type": "object", "properties": {"name": {"const": name}, "arguments": params},
               "required": ["name", "arguments"], "additionalProperties": False, **defs, "x-guidance": JSON_LAYOUT}
     return [f"fn_{i}: %json {json.dumps(schema, ensure_ascii=False)}"]

@@ -80,7 +80,7 @@ class MessagesBody(StrictModel):
                 raise bad_request(f"tools[{i}]: the server tool type {t.type!r} is not offered; only custom tools "
                                   "(name, description, input_schema)", f"tools[{i}].type")
         if self.tool_choice is not None and self.tool_choice.type == "tool" and not self.tool_choice.name:
-            raise bad_request("tool_choice of type 'tool' needs the name of a tool", "tool_choice.name")
+            raise bad_request("tool_choice.name is required for a tool_choice of type 'tool'", "tool_choice.name")
         structured = self.grammar()
         check_choice(self.forced_tool_choice(), [t.name for t in self.tools or ()],
                      structured.param if structured is not None else None, "tool_choice.name")

@@ -20,15 +20,17 @@ of one or more calls (exactly one with `max_calls` 1) in the form the output par
   object, array, null, a type list without "string", anyOf/oneOf) is `%json` of the parameter's
   schema ($defs carried along); boolean is true / false (either capitalization); a string's enum or
   const is the list of its values, minLength / maxLength bound the text. Any other string value is
-  free text (pattern and format are not enforced). No value may contain `</parameter>` or
-  `</tool_call>` (the parser would end there).
+  free text (pattern and format are not enforced). No free-text value may contain `</parameter>`
+  or `</tool_call>` (the parser would end there).
 
-Not enforced in either form: a JSON string that contains `</tool_call>` (the parser ends the
-block there). No text before the first call. A thinking model may still think first: when the
-prompt opened `<think>` the output starts inside the block ("open"); when the chat template knows
+Not enforced in either form: a JSON string that contains `</tool_call>` (or, in an xml value,
+`</parameter>`): the parser ends the block there.
+
+No text may come before the first call, but a thinking model may think first: when the prompt
+opened `<think>` the output starts inside the block ("open"); when the chat template knows
 `<think>` and the prompt did not just close one (thinking switched off), the output may open one
-("optional"); after `</think>` and whitespace the calls follow.
-A tag the tokenizer has as a special token is matched as that token, otherwise as text.
+("optional"); after `</think>` and whitespace the calls follow. A tag the tokenizer has as a
+special token is matched as that token, otherwise as text.
 """
 
 from __future__ import annotations
@@ -41,14 +43,13 @@ from treeflash.engine.request import Grammar
 from treeflash.server.errors import bad_request
 from treeflash.server.reasoning import prompt_opens_thinking
 from treeflash.server.tool_xml import STRING_TYPES, schema_type
-from treeflash.server.tools import END, START
+from treeflash.server.tools import END, FORMS, START
 
 JSON_LAYOUT = {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "}  # llguidance x-guidance options
 JSON_TYPES = ("integer", "number", "object", "array", "null", "boolean")  # standard non-string JSON schema types
 THINK_OPEN, THINK_CLOSE = "<think>", "</think>"
 TAGS = frozenset((START, END, THINK_OPEN, THINK_CLOSE))  # the tags a grammar writes (as special tokens where the tokenizer has them)
 THINK_MODES = ("none", "optional", "open")
-PARAM_END = "</parameter>"
 NOT_IN_VALUE = "~/(?s:.*)(<\\/parameter>|<\\/tool_call>)(?s:.*)/"  # a terminal no xml value may match
 
 
@@ -68,6 +69,10 @@ class CallFormat:
     form: str  # json | xml
     special: frozenset[str] = frozenset()
     think: str = "none"
+
+    def __post_init__(self) -> None:
+        if self.form not in FORMS or self.think not in THINK_MODES:
+            raise ValueError(f"CallFormat: form one of {FORMS}, think one of {THINK_MODES}; got {self.form!r}, {self.think!r}")
 
 
 def think_mode(template: str | None, prompt: str) -> str:
@@ -159,8 +164,8 @@ def _xml_param(rule: str, head: str, schema: dict[str, Any], defs: dict[str, Any
         values = schema.get("enum", [schema["const"]] if "const" in schema else None)
         if isinstance(values, list) and values and all(isinstance(v, str) for v in values):
             return [f"{rule}: {head} ({' | '.join(_lit(v) for v in values)}) {close}"]
-        lo, hi = schema.get("minLength", 0), schema.get("maxLength")
-        bound = f"{{{int(lo)},{'' if hi is None else int(hi)}}}"
+        lo, hi = (schema.get(k) if isinstance(schema.get(k), int) else None for k in ("minLength", "maxLength"))
+        bound = f"{{{lo or 0},{'' if hi is None else hi}}}"
         term = rule.upper()
         return [f"{rule}: {head} v_{rule}", f"v_{rule}[lazy]: {term}",
                 f"{term}: (/(?s:.){bound}/ & {NOT_IN_VALUE}) {close}"]

@@ -75,8 +75,9 @@ CASES = [
     ("top_logprobs without logprobs", "POST", CHAT, {"json": chat(top_logprobs=2)}, 400),
     ("presence_penalty", "POST", CHAT, {"json": chat(presence_penalty=1.0)}, 400),
     ("tools not a list", "POST", CHAT, {"json": chat(tools="get_weather")}, 400),
-    ("tool_choice required", "POST", CHAT, {"json": chat(tools=[{"type": "function", "function": {"name": "f"}}],
-                                                         tool_choice="required")}, 400),
+    ("tool_choice required without tools", "POST", CHAT, {"json": chat(tool_choice="required")}, 400),
+    ("tool_choice an unknown function", "POST", CHAT, {"json": chat(tools=[{"type": "function", "function": {"name": "f"}}],
+                                                                    tool_choice={"type": "function", "function": {"name": "g"}})}, 400),
     ("tool call arguments not JSON", "POST", CHAT, {"json": chat(messages=USER + [{"role": "assistant", "tool_calls": [
         {"id": "c", "type": "function", "function": {"name": "f", "arguments": "{not json"}}]}])}, 400),
     ("chat_template_kwargs a list", "POST", CHAT, {"json": chat(chat_template_kwargs=[1])}, 400),

@@ -32,8 +32,8 @@ from treeflash.server.frontend import Frontend, TokenLimits
 from treeflash.server.guard import Gate, read_body
 from treeflash.server.hosts import HostPolicy
 from treeflash.server.metrics import Metrics
-from treeflash.server.prompt import (RESERVED_TEMPLATE_KWARGS, chat_prompt, check_token_ids, completion_prompt_ids, generation_requests,
-                                     render_messages, tool_parser_factory)
+from treeflash.server.prompt import (RESERVED_TEMPLATE_KWARGS, chat_prompt, check_token_ids, completion_prompt_ids,
+                                     forced_tool_grammar, generation_requests, render_messages, tool_parser_factory)
 from treeflash.server.protocol import (MAX_N, ChatCompletionRequest, CompletionRequest, DetokenizeRequest, TokenizeRequest,
                                        parse)
 from treeflash.server.streaming import OPENAI_SSE, JobStream, SSEFormat, folded_response
@@ -138,8 +138,8 @@ def create_app(config: ServerConfig, load: Callable[[], object], on_load_failed:
         fe = state.frontend()
         req = parse(ChatCompletionRequest, await state.body(request))
         state.check_model(req.model)
-        grammar = req.grammar()
         prompt = await run_in_threadpool(chat_prompt, fe, req)
+        grammar = forced_tool_grammar(fe, req.forced_tool_choice(), req.tools, prompt, req.max_tool_calls, req.grammar())
         grammar = await run_in_threadpool(fe.check_grammar, grammar)
         gens = generation_requests(fe, req, [prompt.ids], req.num_logprobs, grammar)
         job = state.submit(gens)

@@ -21,6 +21,7 @@ from treeflash.server.errors import bad_request, from_exception
 from treeflash.server.frontend import Frontend
 from treeflash.server.protocol import ChatCompletionRequest, Message, ToolDef
 from treeflash.server.reasoning import prompt_opens_thinking
+from treeflash.server.tool_choice import TAGS, CallFormat, ForcedChoice, think_mode, tool_call_grammar
 from treeflash.server.tools import ToolCallParser, tool_call_text, tools_system_text
 from treeflash.spec.sampling import SamplingParams
 
@@ -113,8 +114,18 @@ def tool_parser_factory(fe: Frontend, req: ChatCompletionRequest) -> Callable[[]
     if not req.tools or req.tool_choice == "none":
         return None
     tools = [t.model_dump(exclude_none=True) for t in req.tools]
-    max_calls = 1 if req.parallel_tool_calls is False else None
-    return lambda: ToolCallParser(fe.tool_form, tools, max_calls)
+    return lambda: ToolCallParser(fe.tool_form, tools, req.max_tool_calls)
+
+
+def forced_tool_grammar(fe: Frontend, choice: ForcedChoice | None, tools: list[ToolDef] | None, prompt: ChatPrompt,
+                        max_calls: int | None, grammar: Grammar | None) -> Grammar | None:
+    """The grammar of the calls a forced tool_choice allows (server/tool_choice.py), in the model's
+    form, after a reasoning block where the template has one; `grammar` (the request's structured
+    output, None when a choice is forced: check_choice) when no choice is forced."""
+    if choice is None:
+        return grammar
+    fmt = CallFormat(fe.tool_form, frozenset(fe.special_tokens) & TAGS, think_mode(fe.chat_template, prompt.text))
+    return tool_call_grammar(choice, [t.model_dump(exclude_none=True) for t in tools or ()], fmt, max_calls)
 
 
 def chat_prompt(fe: Frontend, req: ChatCompletionRequest) -> ChatPrompt:

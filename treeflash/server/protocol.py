@@ -16,6 +16,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 from treeflash.engine.request import Grammar
 from treeflash.server.errors import bad_request
 from treeflash.server.structured import only_one, openai_format, vllm_fields
+from treeflash.server.tool_choice import ForcedChoice, check_choice
 
 MAX_N = 8  # choices per request (n x prompts); they run one after another
 MAX_STOP = 16  # stop strings per request
@@ -169,13 +170,23 @@ class ChatCompletionRequest(_Sampling):
 
     def check_supported(self) -> None:
         super().check_supported()
-        if self.tool_choice == "required" or isinstance(self.tool_choice, NamedToolChoice):
-            raise bad_request("tool_choice 'required' or a named function needs constrained decoding, which treeflash does not "
-                              "do; use 'auto' (tool calls in the output are still parsed)", "tool_choice")
+        structured = self.grammar()
+        check_choice(self.forced_tool_choice(), [t.function.name for t in self.tools or ()],
+                     structured.param if structured is not None else None, "tool_choice.function.name")
         if self.top_logprobs is not None and not self.logprobs:
             raise bad_request("top_logprobs needs logprobs: true", "top_logprobs")
         if self.max_tokens is not None and self.max_completion_tokens is not None and self.max_tokens != self.max_completion_tokens:
             raise bad_request("max_tokens and max_completion_tokens differ; send one", "max_completion_tokens")
+
+    def forced_tool_choice(self) -> ForcedChoice | None:
+        """tool_choice "required" (any of the tools) or {"type": "function", "function": {"name"}} (that one)."""
+        if isinstance(self.tool_choice, NamedToolChoice):
+            return ForcedChoice(self.tool_choice.function.name)
+        return ForcedChoice() if self.tool_choice == "required" else None
+
+    @property
+    def max_tool_calls(self) -> int | None:
+        return 1 if self.parallel_tool_calls is False else None
 
     @property
     def token_limit(self) -> int | None:

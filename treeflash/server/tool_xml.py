@@ -40,11 +40,11 @@ def parameter_types(tools: list[dict[str, Any]] | None) -> dict[str, dict[str, s
         params = fn.get("parameters")
         props = params.get("properties") if isinstance(params, dict) else None
         if isinstance(props, dict):
-            out[fn["name"]] = {p: _type_name(s) for p, s in props.items() if isinstance(s, dict)}
+            out[fn["name"]] = {p: schema_type(s) for p, s in props.items() if isinstance(s, dict)}
     return out
 
 
-def _type_name(schema: dict[str, Any]) -> str:
+def schema_type(schema: dict[str, Any]) -> str:
     t = schema.get("type")
     if isinstance(t, list):  # ["integer", "null"]: the first non-null type decides
         t = next((x for x in t if x != "null"), "string")

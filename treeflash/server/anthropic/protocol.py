@@ -19,6 +19,7 @@ from pydantic import Field
 from treeflash.engine.request import Grammar
 from treeflash.server.errors import bad_request
 from treeflash.server.structured import anthropic_format
+from treeflash.server.tool_choice import ForcedChoice, check_choice
 from treeflash.server.protocol import MAX_STOP, FunctionCall, FunctionDef, Message, StrictModel, ToolCall, ToolDef
 
 
@@ -78,9 +79,11 @@ class MessagesBody(StrictModel):
             if t.type not in (None, "custom"):
                 raise bad_request(f"tools[{i}]: the server tool type {t.type!r} is not offered; only custom tools "
                                   "(name, description, input_schema)", f"tools[{i}].type")
-        if self.tool_choice is not None and self.tool_choice.type in ("any", "tool"):
-            raise bad_request(f"tool_choice {self.tool_choice.type!r} needs constrained decoding, which treeflash does not do; "
-                              "use 'auto' (tool calls in the output are still parsed)", "tool_choice")
+        if self.tool_choice is not None and self.tool_choice.type == "tool" and not self.tool_choice.name:
+            raise bad_request("tool_choice.name is required for a tool_choice of type 'tool'", "tool_choice.name")
+        structured = self.grammar()
+        check_choice(self.forced_tool_choice(), [t.name for t in self.tools or ()],
+                     structured.param if structured is not None else None, "tool_choice.name")
         if self.mcp_servers:
             raise bad_request("mcp_servers is not supported", "mcp_servers")
         if self.container is not None:
@@ -88,11 +91,22 @@ class MessagesBody(StrictModel):
         for key in self.output_config or {}:
             if key not in ("effort", "format"):
                 raise bad_request(f"output_config.{key} is not supported", f"output_config.{key}")
-        self.grammar()
 
     def grammar(self) -> Grammar | None:
         """output_config.format {"type": "json_schema", "schema"}: the output matches the schema."""
         return anthropic_format((self.output_config or {}).get("format"))
+
+    def forced_tool_choice(self) -> ForcedChoice | None:
+        """tool_choice {"type": "any"} (one of the tools) or {"type": "tool", "name"} (that one)."""
+        kind = self.tool_choice.type if self.tool_choice is not None else None
+        if kind == "tool":
+            return ForcedChoice(self.tool_choice.name)
+        return ForcedChoice() if kind == "any" else None
+
+    @property
+    def max_tool_calls(self) -> int | None:
+        """disable_parallel_tool_use: at most one call (exactly one with "any" or "tool")."""
+        return 1 if self.tool_choice is not None and self.tool_choice.disable_parallel_tool_use else None
 
     @property
     def uses_tools(self) -> bool:

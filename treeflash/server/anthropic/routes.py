@@ -15,7 +15,7 @@ from starlette.concurrency import run_in_threadpool
 from treeflash.server.anthropic.events import MessageContext, error_event, fold_message, message_events
 from treeflash.server.anthropic.protocol import CountTokensRequest, MessagesRequest
 from treeflash.server.output import job_parts, tool_parser_for
-from treeflash.server.prompt import render_messages, sampling_params, single_request
+from treeflash.server.prompt import forced_tool_grammar, render_messages, sampling_params, single_request
 from treeflash.server.protocol import parse
 from treeflash.server.streaming import SSEFormat, encode_named_event
 
@@ -29,13 +29,16 @@ def add_routes(app: FastAPI, state) -> None:  # state: server.app.ServerState
         fe = state.frontend()
         req = parse(MessagesRequest, await state.body(request))
         state.check_model(req.model)
-        prompt = await run_in_threadpool(render_messages, fe, req.chat_messages(), req.chat_tools(), True, req.template_kwargs())
+        tools = req.chat_tools()
+        prompt = await run_in_threadpool(render_messages, fe, req.chat_messages(), tools, True, req.template_kwargs())
         sampling = sampling_params(req.temperature, req.top_p, req.top_k)
-        grammar = await run_in_threadpool(fe.check_grammar, req.grammar())
+        grammar = forced_tool_grammar(fe, req.forced_tool_choice(), tools, prompt, req.max_tool_calls, req.grammar())
+        grammar = await run_in_threadpool(fe.check_grammar, grammar)
         gen = single_request(fe, prompt.ids, sampling, req.max_tokens, tuple(req.stop_sequences or ()), grammar=grammar)
         job = state.submit([gen])
         ctx = MessageContext(f"msg_{uuid.uuid4().hex}", state.config.served_model_name, len(prompt.ids))
-        events = message_events(job_parts(job, prompt.in_think, tool_parser_for(fe.tool_form, req.chat_tools()) if req.uses_tools else None), ctx)
+        parser = tool_parser_for(fe.tool_form, tools, req.max_tool_calls) if req.uses_tools else None
+        events = message_events(job_parts(job, prompt.in_think, parser), ctx)
         return await state.respond(request, req.stream, events, fold_message, job, arrived, ANTHROPIC_SSE)
 
     async def count_tokens(request: Request) -> Response:

@@ -18,6 +18,7 @@ from pydantic import Field
 from treeflash.engine.request import Grammar
 from treeflash.server.errors import bad_request
 from treeflash.server.structured import openai_format
+from treeflash.server.tool_choice import ForcedChoice, check_choice
 from treeflash.server.protocol import FunctionCall, FunctionDef, Message, StrictModel, ToolCall, ToolDef
 
 TEXT_PARTS = ("input_text", "output_text", "text", "summary_text", "reasoning_text")
@@ -97,10 +98,9 @@ class ResponsesRequest(StrictModel):
                 raise bad_request(f"tools[{i}]: tool type {t.type!r} is not offered; only function tools", f"tools[{i}].type")
             if not t.name:
                 raise bad_request(f"tools[{i}]: a function tool needs a name", f"tools[{i}].name")
-        if self.tool_choice == "required" or isinstance(self.tool_choice, dict):
-            raise bad_request("tool_choice 'required' or a named function needs constrained decoding, which treeflash does not "
-                              "do; use 'auto' (tool calls in the output are still parsed)", "tool_choice")
-        self.grammar()
+        structured = self.grammar()
+        check_choice(self.forced_tool_choice(), [t.name for t in self.tools or ()],
+                     structured.param if structured is not None else None, "tool_choice.name")
         if self.background:
             raise bad_request("background responses are not supported", "background")
         if self.top_logprobs:
@@ -113,6 +113,23 @@ class ResponsesRequest(StrictModel):
         for name in self.include or ():
             if name != "reasoning.encrypted_content":
                 raise bad_request(f"include {name!r} is not supported", "include")
+
+    def forced_tool_choice(self) -> ForcedChoice | None:
+        """tool_choice "required" (one of the tools) or {"type": "function", "name"} (that one); other
+        objects (allowed_tools, hosted tools) are refused."""
+        choice = self.tool_choice
+        if not isinstance(choice, dict):
+            return ForcedChoice() if choice == "required" else None
+        if choice.get("type") != "function":
+            raise bad_request(f"tool_choice of type {choice.get('type')!r} is not supported; use none, auto, required or "
+                              "{'type': 'function', 'name': ...}", "tool_choice.type")
+        if not isinstance(choice.get("name"), str) or not choice["name"]:
+            raise bad_request("tool_choice of type 'function' needs the name of a function", "tool_choice.name")
+        return ForcedChoice(choice["name"])
+
+    @property
+    def max_tool_calls_per_turn(self) -> int | None:
+        return 1 if self.parallel_tool_calls is False else None
 
     @property
     def uses_tools(self) -> bool:

@@ -12,7 +12,7 @@ from fastapi.responses import Response
 from starlette.concurrency import run_in_threadpool
 
 from treeflash.server.output import job_parts, tool_parser_for
-from treeflash.server.prompt import render_messages, sampling_params, single_request
+from treeflash.server.prompt import forced_tool_grammar, render_messages, sampling_params, single_request
 from treeflash.server.protocol import parse
 from treeflash.server.responses.events import ResponseContext, error_event, fold_response, response_events
 from treeflash.server.responses.protocol import Item, ResponsesRequest, chat_messages
@@ -39,8 +39,10 @@ def add_routes(app: FastAPI, state) -> None:  # state: server.app.ServerState
         kwargs = None
         if req.reasoning is not None and req.reasoning.effort is not None:
             kwargs = {"enable_thinking": req.reasoning.effort not in NO_THINKING_EFFORTS}
-        prompt = await run_in_threadpool(render_messages, fe, messages, req.chat_tools(), True, kwargs)
-        grammar = await run_in_threadpool(fe.check_grammar, req.grammar())
+        tools = req.chat_tools()
+        prompt = await run_in_threadpool(render_messages, fe, messages, tools, True, kwargs)
+        grammar = forced_tool_grammar(fe, req.forced_tool_choice(), tools, prompt, req.max_tool_calls_per_turn, req.grammar())
+        grammar = await run_in_threadpool(fe.check_grammar, grammar)
         gen = single_request(fe, prompt.ids, sampling_params(req.temperature, req.top_p, None), req.max_output_tokens,
                              prompt_param="input", limit_param="max_output_tokens", grammar=grammar)
         job = state.submit([gen])
@@ -52,7 +54,8 @@ def add_routes(app: FastAPI, state) -> None:  # state: server.app.ServerState
 
         ctx = ResponseContext(response_id, state.config.served_model_name, len(prompt.ids), _echo(req),
                               lambda text: len(fe.encode(text, add_special_tokens=False)), on_done)
-        events = response_events(job_parts(job, prompt.in_think, tool_parser_for(fe.tool_form, req.chat_tools()) if req.uses_tools else None), ctx)
+        parser = tool_parser_for(fe.tool_form, tools, req.max_tool_calls_per_turn) if req.uses_tools else None
+        events = response_events(job_parts(job, prompt.in_think, parser), ctx)
         return await state.respond(request, req.stream, events, fold_response, job, arrived, RESPONSES_SSE)
 
     for prefix in ("/v1", ""):

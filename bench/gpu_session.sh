@@ -38,6 +38,8 @@
 # quant_rows   bench.quant_gemv --rows-ab: Q4_K at M = 2..64, generic rows kernel vs    quant_rows_ab.json     200 s
 #              rows_q4k vs tiled vs bf16, every 27B / 8B projection (its own stage: with
 #              quant's 500 s it would pass the 600 s of one call)
+# rows_gemm    bench.gpu_gemv --rows-gemm-ab: batch-invariant rows_gemm vs gemv / cuBLAS   rows_gemm_ab.json      150 s
+#              at M = 1, 2, 8, 32, 64, every 27B / 8B bf16 projection, invariance on the GPU
 # prefix       treeflash.bench.prefix_cache: TTFT with a 4K-token prefix-cache hit        prefix_cache_gpu.json  90 s
 #              against a miss, outputs identical (needs $SMOL_GGUF)
 # oracle       bench.oracle_ceiling: --draft replay at tau 4 / 8 / 16, 27B and 8B shapes oracle_ceiling.json   300 s
@@ -173,6 +175,9 @@ for stage in $STAGES; do
     quant_rows)
       run quant_rows_ab 200 -m bench.quant_gemv --rows-ab --time-limit 170 --out "$OUT/quant_rows_ab.json"
       grep -E '"m": 32' "$OUT/quant_rows_ab.log" | tee -a "$OUT/progress.log" ;;
+    rows_gemm)
+      run rows_gemm_ab 150 -m bench.gpu_gemv --rows-gemm-ab --time-limit 120 --out "$OUT/rows_gemm_ab.json"
+      grep -E "rows_gemm/today|bandwidth" "$OUT/rows_gemm_ab.log" | tee -a "$OUT/progress.log" ;;
     prefix)
       if [ -f "$SMOL_GGUF" ]; then
         mkdir -p /tmp/tfc && cp "$SMOL_GGUF" /tmp/tfc/SmolLM2-135M-Instruct.Q4_1.gguf
@@ -186,7 +191,7 @@ for stage in $STAGES; do
     oracle)
       run oracle_ceiling 300 -m bench.oracle_ceiling --shapes qwen3.5-27b,qwen3-8b --taus 4 8 16 --out "$OUT/oracle_ceiling.json"
       tail -n 12 "$OUT/oracle_ceiling.log" | tee -a "$OUT/progress.log" ;;
-    *) log "unknown stage $stage (check speed hf eval cli_bench auto_greedy auto_sampled device_steps profile gdn gemv_graph kv kv_long kv_table fla fit_hf fit_27b quant quant_rows prefix oracle)" ;;
+    *) log "unknown stage $stage (check speed hf eval cli_bench auto_greedy auto_sampled device_steps profile gdn gemv_graph kv kv_long kv_table fla fit_hf fit_27b quant quant_rows rows_gemm prefix oracle)" ;;
   esac
 done
 log "done"

@@ -24,6 +24,10 @@ Launch config: `RowsGemmConfig` (block_n, block_k, split, num_warps, num_stages)
 M <= 16 (one per H200 SM; 4 stages of 20 KB let two share one) while keeping >= 8 K tiles a split. None of it is timed yet: bench.gpu_gemv
 --rows-gemm-ab is the A/B (docs/performance.md).
 
+On sm_90 (tests/kernels/linear/test_rows_gemm_compile.py) the dot is an async m64n16k16 wgmma with both tiles
+in shared memory, filled by the pipeliner's cp.async num_stages tiles ahead (4 x 20 KB at the default); ptxas
+reports 40-48 registers (90 for the 128-row gate_up entries) and no spills.
+
 Precision: bf16 / fp16 x run the native tensor-core dot (fp32 accumulation); fp32 x the IEEE fp32 dot (not
 tf32). Under the Triton interpreter bf16 tl.dot is wrong, so there bf16 x goes in as fp32 (a product of
 two bf16 values is exact in fp32; only the summation order differs from the GPU).

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.models.test_plan import DEFAULT_GGUF, needs_default
+from tests.models.test_plan import DEFAULT_GGUF, default_gguf, needs_default  # noqa: F401 (default_gguf: the fixture needs_default uses)
 from treeflash.cli.main import build_parser, main
 from treeflash.cli.planning import GiB, MiB, PlanError, parse_memory, plan_at_start
 from treeflash.errors import InvalidRequestError

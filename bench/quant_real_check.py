@@ -60,24 +60,37 @@ def perplexity(model, ids: list[int]) -> float:
 
 
 def check(path: str | None, args) -> dict:
+    """The three ways one after another, one model in memory at a time (three copies of a 1.5B model in fp32
+    do not fit a 24 GiB machine beside anything else)."""
     ref = load_model(path, device="cpu", dtype=torch.float32, progress=False)
-    tok = ref.tokenizer
-    ckpt = open_checkpoint(ref.source)
-    blocks = build_model(ckpt, torch.device("cpu"), torch.float32, progress=False, keep_quantized=lambda fmt: True)
-    native = load_model(path, device="cpu", dtype=torch.float32, progress=False, weights="native")
+    tok, source, template = ref.tokenizer, ref.source, ref.chat_template
     held_out = tok(inspect.getsource(json.decoder))["input_ids"][: args.ppl_tokens]
-    res: dict = {"source": ref.source, "weights_native": native.weight_plan, "prompts": []}
-    for name, model in (("dequantized", ref.model), ("blocks", blocks), ("native", native.model)):
+    prompts = PROMPTS[: args.prompts]
+    prompt_ids = []
+    for prompt in prompts:
+        text = tok.apply_chat_template([{"role": "user", "content": prompt}], add_generation_prompt=True, tokenize=False,
+                                       chat_template=template) if template else prompt
+        prompt_ids.append(tok(text, add_special_tokens=False)["input_ids"])
+    res: dict = {"source": source, "prompts": []}
+    texts: dict[str, list[str]] = {}
+    for name in ("dequantized", "blocks", "native"):
+        if name == "blocks":
+            model = build_model(open_checkpoint(source), torch.device("cpu"), torch.float32, progress=False,
+                                keep_quantized=lambda fmt: True)
+        elif name == "native":
+            native = load_model(path, device="cpu", dtype=torch.float32, progress=False, weights="native")
+            model, res["weights_native"] = native.model, native.weight_plan
+            native = None
+        else:
+            model, ref = ref.model, None
         t0 = time.perf_counter()
         res[f"ppl_{name}"] = perplexity(model, held_out)
         res[f"ppl_{name}_s"] = time.perf_counter() - t0
-    for prompt in PROMPTS[: args.prompts]:
-        text = tok.apply_chat_template([{"role": "user", "content": prompt}], add_generation_prompt=True, tokenize=False,
-                                       chat_template=ref.chat_template) if ref.chat_template else prompt
-        ids = tok(text, add_special_tokens=False)["input_ids"]
-        row = {"prompt": prompt}
-        for name, model in (("dequantized", ref.model), ("blocks", blocks), ("native", native.model)):
-            row[name] = tok.decode(greedy(model, ids, args.tokens))
+        texts[name] = [tok.decode(greedy(model, ids, args.tokens)) for ids in prompt_ids]
+        model = None  # freed before the next way is built
+        print(f"  {name}: ppl {res[f'ppl_{name}']:.4f}, {len(prompts)} prompts", flush=True)
+    for i, prompt in enumerate(prompts):
+        row = {"prompt": prompt, **{name: texts[name][i] for name in texts}}
         row["blocks_same"] = row["blocks"] == row["dequantized"]
         row["native_same"] = row["native"] == row["dequantized"]
         res["prompts"].append(row)

@@ -62,6 +62,8 @@ SITE=""
 if ls .whl/*.whl >/dev/null 2>&1; then
   python3 -m pip install -q --no-index --no-deps --target /tmp/site .whl/*.whl >/dev/null 2>&1 && SITE=/tmp/site \
     || log "pip install of .whl/ failed: prefill without flash-linear-attention"
+elif [ -d /tmp/site ]; then  # installed by an earlier call on the same (still warm) machine
+  SITE=/tmp/site
 fi
 PYPATH="$PWD${SITE:+:$SITE}"
 

@@ -45,7 +45,7 @@
 # oracle       bench.oracle_ceiling: --draft replay at tau 4 / 8 / 16, 27B and 8B shapes oracle_ceiling.json   300 s
 #
 # Wheels in .whl/ (flash-linear-attention, fla-core, einops) are installed offline into /tmp/site and put
-# on the path for every stage but check: gpu_check compares against transformers, which would route its own
+# on the path for every stage but check (which gets gguf alone): gpu_check compares against transformers, which would route its own
 # Gated DeltaNet to fla if it could import it. The default model's GGUF is not in the tree: carry it to
 # $SMOL_GGUF (default /tmp/smol.gguf; docs/train.md) for the eval and cli_bench stages.
 # Environment: STAGES, OUT, SMOL_GGUF.
@@ -66,6 +66,11 @@ elif [ -d /tmp/site ]; then  # installed by an earlier call on the same (still w
   SITE=/tmp/site
 fi
 PYPATH="$PWD${SITE:+:$SITE}"
+# gpu_check needs gguf (the model code imports it) but not fla: a site of its own with gguf alone
+if [ -n "$SITE" ] && [ ! -d /tmp/site_check ]; then
+  mkdir -p /tmp/site_check && cp -r "$SITE"/gguf "$SITE"/gguf-*.dist-info /tmp/site_check/ 2>/dev/null
+fi
+CHECKPATH="$PWD${SITE:+:/tmp/site_check}"
 
 # run NAME LIMIT ARGS...: python3 ARGS with a time limit, its output in $OUT/NAME.log
 run() {
@@ -79,7 +84,7 @@ for stage in $STAGES; do
   case "$stage" in
     check)
       log "gpu_check"
-      timeout 200 python3 -m bench.gpu_check --out "$OUT/gpu_check.json" > "$OUT/gpu_check.log" 2>&1
+      PYTHONPATH=$CHECKPATH timeout 200 python3 -m bench.gpu_check --out "$OUT/gpu_check.json" > "$OUT/gpu_check.log" 2>&1
       log "gpu_check rc=$? $(grep -E 'GPU CHECK' "$OUT/gpu_check.log" || echo 'no verdict: see gpu_check.log')" ;;
     speed)
       run gpu_speed 160 -m bench.gpu_speed --shapes qwen3.5-27b,qwen3-8b --buckets 1,32 --prefill 4096,32768 \

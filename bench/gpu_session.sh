@@ -35,6 +35,8 @@
 # fit_27b      bench.fit_check: the 27B Q4_K_M rows (a random GGUF written first, 11 s)  fit_27b.json           500 s
 # quant        bench.quant_gemv --q4k-ab (Q4_K GEMV word-wide vs byte-wise, every 27B /  quant_gemv_q4k_ab.json 200 s
 #              8B projection), then gpu_speed --quant: whole-model quantized decode      gpu_speed_quant.json   300 s
+# quant_ab     bench.gpu_speed --quant: the 27B Q4_K_M shape's whole-model decode / verify-32 through each    gpu_speed_quant_ab.json 300 s
+#              Q4_K route side by side (@words/generic today's default, @q4k/q4k rows_q4k at every M, @words/tiled)
 # quant_rows   bench.quant_gemv --rows-ab: Q4_K at M = 2..64, generic rows kernel vs    quant_rows_ab.json     200 s
 #              rows_q4k vs tiled vs bf16, every 27B / 8B projection (its own stage: with
 #              quant's 500 s it would pass the 600 s of one call)
@@ -179,6 +181,13 @@ for stage in $STAGES; do
       run gpu_speed_quant 300 -m bench.gpu_speed --shapes qwen3.5-27b --quant qwen3.5-27b:q4_k_m,qwen3-8b:q4_k_m \
         --gguf-dir /tmp/gguf --buckets 1,32 --prefill "" --drafter-layers 0 --decode-tokens 32 --out "$OUT/gpu_speed_quant.json"
       grep -E "decode|32 nodes" "$OUT/gpu_speed_quant.log" | tee -a "$OUT/progress.log" ;;
+    quant_ab)
+      [ -f /tmp/gguf/qwen3.5-27b-q4_k_m.gguf ] || run make_gguf 60 -m bench.make_gguf --shape qwen3.5-27b --mix q4_k_m \
+        --out /tmp/gguf/qwen3.5-27b-q4_k_m.gguf
+      run gpu_speed_quant_ab 300 -m bench.gpu_speed --shapes "" --gguf-dir /tmp/gguf --buckets 1,32 --prefill "" \
+        --quant qwen3.5-27b:q4_k_m,qwen3.5-27b:q4_k_m@q4k/q4k,qwen3.5-27b:q4_k_m@words/tiled \
+        --drafter-layers 0 --decode-tokens 32 --out "$OUT/gpu_speed_quant_ab.json"
+      grep -E "decode|32 nodes" "$OUT/gpu_speed_quant_ab.log" | tee -a "$OUT/progress.log" ;;
     quant_rows)
       run quant_rows_ab 200 -m bench.quant_gemv --rows-ab --time-limit 170 --out "$OUT/quant_rows_ab.json"
       grep -E '"m": 32' "$OUT/quant_rows_ab.log" | tee -a "$OUT/progress.log" ;;

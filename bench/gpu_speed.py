@@ -10,7 +10,9 @@ Quantized rows (--quant SHAPE:MIX,...): the same measurements on a random-weight
 type mix (treeflash/models/gguf_synth.py), written into --gguf-dir on first use and loaded with its
 matrices kept in their GGUF blocks where treeflash.kernels.quant has a kernel (the CPU: every matrix,
 through the reference path); the roofline counts the bytes actually read (blocks + scales + the float
-tensors + KV + state), and "weights" says per type how many matrices stayed quantized.
+tensors + KV + state), and "weights" says per type how many matrices stayed quantized. A suffix
+@GEMV/ROWS picks the Q4_K kernels (QuantTuning.q4k_gemv_route at M == 1, q4k_rows_route at 2..128 rows),
+so routes compare side by side in one run: qwen3.5-27b:q4_k_m,qwen3.5-27b:q4_k_m@q4k/q4k.
 
     python -m bench.gpu_speed --shapes qwen3-8b,qwen3.5-27b --out bench/results/gpu_speed.json
     python -m bench.gpu_speed --shapes qwen3.5-27b,qwen3-8b --quant qwen3.5-27b:q4_k_m,qwen3.5-27b:ud-q3_k_xl,qwen3-8b:q4_k_m \
@@ -74,8 +76,16 @@ def max_depth(parents: list[int]) -> int:
 def bench_shape(shape: str, args, bandwidth: float) -> dict:
     dev = DEV
     extra: dict = {}
-    if ":" in shape:
-        model, extra = quant_model(shape, args.gguf_dir)
+    tuning = None
+    if ":" in shape:  # SHAPE:MIX[@GEMV/ROWS]: the Q4_K kernel routes at M == 1 and at 2..128 rows (QuantTuning)
+        spec, _, routes = shape.partition("@")
+        model, extra = quant_model(spec, args.gguf_dir)
+        if routes:
+            from treeflash.kernels.quant.config import QuantTuning
+
+            gemv_route, _, rows_route = routes.partition("/")
+            tuning = QuantTuning(q4k_gemv_route=gemv_route or "words", q4k_rows_route=rows_route or "generic")
+            extra["quant_routes"] = {"gemv": tuning.q4k_gemv_route, "rows": tuning.q4k_rows_route}
     else:
         model = build_model(shape)
     for m in model.modules():  # --no-fla: every Gated DeltaNet layer prefills through the torch reference
@@ -86,6 +96,10 @@ def bench_shape(shape: str, args, bandwidth: float) -> dict:
         # attention-only; the hybrid 27B shape is not): an opt-in measured against the default
         folded = (args.folded_decode and model.foldable()) if args.folded_decode is not None else None
         model.fuse_projections(folded_decode=folded, gemv_tables=gemv_tables(args))
+    if tuning is not None:  # after fusing: the fused layers are new QuantLinears
+        from treeflash.models.quant_linear import set_quant_tuning
+
+        extra["quant_routes"]["layers"] = set_quant_tuning(model, tuning)
     c = model.config
     res: dict = {"shape": shape, "folded_decode": model.folded_decode, "params_b": sum(p.numel() for p in model.parameters()) / 1e9,
                  "weight_gb": weight_bytes(model) / 1e9, **extra}

@@ -18,8 +18,9 @@ H200's HBM3e); "roofline_frac" = roofline time / measured time. With --configs e
 rows (M > 1) launch configuration of a small grid is timed too, and the best per (format, N, K)
 comes out as ready-to-use QuantTuning table entries ("best_gemv_table", "best_rows_table").
 
---rows-ab: Q4_K at every projection and M in ROWS_AB_M through each QuantTuning.q4k_rows_route
-("generic": kernels.rows_kernel, "q4k": rows_q4k at each configuration of Q4K_ROWS_GRID, "tiled":
+--rows-ab: Q4_K at every projection and M in ROWS_AB_M through each QuantTuning.q4k_rows_route (at M == 1
+each q4k_gemv_route: "words" gemv_q4k, "bytes" gemv_kernel, "q4k" rows_q4k; "best_speedup_vs_generic" is then
+over "words") ("generic": kernels.rows_kernel, "q4k": rows_q4k at each configuration of Q4K_ROWS_GRID, "tiled":
 dequantized tiles + torch matmul) beside bf16 F.linear and the shape's M == 1 decode GEMV, each
 checked against dequantize_ref + an fp32 matmul first; "best" per (shape, M) and each route's time
 over the M == 1 GEMV's ("vs_m1": the target is <= 1.5 at M = 32). Shorter timing windows
@@ -65,7 +66,7 @@ Q4K_GRID = [Q4kGemvConfig(bn, u, w, mp, xt) for bn, u, w, mp, xt in
             ((16, 2, 1, 2048, False), (16, 2, 1, 2048, True), (32, 2, 1, 2048, True), (16, 4, 1, 2048, True), (32, 2, 2, 1024, True),
              (16, 2, 1, 4096, True), (32, 2, 1, 2048, False), (16, 4, 1, 2048, False))]
 MIN_BYTES_PER_REPLAY = 256 << 20
-ROWS_AB_M = (2, 8, 16, 32, 64)
+ROWS_AB_M = (1, 2, 8, 16, 32, 64)  # M == 1: the decode GEMV routes against rows_q4k padded to 16 rows
 # rows_q4k's configurations in --rows-ab (each a compile per K and BLOCK_M: keep it short): the default,
 # 128 weight rows over two warpgroups (x re-read from L2 half as often), the default without a split over K
 # (timed only where the default splits)
@@ -116,7 +117,7 @@ def bench_shape(fmt: str, name: str, n: int, k: int, rows: list[int], args, devi
             grid = (GEMV_GRID if m == 1 else ROWS_GRID)[: 3 if args.toy else None]
             configs += [(c, QuantTuning(gemv=c) if m == 1 else QuantTuning(rows=c)) for c in grid]
         if args.q4k_ab and fmt == "Q4_K" and m == 1:  # the word-wide Q4_K GEMV's configurations against the byte-wise kernel
-            configs += [("bytewise " + json.dumps(dataclasses.asdict(QuantTuning().gemv)), QuantTuning(q4k_words=False))]
+            configs += [("bytewise " + json.dumps(dataclasses.asdict(QuantTuning().gemv)), QuantTuning(q4k_gemv_route="bytes"))]
             configs += [("words " + json.dumps(dataclasses.asdict(c)), QuantTuning(q4k=c)) for c in Q4K_GRID[: 2 if args.toy else None]]
         rec = dict(format=fmt, projection=name, n=n, k=k, m=m, quant_bytes=quant_bytes, bf16_bytes=bf16_bytes,
                    has_kernel=has_kernel(fmt), copies=copies)
@@ -161,7 +162,7 @@ def q4k_routes(grid, n: int, k: int, m: int) -> list[tuple[str, dict, QuantTunin
         launch = (c.block_n, c.num_warps, c.num_stages, bm, split_for(k // 256, programs, c.min_programs))
         if launch not in seen:
             seen.add(launch)
-            routes.append((f"q4k{i}", dataclasses.asdict(c), QuantTuning(q4k_rows_route="q4k", q4k_rows=c)))
+            routes.append((f"q4k{i}", dataclasses.asdict(c), QuantTuning(q4k_rows_route="q4k", q4k_gemv_route="q4k", q4k_rows=c)))
     return routes
 
 
@@ -192,7 +193,10 @@ def rows_ab_row(st: dict, m: int, args) -> dict:
     rec["bf16_s"] = time_calls([lambda w=w: F.linear(x, w) for w in st["dense"]], device, ROWS_AB_REP_MS)
     rec["bf16_roofline_frac"] = rec["bf16_bytes"] / args.bandwidth / rec["bf16_s"]
     grid = Q4K_ROWS_GRID[: 1 if args.toy else None]
-    routes = [("generic", None, QuantTuning()), ("tiled", None, QuantTuning(q4k_rows_route="tiled"))] + q4k_routes(grid, n, k, m)
+    if m == 1:  # the decode GEMV's routes (the default first)
+        routes = [("words", None, QuantTuning()), ("bytes", None, QuantTuning(q4k_gemv_route="bytes"))] + q4k_routes(grid, n, k, m)
+    else:
+        routes = [("generic", None, QuantTuning()), ("tiled", None, QuantTuning(q4k_rows_route="tiled"))] + q4k_routes(grid, n, k, m)
     timings = []
     for route, cfg, tuning in routes:
         label = dict(route=route) | ({"config": cfg} if cfg else {})
@@ -211,7 +215,7 @@ def rows_ab_row(st: dict, m: int, args) -> dict:
     ok = [t for t in timings if "s" in t]
     rec["routes"] = timings
     rec["best"] = min(ok, key=lambda t: t["s"]) if ok else None
-    generic = next((t for t in ok if t["route"] == "generic"), None)
+    generic = next((t for t in ok if t["route"] == ("words" if m == 1 else "generic")), None)  # the default route
     if rec["best"] and generic:
         rec["best_speedup_vs_generic"] = generic["s"] / rec["best"]["s"]
     us = {t["route"]: round(t["s"] * 1e6, 1) if "s" in t else t["failed"] for t in timings}
@@ -225,7 +229,7 @@ def rows_ab(shapes: dict, names: list[str], args) -> None:
     past --time-limit are written as skipped. The JSON is rewritten after every row."""
     deadline = time.monotonic() + args.time_limit
     setups, results = {}, []
-    for ms in ((32,), tuple(m for m in ROWS_AB_M if m != 32)):
+    for ms in ((32,), (1,), tuple(m for m in ROWS_AB_M if m not in (1, 32))):
         for name in names:
             for m in ms:
                 if time.monotonic() > deadline:

@@ -52,6 +52,26 @@ def test_bias_input_gather_and_concat():
     torch.testing.assert_close(b(x), F.linear(x, wb), rtol=1e-5, atol=1e-5)
 
 
+def test_quant_tuning_is_passed_down_to_every_layer_and_kept_by_concat():
+    from torch import nn
+
+    from treeflash.kernels.quant.config import DEFAULT_TUNING, QuantTuning
+    from treeflash.models.quant_linear import set_quant_tuning
+
+    a, wa = _layer(T.Q4_K, n=16, seed=1)
+    b, wb = _layer(T.Q4_K, n=8, seed=2)
+    assert a.tuning is DEFAULT_TUNING and DEFAULT_TUNING.q4k_gemv_route == "words"
+    tuning = QuantTuning(q4k_gemv_route="q4k", q4k_rows_route="q4k")
+    assert set_quant_tuning(nn.Sequential(a, nn.ReLU(), b), tuning) == 2
+    assert a.tuning is tuning and b.tuning is tuning
+    fused = QuantLinear.concat([a, b])
+    assert fused.tuning is tuning
+    x = torch.randn(1, 512)  # off CUDA (no interpreter) every route is the reference path: the same result
+    torch.testing.assert_close(fused(x), F.linear(x, torch.cat([wa, wb])), rtol=1e-5, atol=1e-5)
+    with pytest.raises(ValueError, match="q4k_gemv_route must be one of words, bytes, q4k"):
+        QuantTuning(q4k_gemv_route="rows")
+
+
 def test_bad_blocks_raise():
     with pytest.raises(ValueError, match="do not hold rows of 500 values"):
         QuantLinear(torch.zeros(4, 144, dtype=torch.uint8), "Q4_K", 500)

@@ -23,6 +23,7 @@ from torch import nn
 from treeflash.models.gguf_dequant import dequantize_rows
 from treeflash.models.packed_linear import PackedLinear
 from treeflash.kernels.quant import FORMATS, has_kernel, quant_matmul
+from treeflash.kernels.quant.config import DEFAULT_TUNING, QuantTuning
 
 
 class QuantLinear(PackedLinear):
@@ -46,6 +47,7 @@ class QuantLinear(PackedLinear):
         self.register_buffer("blocks", blocks, persistent=False)
         self.register_buffer("in_index", in_index, persistent=False)
         self.bias = None if bias is None else nn.Parameter(bias, requires_grad=False)
+        self.tuning = DEFAULT_TUNING  # which kernel and launch configuration quant_matmul takes (set_quant_tuning)
 
     @property
     def has_kernel(self) -> bool:
@@ -57,7 +59,7 @@ class QuantLinear(PackedLinear):
         if self.in_index is not None:
             x2 = x2.index_select(1, self.in_index)
         if self.fmt in FORMATS:
-            y = quant_matmul(x2, self.blocks, self.fmt, self.in_features, out_dtype=x.dtype)
+            y = quant_matmul(x2, self.blocks, self.fmt, self.in_features, out_dtype=x.dtype, tuning=self.tuning)
         else:  # a format kernels.quant does not decode (the i-quants below IQ4): gguf's dequantizer, then torch
             w = dequantize_rows(self.blocks, int(GGMLQuantizationType[self.fmt]), self.in_features, torch.float32)
             y = (x2.float() @ w.t()).to(x.dtype)
@@ -102,8 +104,19 @@ class QuantLinear(PackedLinear):
             m.blocks = part
             if bias is not None:
                 m.bias = nn.Parameter(bias.split(sizes)[i], requires_grad=False)
-        return QuantLinear(blocks, first.fmt, first.in_features, bias)
+        fused = QuantLinear(blocks, first.fmt, first.in_features, bias)
+        fused.tuning = first.tuning
+        return fused
 
     def extra_repr(self) -> str:
         gathered = ", input gathered" if self.in_index is not None else ""
         return f"in_features={self.in_features}, out_features={self.out_features}, {self.fmt} blocks{gathered}"
+
+
+def set_quant_tuning(model: nn.Module, tuning: QuantTuning) -> int:
+    """Give every QuantLinear of `model` the kernel routes and launch configurations of `tuning` (a frozen
+    QuantTuning, passed down rather than set globally); before capturing CUDA graphs. Returns how many."""
+    layers = [m for m in model.modules() if isinstance(m, QuantLinear)]
+    for m in layers:
+        m.tuning = tuning
+    return len(layers)

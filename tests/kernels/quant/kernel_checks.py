@@ -52,12 +52,13 @@ def cases(fmt: str) -> dict:
     x = torch.randn(20, k, generator=gen)
     y = quant_matmul(x, blocks, fmt, k, tuning=QuantTuning(max_rows=16, dequant_rows=48))
     out[f"{fmt}_m20_tiled"] = [(y - x @ w.t()).abs().max().item(), (x @ w.t()).abs().max().item(), True]
-    if fmt == "Q4_K":  # the decode GEMV's two kernels: word-wide without a split over K, and byte-wise
+    if fmt == "Q4_K":  # the decode routes: word-wide (no split; x tiled), byte-wise, rows_q4k (x padded to 16 rows)
         from treeflash.kernels.quant.config import Q4kGemvConfig
 
         x = torch.randn(1, k, generator=gen)
-        for name, tuning in (("words_nosplit", QuantTuning(q4k=Q4kGemvConfig(min_programs=1))), ("bytewise", QuantTuning(q4k_words=False)),
-                             ("words_xtile", QuantTuning(q4k=Q4kGemvConfig(x_tile=True)))):
+        for name, tuning in (("words_nosplit", QuantTuning(q4k=Q4kGemvConfig(min_programs=1))), ("bytewise", QuantTuning(q4k_gemv_route="bytes")),
+                             ("words_xtile", QuantTuning(q4k=Q4kGemvConfig(x_tile=True))),
+                             ("rows_q4k", QuantTuning(q4k_gemv_route="q4k"))):
             y = quant_matmul(x, blocks, fmt, k, out_dtype=torch.float32, tuning=tuning)
             out[f"{fmt}_m1_{name}"] = [(y - x @ w.t()).abs().max().item(), (x @ w.t()).abs().max().item(), True]
     wd = dequantize(blocks, fmt, k, torch.empty(n, k))

@@ -16,7 +16,7 @@ import torch
 
 # N = 100: a ragged tail of every BLOCK_N; K = 1024: 4 super-blocks, so the split over K is 2 or 4
 N, K = 100, 1024
-MS = (2, 5, 16, 33)
+MS = (1, 2, 5, 16, 33)  # M == 1: the decode route QuantTuning(q4k_gemv_route="q4k")
 # (name, Q4kRowsConfig fields, Ms): the default (BLOCK_N 64, BLOCK_M up to 64: one tile of x up to M = 64)
 # at every M, small tiles (BLOCK_M 16: M = 33 takes 3 tiles of x) at two; each with its split over K and without
 CONFIGS = (("default", {}, MS), ("nosplit", {"min_programs": 1}, MS),
@@ -50,7 +50,7 @@ def main() -> None:
 
     for name, fields, ms in CONFIGS:
         cfg = Q4kRowsConfig(**fields)
-        tuning = QuantTuning(q4k_rows_route="q4k", q4k_rows=cfg)
+        tuning = QuantTuning(q4k_rows_route="q4k", q4k_gemv_route="q4k", q4k_rows=cfg)
         for m in ms:
             for dt_name, dt in DTYPES.items():
                 x = torch.randn(m, K, generator=gen).to(dt)

@@ -88,6 +88,9 @@ class Q4kRowsConfig:
 
 # the kernels Q4_K takes at 2 <= M <= max_rows: kernels.rows_kernel, rows_q4k, or dequantized tiles + torch matmul
 Q4K_ROWS_ROUTES = ("generic", "q4k", "tiled")
+# the kernels Q4_K takes at M == 1: gemv_q4k (32-bit words), kernels.gemv_kernel (byte-wise), or rows_q4k
+# (x padded to 16 rows: its block loads are software-pipelined into a tl.dot, which the GEMVs' are not)
+Q4K_GEMV_ROUTES = ("words", "bytes", "q4k")
 
 
 @dataclass(frozen=True)
@@ -101,7 +104,8 @@ class QuantTuning:
     gemv: GemvConfig = GemvConfig()
     rows: RowsConfig = RowsConfig()
     q4k: Q4kGemvConfig = Q4kGemvConfig()
-    q4k_words: bool = True  # Q4_K decode GEMVs through gemv_q4k (False: the generic byte-wise kernel)
+    # Q4_K at M == 1 (Q4K_GEMV_ROUTES); "words" until bench/quant_gemv.py --rows-ab / gpu_speed --quant ...@q4k/... time the others
+    q4k_gemv_route: str = "words"
     q4k_rows: Q4kRowsConfig = Q4kRowsConfig()
     # Q4_K at 2 <= M <= max_rows (Q4K_ROWS_ROUTES); "generic" until bench/quant_gemv.py --rows-ab times the others
     q4k_rows_route: str = "generic"
@@ -114,6 +118,8 @@ class QuantTuning:
     def __post_init__(self):
         if not 1 <= self.max_rows <= 1024:
             raise ValueError(f"max_rows must be in [1, 1024], got {self.max_rows}")
+        if self.q4k_gemv_route not in Q4K_GEMV_ROUTES:
+            raise ValueError(f"q4k_gemv_route must be one of {', '.join(Q4K_GEMV_ROUTES)}, got {self.q4k_gemv_route!r}")
         if self.q4k_rows_route not in Q4K_ROWS_ROUTES:
             raise ValueError(f"q4k_rows_route must be one of {', '.join(Q4K_ROWS_ROUTES)}, got {self.q4k_rows_route!r}")
         if self.dequant_rows < 1:

@@ -2,7 +2,7 @@
 
 Routing by the number of rows M (at small M the weight's bytes are the cost, so the kernels read
 each stored block once and dequantize in registers): on CUDA (or under TRITON_INTERPRET=1, on CPU
-tensors) M == 1 takes the decode GEMV, 2 <= M <= max_rows the small-M kernel (for Q4_K the one that
+tensors) M == 1 takes the decode GEMV (for Q4_K the kernel QuantTuning.q4k_gemv_route names), 2 <= M <= max_rows the small-M kernel (for Q4_K the one that
 QuantTuning.q4k_rows_route names: rows_kernel, rows_q4k or the dequantized tiles); larger M dequantizes
 the weight in row tiles (to x's dtype) and uses torch matmul (compute-bound there: tensor cores on
 a dense tile win). Elsewhere the reference path (dequantize_ref + an fp32 matmul) runs. The kernel
@@ -143,7 +143,9 @@ def quant_matmul(x: torch.Tensor, blocks: torch.Tensor, fmt: str, k: int,
         return out
     x = x.contiguous()
     if m == 1:
-        if f.name == "Q4_K" and tuning.q4k_words and blocks.is_contiguous():
+        if f.name == "Q4_K" and blocks.is_contiguous() and tuning.q4k_gemv_route != "bytes":
+            if tuning.q4k_gemv_route == "q4k":
+                return rows_q4k.rows_q4k(x, blocks, k, out, tuning.q4k_rows, _dot_f32(x))
             return gemv_words_q4k(x, blocks, k, out, tuning)
         return gemv(x, blocks, f, k, out, tuning)
     if m <= tuning.max_rows:

@@ -40,6 +40,9 @@
 # quant_rows   bench.quant_gemv --rows-ab: Q4_K at M = 2..64, generic rows kernel vs    quant_rows_ab.json     200 s
 #              rows_q4k vs tiled vs bf16, every 27B / 8B projection (its own stage: with
 #              quant's 500 s it would pass the 600 s of one call)
+# mma          bench.quant_gemv --rows-ab at M = 1 and 32 on the 27B projections (every Q4_K route,     quant_mma_ab.json      200 s
+#              mma_q4k's grid among them), then gpu_speed --quant: the 27B Q4_K_M whole model through      gpu_speed_quant_mma.json 330 s
+#              today's routes and through mma_q4k (@mma/mma), side by side
 # rows_gemm    bench.gpu_gemv --rows-gemm-ab: batch-invariant rows_gemm vs gemv / cuBLAS   rows_gemm_ab.json      150 s
 #              at M = 1, 2, 8, 32, 64, every 27B / 8B bf16 projection, invariance on the GPU
 # prefix       treeflash.bench.prefix_cache: TTFT with a 4K-token prefix-cache hit        prefix_cache_gpu.json  90 s
@@ -191,6 +194,14 @@ for stage in $STAGES; do
     quant_rows)
       run quant_rows_ab 200 -m bench.quant_gemv --rows-ab --time-limit 170 --out "$OUT/quant_rows_ab.json"
       grep -E '"m": 32' "$OUT/quant_rows_ab.log" | tee -a "$OUT/progress.log" ;;
+    mma)
+      run quant_mma_ab 200 -m bench.quant_gemv --rows-ab --ms 1,32 --time-limit 170 \
+        --projections 27b.gate_up,27b.down,27b.attn_qkv,27b.in_proj,27b.out --out "$OUT/quant_mma_ab.json"
+      grep -E '"m": (1|32)' "$OUT/quant_mma_ab.log" | tee -a "$OUT/progress.log"
+      run gpu_speed_quant_mma 330 -m bench.gpu_speed --shapes "" --gguf-dir /tmp/gguf --buckets 1,32 --prefill "" \
+        --quant qwen3.5-27b:q4_k_m,qwen3.5-27b:q4_k_m@mma/mma --drafter-layers 0 --decode-tokens 32 \
+        --out "$OUT/gpu_speed_quant_mma.json"
+      grep -E "decode|32 nodes" "$OUT/gpu_speed_quant_mma.log" | tee -a "$OUT/progress.log" ;;
     rows_gemm)
       run rows_gemm_ab 150 -m bench.gpu_gemv --rows-gemm-ab --time-limit 120 --out "$OUT/rows_gemm_ab.json"
       grep -E "rows_gemm/today|bandwidth" "$OUT/rows_gemm_ab.log" | tee -a "$OUT/progress.log" ;;
@@ -207,7 +218,7 @@ for stage in $STAGES; do
     oracle)
       run oracle_ceiling 300 -m bench.oracle_ceiling --shapes qwen3.5-27b,qwen3-8b --taus 4 8 16 --out "$OUT/oracle_ceiling.json"
       tail -n 12 "$OUT/oracle_ceiling.log" | tee -a "$OUT/progress.log" ;;
-    *) log "unknown stage $stage (check speed hf eval cli_bench auto_greedy auto_sampled device_steps profile gdn gemv_graph kv kv_long kv_table fla fit_hf fit_27b quant quant_rows rows_gemm prefix oracle)" ;;
+    *) log "unknown stage $stage (check speed hf eval cli_bench auto_greedy auto_sampled device_steps profile gdn gemv_graph kv kv_long kv_table fla fit_hf fit_27b quant quant_ab quant_rows mma rows_gemm prefix oracle)" ;;
   esac
 done
 log "done"

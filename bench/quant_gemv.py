@@ -43,7 +43,7 @@ import torch
 import torch.nn.functional as F
 
 from treeflash.kernels.quant import FORMATS, dequantize_ref, has_kernel, quant_matmul
-from treeflash.kernels.quant.config import GemvConfig, Q4kGemvConfig, Q4kRowsConfig, QuantTuning, RowsConfig, split_for
+from treeflash.kernels.quant.config import GemvConfig, Q4kGemvConfig, Q4kMmaConfig, Q4kRowsConfig, QuantTuning, RowsConfig, split_for
 from treeflash.kernels.quant.rows_q4k import block_m_for
 from treeflash.kernels.quant.synthetic import random_blocks
 
@@ -71,6 +71,12 @@ ROWS_AB_M = (1, 2, 8, 16, 32, 64)  # M == 1: the decode GEMV routes against rows
 # 128 weight rows over two warpgroups (x re-read from L2 half as often), the default without a split over K
 # (timed only where the default splits)
 Q4K_ROWS_GRID = (Q4kRowsConfig(), Q4kRowsConfig(block_n=128, num_warps=8), Q4kRowsConfig(min_programs=1))
+# mma_q4k's configurations (exact codes into the tensor cores, scales after the dot): the default (M == 1:
+# "diag"), the per-group form, shallower / deeper pipelines, two warpgroups, a wider split; M > 1 runs
+# "group" whatever the field says, so only the configurations that differ in launch are timed there
+Q4K_MMA_GRID = (Q4kMmaConfig(), Q4kMmaConfig(scale="group"), Q4kMmaConfig(num_stages=2), Q4kMmaConfig(num_stages=4),
+                Q4kMmaConfig(block_n=128, num_warps=8), Q4kMmaConfig(min_programs=528),
+                Q4kMmaConfig(block_n=128, num_warps=8, scale="group"))
 ROWS_AB_REP_MS = 20
 
 
@@ -166,6 +172,18 @@ def q4k_routes(grid, n: int, k: int, m: int) -> list[tuple[str, dict, QuantTunin
     return routes
 
 
+def mma_routes(grid, n: int, k: int, m: int) -> list[tuple[str, dict, QuantTuning]]:
+    """(label, config fields, tuning) of each mma_q4k configuration whose launch at (N, K, M) differs from an earlier one's."""
+    routes, seen = [], set()
+    for i, c in enumerate(grid):
+        programs = -(-n // c.block_n) * -(-m // 16)
+        launch = (c.block_n, c.num_warps, c.num_stages, c.scale if m == 1 else "group", split_for(k // 256, programs, c.min_programs))
+        if launch not in seen:
+            seen.add(launch)
+            routes.append((f"mma{i}", dataclasses.asdict(c), QuantTuning(q4k_rows_route="mma", q4k_gemv_route="mma", q4k_mma=c)))
+    return routes
+
+
 def rows_ab_setup(name: str, n: int, k: int, args) -> dict:
     """One projection's tensors for --rows-ab (>= MIN_BYTES_PER_REPLAY of blocks and of bf16 weights) and its
     M == 1 decode GEMV (the default route), checked then timed."""
@@ -197,6 +215,7 @@ def rows_ab_row(st: dict, m: int, args) -> dict:
         routes = [("words", None, QuantTuning()), ("bytes", None, QuantTuning(q4k_gemv_route="bytes"))] + q4k_routes(grid, n, k, m)
     else:
         routes = [("generic", None, QuantTuning()), ("tiled", None, QuantTuning(q4k_rows_route="tiled"))] + q4k_routes(grid, n, k, m)
+    routes += mma_routes(Q4K_MMA_GRID[: 2 if args.toy else None], n, k, m)
     timings = []
     for route, cfg, tuning in routes:
         label = dict(route=route) | ({"config": cfg} if cfg else {})
@@ -229,7 +248,9 @@ def rows_ab(shapes: dict, names: list[str], args) -> None:
     past --time-limit are written as skipped. The JSON is rewritten after every row."""
     deadline = time.monotonic() + args.time_limit
     setups, results = {}, []
-    for ms in ((32,), (1,), tuple(m for m in ROWS_AB_M if m not in (1, 32))):
+    want = [int(v) for v in args.ms.split(",")] if args.ms else list(ROWS_AB_M)
+    for ms in ((32,), (1,), tuple(m for m in want if m not in (1, 32))):
+        ms = tuple(m for m in ms if m in want)
         for name in names:
             for m in ms:
                 if time.monotonic() > deadline:
@@ -277,6 +298,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--configs", action="store_true", help="also time a grid of launch configurations (--toy: its first 3)")
     p.add_argument("--q4k-ab", action="store_true", help="Q4_K at M == 1: the word-wide GEMV's configurations against the byte-wise kernel")
     p.add_argument("--rows-ab", action="store_true", help="Q4_K at M in 2..64: generic rows kernel vs rows_q4k vs tiled vs bf16 (--formats, --rows ignored)")
+    p.add_argument("--ms", default=None, help=f"--rows-ab: comma-separated M values (default {','.join(map(str, ROWS_AB_M))})")
     p.add_argument("--time-limit", type=float, default=170.0, help="--rows-ab: seconds after which the remaining rows are skipped")
     p.add_argument("--bandwidth", type=float, default=4.2e12, help="bytes/s of the roofline (H200: 4.2e12)")
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu", choices=("cuda", "cpu"))

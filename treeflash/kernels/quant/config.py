@@ -86,11 +86,33 @@ class Q4kRowsConfig:
             raise ValueError(f"min_programs must be >= 1, got {self.min_programs}")
 
 
+@dataclass(frozen=True)
+class Q4kMmaConfig:
+    """Q4_K through mma_q4k (exact codes into the tensor cores, scales after the dot): BLOCK_N weight
+    rows per program (64 a warpgroup), num_stages of software pipelining, the split over K as in
+    Q4kRowsConfig, and at M == 1 the form of the per-group scaling (mma_q4k.MMA_SCALES)."""
+    block_n: int = 64
+    num_warps: int = 4
+    num_stages: int = 3
+    min_programs: int = 264
+    scale: str = "diag"
+
+    def __post_init__(self):
+        _pow2("block_n", self.block_n, 16, 256)
+        _pow2("num_warps", self.num_warps, 1, 16)
+        if not 1 <= self.num_stages <= 6:
+            raise ValueError(f"num_stages must be in [1, 6], got {self.num_stages}")
+        if self.min_programs < 1:
+            raise ValueError(f"min_programs must be >= 1, got {self.min_programs}")
+        if self.scale not in ("group", "diag"):
+            raise ValueError(f"scale must be group or diag, got {self.scale!r}")
+
+
 # the kernels Q4_K takes at 2 <= M <= max_rows: kernels.rows_kernel, rows_q4k, or dequantized tiles + torch matmul
-Q4K_ROWS_ROUTES = ("generic", "q4k", "tiled")
+Q4K_ROWS_ROUTES = ("generic", "q4k", "tiled", "mma")
 # the kernels Q4_K takes at M == 1: gemv_q4k (32-bit words), kernels.gemv_kernel (byte-wise), or rows_q4k
 # (x padded to 16 rows: its block loads are software-pipelined into a tl.dot, which the GEMVs' are not)
-Q4K_GEMV_ROUTES = ("words", "bytes", "q4k")
+Q4K_GEMV_ROUTES = ("words", "bytes", "q4k", "mma")
 
 
 @dataclass(frozen=True)
@@ -107,6 +129,7 @@ class QuantTuning:
     # Q4_K at M == 1 (Q4K_GEMV_ROUTES); "words" until bench/quant_gemv.py --rows-ab / gpu_speed --quant ...@q4k/... time the others
     q4k_gemv_route: str = "words"
     q4k_rows: Q4kRowsConfig = Q4kRowsConfig()
+    q4k_mma: Q4kMmaConfig = Q4kMmaConfig()  # the "mma" routes (mma_q4k)
     # Q4_K at 2 <= M <= max_rows (Q4K_ROWS_ROUTES); "generic" until bench/quant_gemv.py --rows-ab times the others
     q4k_rows_route: str = "generic"
     gemv_table: tuple[tuple[str, int, int, GemvConfig], ...] = ()

@@ -19,6 +19,7 @@ import triton
 
 import treeflash.kernels.quant.gemv_q4k as gemv_q4k
 import treeflash.kernels.quant.kernels as kernels
+import treeflash.kernels.quant.mma_q4k as mma_q4k
 import treeflash.kernels.quant.rows_q4k as rows_q4k
 from treeflash.kernels.quant.config import DEFAULT_TUNING, QuantTuning, split_for
 from treeflash.kernels.quant.decode import FMT_ID, GROUPS
@@ -92,6 +93,11 @@ def _dot_f32(x: torch.Tensor) -> bool:
     return x.dtype == torch.float32 or (_INTERPRET and x.dtype == torch.bfloat16)
 
 
+def _mma_asm(x: torch.Tensor) -> bool:
+    """mma_q4k's PTX code path and bf16 dots: bf16 x on CUDA (elsewhere exact fp32 codes and an IEEE fp32 dot)."""
+    return x.is_cuda and not _INTERPRET and x.dtype == torch.bfloat16
+
+
 def dequantize(blocks: torch.Tensor, fmt: str, k: int, out: torch.Tensor) -> torch.Tensor:
     """out [N, K] (fp32/bf16/fp16) = dequant(blocks) by kernels.dequant_kernel: with fp32 out, bit for
     bit dequantize_ref (no fused multiply-add, the reference's products in its order); narrower, that
@@ -144,6 +150,8 @@ def quant_matmul(x: torch.Tensor, blocks: torch.Tensor, fmt: str, k: int,
     x = x.contiguous()
     if m == 1:
         if f.name == "Q4_K" and blocks.is_contiguous() and tuning.q4k_gemv_route != "bytes":
+            if tuning.q4k_gemv_route == "mma":
+                return mma_q4k.mma_q4k(x, blocks, k, out, tuning.q4k_mma, _mma_asm(x))
             if tuning.q4k_gemv_route == "q4k":
                 return rows_q4k.rows_q4k(x, blocks, k, out, tuning.q4k_rows, _dot_f32(x))
             return gemv_words_q4k(x, blocks, k, out, tuning)
@@ -151,6 +159,8 @@ def quant_matmul(x: torch.Tensor, blocks: torch.Tensor, fmt: str, k: int,
     if m <= tuning.max_rows:
         if f.name == "Q4_K" and tuning.q4k_rows_route == "q4k" and blocks.is_contiguous():
             return rows_q4k.rows_q4k(x, blocks, k, out, tuning.q4k_rows, _dot_f32(x))
+        if f.name == "Q4_K" and tuning.q4k_rows_route == "mma" and blocks.is_contiguous():
+            return mma_q4k.mma_q4k(x, blocks, k, out, tuning.q4k_mma, _mma_asm(x))
         if f.name == "Q4_K" and tuning.q4k_rows_route == "tiled":
             return tiled_matmul(x, blocks, f, k, out, tuning)
         return rows_matmul(x, blocks, f, k, out, tuning)

@@ -5,6 +5,7 @@ a graph replay). Prints the table and writes it as JSON.
     python -m bench.gpu_profile --shape qwen3-8b --out bench/results/gpu_profile_8b.json
     python -m bench.gpu_profile --shape smollm2-135m --drafter-layers 3  # a DFlash drafter's graphed pass
     python -m bench.gpu_profile --shape qwen3-8b --folded-decode          # norms folded into the projections
+    python -m bench.gpu_profile --shape qwen3.5-27b:q4_k_m@mma/q4k --gguf-dir /tmp/gguf  # a random Q4_K_M GGUF, kernel routes
     python -m bench.gpu_profile --shape qwen3.5-27b --layers 8 --cache-type-k q8_0 --cache-type-v q8_0 \
         --fill 131072 --no-rotate-keys                                      # a compressed cache at 128K, unrotated keys
 """
@@ -19,7 +20,7 @@ from pathlib import Path
 import torch
 from torch.profiler import ProfilerActivity, profile
 
-from bench.gpu_shapes import build_model, random_drafter
+from bench.gpu_shapes import apply_tuning, build_model, load_shape, random_drafter
 from treeflash.models.runner import CudaGraphRunner
 from treeflash.models.step import StepInput
 
@@ -57,7 +58,8 @@ def step_sequence(prof, replays: int) -> list[dict]:
 @torch.inference_mode()
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--shape", default="qwen3-8b")
+    p.add_argument("--shape", default="qwen3-8b", help="a bf16 shape, or SHAPE:MIX[@GEMV/ROWS[/Q6ROWS]] (a random GGUF kept in its blocks, as gpu_speed --quant)")
+    p.add_argument("--gguf-dir", default="/tmp/treeflash-gguf", help="where SHAPE:MIX's random GGUF is written and reused")
     p.add_argument("--folded-decode", action=argparse.BooleanOptionalAction, default=None,
                    help="every norm folded into the projection after it, or none; default: the model's choice (as gpu_speed.py)")
     p.add_argument("--context", type=int, default=512)
@@ -79,8 +81,14 @@ def main() -> None:
     args = p.parse_args()
     if args.fill and (args.drafter_layers or args.bucket != 1):
         p.error("--fill profiles the decode graph only (no --drafter-layers, --bucket 1)")
-    model = build_model(args.shape, layers=args.layers)
+    if ":" in args.shape:
+        if args.layers:
+            p.error("--layers builds a bf16 shape; a SHAPE:MIX file has all its layers")
+        model, extra, tuning = load_shape(args.shape, args.gguf_dir)
+    else:
+        model, extra, tuning = build_model(args.shape, layers=args.layers), {}, None
     model.fuse_projections(folded_decode=args.folded_decode)
+    apply_tuning(model, tuning, extra)
     cache = model.new_cache(max(args.context, args.fill) + 256, args.cache_type_k, args.cache_type_v, rotate_keys=args.rotate_keys)
     buckets = tuple(sorted({1, args.bucket}))
     runner = CudaGraphRunner(model, cache, buckets=buckets)
@@ -131,7 +139,7 @@ def main() -> None:
                                               "layers": args.layers, "cache_type_k": args.cache_type_k, "cache_type_v": args.cache_type_v,
                                               "rotate_keys": args.rotate_keys, "context": cache.seq_len,
                                               "kernel_us_per_step": total, "kernels_per_step": calls, "rows": rows,
-                                              "sequence": sequence}, indent=2))
+                                              "sequence": sequence, **extra}, indent=2))
 
 
 if __name__ == "__main__":

@@ -43,6 +43,10 @@
 # mma          bench.quant_gemv --rows-ab at M = 1 and 32 on the 27B projections (every Q4_K route,     quant_mma_ab.json      200 s
 #              mma_q4k's grid among them), then gpu_speed --quant: the 27B Q4_K_M whole model through      gpu_speed_quant_mma.json 330 s
 #              today's routes and through mma_q4k (@mma/mma), side by side
+# quant_routes bench.gpu_speed --quant: the 27B Q4_K_M whole model through today's default routes, through     gpu_speed_quant_routes.json 330 s
+#              mma_q4k / rows_q4k / tiled Q6_K (@mma/q4k/tiled) and @mma/q4k; then bench.gpu_profile     profile_27b_q4_k_m.json 130 s
+#              of the first's decode graph, kernel by kernel; then quant_gemv --rows-ab at M = 1 on two   quant_mma_m1.json      70 s
+#              projections (mma_q4k's grid)
 # rows_gemm    bench.gpu_gemv --rows-gemm-ab: batch-invariant rows_gemm vs gemv / cuBLAS   rows_gemm_ab.json      150 s
 #              at M = 1, 2, 8, 32, 64, every 27B / 8B bf16 projection, invariance on the GPU
 # prefix       treeflash.bench.prefix_cache: TTFT with a 4K-token prefix-cache hit        prefix_cache_gpu.json  90 s
@@ -202,6 +206,17 @@ for stage in $STAGES; do
         --quant qwen3.5-27b:q4_k_m,qwen3.5-27b:q4_k_m@mma/mma --drafter-layers 0 --decode-tokens 32 \
         --out "$OUT/gpu_speed_quant_mma.json"
       grep -E "decode|32 nodes" "$OUT/gpu_speed_quant_mma.log" | tee -a "$OUT/progress.log" ;;
+    quant_routes)
+      run gpu_speed_quant_routes 330 -m bench.gpu_speed --shapes "" --gguf-dir /tmp/gguf --buckets 1,32 --prefill "" \
+        --quant qwen3.5-27b:q4_k_m,qwen3.5-27b:q4_k_m@mma/q4k/tiled,qwen3.5-27b:q4_k_m@mma/q4k --drafter-layers 0 \
+        --decode-tokens 32 --out "$OUT/gpu_speed_quant_routes.json"
+      grep -E "decode|32 nodes" "$OUT/gpu_speed_quant_routes.log" | tee -a "$OUT/progress.log"
+      run profile_27b_q4_k_m 130 -m bench.gpu_profile --shape qwen3.5-27b:q4_k_m@mma/q4k/tiled --gguf-dir /tmp/gguf \
+        --show-sequence 40 --out "$OUT/profile_27b_q4_k_m.json"
+      head -n 30 "$OUT/profile_27b_q4_k_m.log" | tee -a "$OUT/progress.log"
+      run quant_mma_m1 70 -m bench.quant_gemv --rows-ab --ms 1 --time-limit 55 --projections 27b.gate_up,27b.down \
+        --out "$OUT/quant_mma_m1.json"
+      grep -E '"m": 1' "$OUT/quant_mma_m1.log" | tee -a "$OUT/progress.log" ;;
     rows_gemm)
       run rows_gemm_ab 150 -m bench.gpu_gemv --rows-gemm-ab --time-limit 120 --out "$OUT/rows_gemm_ab.json"
       grep -E "rows_gemm/today|bandwidth" "$OUT/rows_gemm_ab.log" | tee -a "$OUT/progress.log" ;;
@@ -218,7 +233,7 @@ for stage in $STAGES; do
     oracle)
       run oracle_ceiling 300 -m bench.oracle_ceiling --shapes qwen3.5-27b,qwen3-8b --taus 4 8 16 --out "$OUT/oracle_ceiling.json"
       tail -n 12 "$OUT/oracle_ceiling.log" | tee -a "$OUT/progress.log" ;;
-    *) log "unknown stage $stage (check speed hf eval cli_bench auto_greedy auto_sampled device_steps profile gdn gemv_graph kv kv_long kv_table fla fit_hf fit_27b quant quant_ab quant_rows mma rows_gemm prefix oracle)" ;;
+    *) log "unknown stage $stage (check speed hf eval cli_bench auto_greedy auto_sampled device_steps profile gdn gemv_graph kv kv_long kv_table fla fit_hf fit_27b quant quant_ab quant_rows mma quant_routes rows_gemm prefix oracle)" ;;
   esac
 done
 log "done"

@@ -178,3 +178,36 @@ def quant_model(spec: str, gguf_dir: str) -> tuple[CausalLM, dict]:
     keep = (lambda fmt: fmt in FORMATS and has_kernel(fmt)) if DEV == "cuda" else (lambda fmt: True)  # the CPU check runs the reference path on every block
     model = load_blocks(ckpt, torch.device(DEV), torch.bfloat16, progress=False, keep_quantized=keep)
     return model, {"gguf": str(path), "file_gb": path.stat().st_size / 1e9, "weights": weight_plan(ckpt, model)}
+
+
+def quant_tuning(routes: str):
+    """"GEMV/ROWS[/Q6ROWS]" (the suffix of SHAPE:MIX@...) -> the QuantTuning of those kernel routes: Q4_K at
+    M == 1, Q4_K at 2..128 rows, Q6_K at 2..128 rows (an empty part keeps the default)."""
+    from treeflash.kernels.quant.config import QuantTuning
+
+    parts = routes.split("/")
+    if len(parts) > 3:
+        raise ValueError(f"quant routes are GEMV/ROWS[/Q6ROWS], got {routes!r}")
+    names = ("q4k_gemv_route", "q4k_rows_route", "q6k_rows_route")
+    return QuantTuning(**{n: v for n, v in zip(names, parts) if v})
+
+
+def load_shape(shape: str, gguf_dir: str) -> tuple[CausalLM, dict, object]:
+    """SHAPE (random bf16 weights) or SHAPE:MIX[@ROUTES] (a random GGUF kept in its blocks, QuantTuning of
+    ROUTES or None) -> (model, extra JSON fields, tuning). Apply the tuning with apply_tuning after fusing."""
+    if ":" not in shape:
+        return build_model(shape), {}, None
+    spec, _, routes = shape.partition("@")
+    model, extra = quant_model(spec, gguf_dir)
+    tuning = quant_tuning(routes) if routes else None
+    if tuning is not None:
+        extra["quant_routes"] = {"gemv": tuning.q4k_gemv_route, "rows": tuning.q4k_rows_route, "q6k_rows": tuning.q6k_rows_route}
+    return model, extra, tuning
+
+
+def apply_tuning(model: CausalLM, tuning, extra: dict) -> None:
+    """Set tuning on every QuantLinear (after fuse_projections: the fused layers are new ones)."""
+    if tuning is not None:
+        from treeflash.models.quant_linear import set_quant_tuning
+
+        extra["quant_routes"]["layers"] = set_quant_tuning(model, tuning)

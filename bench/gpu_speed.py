@@ -11,8 +11,8 @@ type mix (treeflash/models/gguf_synth.py), written into --gguf-dir on first use 
 matrices kept in their GGUF blocks where treeflash.kernels.quant has a kernel (the CPU: every matrix,
 through the reference path); the roofline counts the bytes actually read (blocks + scales + the float
 tensors + KV + state), and "weights" says per type how many matrices stayed quantized. A suffix
-@GEMV/ROWS picks the Q4_K kernels (QuantTuning.q4k_gemv_route at M == 1, q4k_rows_route at 2..128 rows),
-so routes compare side by side in one run: qwen3.5-27b:q4_k_m,qwen3.5-27b:q4_k_m@q4k/q4k.
+@GEMV/ROWS[/Q6ROWS] picks the kernels (QuantTuning.q4k_gemv_route at M == 1, q4k_rows_route at 2..128 rows,
+q6k_rows_route for Q6_K at 2..128 rows), so routes compare side by side in one run: qwen3.5-27b:q4_k_m,qwen3.5-27b:q4_k_m@q4k/q4k.
 
     python -m bench.gpu_speed --shapes qwen3-8b,qwen3.5-27b --out bench/results/gpu_speed.json
     python -m bench.gpu_speed --shapes qwen3.5-27b,qwen3-8b --quant qwen3.5-27b:q4_k_m,qwen3.5-27b:ud-q3_k_xl,qwen3-8b:q4_k_m \
@@ -32,7 +32,7 @@ from pathlib import Path
 import torch
 
 
-from bench.gpu_shapes import (DEV, build_model, quant_model, cuda_time, measure_bandwidth, random_drafter, step_bytes, sync,
+from bench.gpu_shapes import (DEV, apply_tuning, cuda_time, load_shape, measure_bandwidth, random_drafter, step_bytes, sync,
                         wall_time, weight_bytes)
 from treeflash.engine.stack import build_runner
 from treeflash.models.runner import CudaGraphRunner
@@ -75,19 +75,7 @@ def max_depth(parents: list[int]) -> int:
 @torch.inference_mode()
 def bench_shape(shape: str, args, bandwidth: float) -> dict:
     dev = DEV
-    extra: dict = {}
-    tuning = None
-    if ":" in shape:  # SHAPE:MIX[@GEMV/ROWS]: the Q4_K kernel routes at M == 1 and at 2..128 rows (QuantTuning)
-        spec, _, routes = shape.partition("@")
-        model, extra = quant_model(spec, args.gguf_dir)
-        if routes:
-            from treeflash.kernels.quant.config import QuantTuning
-
-            gemv_route, _, rows_route = routes.partition("/")
-            tuning = QuantTuning(q4k_gemv_route=gemv_route or "words", q4k_rows_route=rows_route or "generic")
-            extra["quant_routes"] = {"gemv": tuning.q4k_gemv_route, "rows": tuning.q4k_rows_route}
-    else:
-        model = build_model(shape)
+    model, extra, tuning = load_shape(shape, args.gguf_dir)  # SHAPE:MIX[@GEMV/ROWS[/Q6ROWS]]: a random GGUF, the quant kernel routes
     for m in model.modules():  # --no-fla: every Gated DeltaNet layer prefills through the torch reference
         if hasattr(m, "use_fla"):
             m.use_fla = args.fla
@@ -96,10 +84,7 @@ def bench_shape(shape: str, args, bandwidth: float) -> dict:
         # attention-only; the hybrid 27B shape is not): an opt-in measured against the default
         folded = (args.folded_decode and model.foldable()) if args.folded_decode is not None else None
         model.fuse_projections(folded_decode=folded, gemv_tables=gemv_tables(args))
-    if tuning is not None:  # after fusing: the fused layers are new QuantLinears
-        from treeflash.models.quant_linear import set_quant_tuning
-
-        extra["quant_routes"]["layers"] = set_quant_tuning(model, tuning)
+    apply_tuning(model, tuning, extra)
     c = model.config
     res: dict = {"shape": shape, "folded_decode": model.folded_decode, "params_b": sum(p.numel() for p in model.parameters()) / 1e9,
                  "weight_gb": weight_bytes(model) / 1e9, **extra}

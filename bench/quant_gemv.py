@@ -74,9 +74,8 @@ Q4K_ROWS_GRID = (Q4kRowsConfig(), Q4kRowsConfig(block_n=128, num_warps=8), Q4kRo
 # mma_q4k's configurations (exact codes into the tensor cores, scales after the dot): the default (M == 1:
 # "diag"), the per-group form, shallower / deeper pipelines, two warpgroups, a wider split; M > 1 runs
 # "group" whatever the field says, so only the configurations that differ in launch are timed there
-Q4K_MMA_GRID = (Q4kMmaConfig(), Q4kMmaConfig(scale="group"), Q4kMmaConfig(num_stages=2), Q4kMmaConfig(num_stages=4),
-                Q4kMmaConfig(block_n=128, num_warps=8), Q4kMmaConfig(min_programs=528),
-                Q4kMmaConfig(block_n=128, num_warps=8, scale="group"))
+Q4K_MMA_GRID = (Q4kMmaConfig(), Q4kMmaConfig(sums_dot=False), Q4kMmaConfig(num_stages=3), Q4kMmaConfig(min_programs=264),
+                Q4kMmaConfig(scale="group"), Q4kMmaConfig(block_n=128, num_warps=8))
 ROWS_AB_REP_MS = 20
 
 
@@ -177,7 +176,7 @@ def mma_routes(grid, n: int, k: int, m: int) -> list[tuple[str, dict, QuantTunin
     routes, seen = [], set()
     for i, c in enumerate(grid):
         programs = -(-n // c.block_n) * -(-m // 16)
-        launch = (c.block_n, c.num_warps, c.num_stages, c.scale if m == 1 else "group", split_for(k // 256, programs, c.min_programs))
+        launch = (c.block_n, c.num_warps, c.num_stages, (c.scale, c.sums_dot) if m == 1 else "group", split_for(k // 256, programs, c.min_programs))
         if launch not in seen:
             seen.add(launch)
             routes.append((f"mma{i}", dataclasses.asdict(c), QuantTuning(q4k_rows_route="mma", q4k_gemv_route="mma", q4k_mma=c)))

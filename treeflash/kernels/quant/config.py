@@ -93,9 +93,11 @@ class Q4kMmaConfig:
     Q4kRowsConfig, and at M == 1 the form of the per-group scaling (mma_q4k.MMA_SCALES)."""
     block_n: int = 64
     num_warps: int = 4
-    num_stages: int = 3
-    min_programs: int = 264
+    num_stages: int = 2
+    min_programs: int = 528
     scale: str = "diag"
+    # "diag": the group sums of x from a second tl.dot against ones (True) or from a reduction per group
+    sums_dot: bool = True
 
     def __post_init__(self):
         _pow2("block_n", self.block_n, 16, 256)
@@ -113,6 +115,8 @@ Q4K_ROWS_ROUTES = ("generic", "q4k", "tiled", "mma")
 # the kernels Q4_K takes at M == 1: gemv_q4k (32-bit words), kernels.gemv_kernel (byte-wise), or rows_q4k
 # (x padded to 16 rows: its block loads are software-pipelined into a tl.dot, which the GEMVs' are not)
 Q4K_GEMV_ROUTES = ("words", "bytes", "q4k", "mma")
+# the kernels Q6_K takes at 2 <= M <= max_rows: kernels.rows_kernel, or dequantized tiles + torch matmul
+Q6K_ROWS_ROUTES = ("generic", "tiled")
 
 
 @dataclass(frozen=True)
@@ -130,6 +134,8 @@ class QuantTuning:
     q4k_gemv_route: str = "words"
     q4k_rows: Q4kRowsConfig = Q4kRowsConfig()
     q4k_mma: Q4kMmaConfig = Q4kMmaConfig()  # the "mma" routes (mma_q4k)
+    # Q6_K at 2 <= M <= max_rows (Q6K_ROWS_ROUTES)
+    q6k_rows_route: str = "generic"
     # Q4_K at 2 <= M <= max_rows (Q4K_ROWS_ROUTES); "generic" until bench/quant_gemv.py --rows-ab times the others
     q4k_rows_route: str = "generic"
     gemv_table: tuple[tuple[str, int, int, GemvConfig], ...] = ()
@@ -145,6 +151,8 @@ class QuantTuning:
             raise ValueError(f"q4k_gemv_route must be one of {', '.join(Q4K_GEMV_ROUTES)}, got {self.q4k_gemv_route!r}")
         if self.q4k_rows_route not in Q4K_ROWS_ROUTES:
             raise ValueError(f"q4k_rows_route must be one of {', '.join(Q4K_ROWS_ROUTES)}, got {self.q4k_rows_route!r}")
+        if self.q6k_rows_route not in Q6K_ROWS_ROUTES:
+            raise ValueError(f"q6k_rows_route must be one of {', '.join(Q6K_ROWS_ROUTES)}, got {self.q6k_rows_route!r}")
         if self.dequant_rows < 1:
             raise ValueError(f"dequant_rows must be positive, got {self.dequant_rows}")
         if not self.rows_block_m or self.rows_block_m[-1][0] < self.max_rows:

@@ -161,7 +161,7 @@ def quant_matmul(x: torch.Tensor, blocks: torch.Tensor, fmt: str, k: int,
             return rows_q4k.rows_q4k(x, blocks, k, out, tuning.q4k_rows, _dot_f32(x))
         if f.name == "Q4_K" and tuning.q4k_rows_route == "mma" and blocks.is_contiguous():
             return mma_q4k.mma_q4k(x, blocks, k, out, tuning.q4k_mma, _mma_asm(x))
-        if f.name == "Q4_K" and tuning.q4k_rows_route == "tiled":
+        if (f.name == "Q4_K" and tuning.q4k_rows_route == "tiled") or (f.name == "Q6_K" and tuning.q6k_rows_route == "tiled"):
             return tiled_matmul(x, blocks, f, k, out, tuning)
         return rows_matmul(x, blocks, f, k, out, tuning)
     return tiled_matmul(x, blocks, f, k, out, tuning)

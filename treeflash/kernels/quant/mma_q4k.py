@@ -90,7 +90,8 @@ def _dot(a, b, ASM: tl.constexpr):
 
 @triton.jit(do_not_specialize=["M"])
 def q4k_mma_kernel(X, W, B, Y, P, M, N, K, ROW_WORDS, BPS: tl.constexpr, BLOCK_M: tl.constexpr,
-                   BLOCK_N: tl.constexpr, PARTIAL: tl.constexpr, SCALE: tl.constexpr, ASM: tl.constexpr):
+                   BLOCK_N: tl.constexpr, PARTIAL: tl.constexpr, SCALE: tl.constexpr, ASM: tl.constexpr,
+                   SUMS_DOT: tl.constexpr):
     """Y [M, N] = X [M, K] @ dequant(W)^T for BLOCK_N weight rows x BLOCK_M rows of x over BPS
     super-blocks (PARTIAL: the fp32 partial P [SPLIT, M, N] instead). W: the Q4_K blocks as int32
     words [N, ROW_WORDS], B the same memory as bytes. SCALE "diag" needs M == 1 (BLOCK_M 16)."""
@@ -102,6 +103,10 @@ def q4k_mma_kernel(X, W, B, Y, P, M, N, K, ROW_WORDS, BPS: tl.constexpr, BLOCK_M
     x_row = tl.minimum(m, M - 1).to(tl.int64) * K
     ll = tl.arange(0, 32)
     jj = tl.arange(0, 16)  # "diag": the 16 columns of C
+    if ASM:
+        ones = tl.full([BLOCK_N, 32], 1.0, dtype=tl.bfloat16)
+    else:
+        ones = tl.full([BLOCK_N, 32], 1.0, dtype=tl.float32)
     acc = tl.zeros([BLOCK_N, BLOCK_M], dtype=tl.float32)
     acc_t = tl.zeros([BLOCK_N, 16], dtype=tl.float32)  # "diag": sum over blocks of T (C + V), summed over columns at the end
     for b in range(BPS):
@@ -114,8 +119,8 @@ def q4k_mma_kernel(X, W, B, Y, P, M, N, K, ROW_WORDS, BPS: tl.constexpr, BLOCK_M
         d = half_low(w0)
         dmin = half_low(w0 >> 16)
         if SCALE == "diag":
-            c_blk = tl.zeros([BLOCK_N, 16], dtype=tl.float32)  # column g: C_g of this block
-            v = tl.zeros([16], dtype=tl.float32)  # (-128 s_g, s_g)
+            c_blk = tl.zeros([BLOCK_N, 16], dtype=tl.float32)  # columns g and 8 + g: C_g of this block
+            s_blk = tl.zeros([BLOCK_N, 16], dtype=tl.float32)  # columns g and 8 + g: s_g
         for c in tl.static_range(4):
             q = tl.load(B + (4 * base + 16 + 32 * c)[:, None] + ll[None, :])  # [BLOCK_N, 32] code bytes
             lo, hi = codes(q, ASM)  # groups 2c (values 64c + l) and 2c + 1 (values 64c + 32 + l)
@@ -124,11 +129,14 @@ def q4k_mma_kernel(X, W, B, Y, P, M, N, K, ROW_WORDS, BPS: tl.constexpr, BLOCK_M
                 cg = lo if h == 0 else hi
                 off = blk * 256 + 64 * c + 32 * h
                 if SCALE == "diag":
-                    # [32, 16]: group g's 32 values of x in column g, zero elsewhere
-                    xg = tl.load(X + off + ll[:, None] + 0 * jj[None, :], mask=(jj == g)[None, :], other=0.0)
+                    # [32, 16]: group g's 32 values of x in columns g and 8 + g, zero elsewhere
+                    xg = tl.load(X + off + ll[:, None] + 0 * jj[None, :], mask=((jj & 7) == g)[None, :], other=0.0)
                     c_blk += _dot(cg, xg, ASM)
-                    sg = tl.sum(tl.load(X + off + ll).to(tl.float32), axis=0)
-                    v += tl.where(jj == g, -128.0 * sg, tl.where(jj == g + 8, sg, 0.0))
+                    if SUMS_DOT:  # s_g in columns g and 8 + g of every row, from the tensor cores (no shuffles)
+                        s_blk += _dot(ones, xg, ASM)
+                    else:
+                        sg = tl.sum(tl.load(X + off + ll).to(tl.float32), axis=0)
+                        s_blk += tl.where((jj & 7) == g, sg, 0.0)[None, :]
                 else:
                     xg = tl.load(X + x_row[None, :] + (off + ll)[:, None], mask=m_ok[None, :], other=0.0)  # [32, BLOCK_M]
                     sg = tl.sum(xg.to(tl.float32), axis=0)  # [BLOCK_M]
@@ -146,7 +154,7 @@ def q4k_mma_kernel(X, W, B, Y, P, M, N, K, ROW_WORDS, BPS: tl.constexpr, BLOCK_M
                                                                tl.where(sel == 2, mn03[:, None], mn47[:, None])))
             t = ((word >> (8 * (jj[None, :] & 3))) & 255).to(tl.float32)
             t = t * tl.where(jj[None, :] < 8, d[:, None], -dmin[:, None])
-            acc_t += t * (c_blk + v[None, :])
+            acc_t += t * tl.where(jj[None, :] < 8, c_blk - 128.0 * s_blk, s_blk)
     if SCALE == "diag":
         acc += tl.sum(acc_t, axis=1, keep_dims=True)  # only column 0 of acc is stored (M == 1)
     mask = (rows < N)[:, None] & m_ok[None, :]
@@ -167,7 +175,7 @@ def mma_q4k(x: torch.Tensor, blocks: torch.Tensor, k: int, out: torch.Tensor, cf
     part = out if split == 1 else torch.empty(split, m, n, dtype=torch.float32, device=x.device)  # [SPLIT, M, N] fp32
     q4k_mma_kernel[(grid_n, split, grid_m)](
         x, words, blocks, out, part, m, n, k, words.shape[1], nb // split, BLOCK_M=16, BLOCK_N=cfg.block_n,
-        PARTIAL=split > 1, SCALE=scale, ASM=asm, num_warps=cfg.num_warps, num_stages=cfg.num_stages)
+        PARTIAL=split > 1, SCALE=scale, ASM=asm, SUMS_DOT=cfg.sums_dot, num_warps=cfg.num_warps, num_stages=cfg.num_stages)
     if split > 1:
         split_sum_kernel[(triton.cdiv(m * n, 1024),)](part, out, m * n, SPLIT=split, BLOCK=1024, num_warps=4)
     return out

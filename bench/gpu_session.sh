@@ -217,6 +217,11 @@ for stage in $STAGES; do
       run quant_mma_m1 70 -m bench.quant_gemv --rows-ab --ms 1 --time-limit 55 --projections 27b.gate_up,27b.down \
         --out "$OUT/quant_mma_m1.json"
       grep -E '"m": 1' "$OUT/quant_mma_m1.log" | tee -a "$OUT/progress.log" ;;
+    quant_q6k)
+      run gpu_speed_quant_q6k 330 -m bench.gpu_speed --shapes "" --gguf-dir /tmp/gguf --buckets 1,32 --prefill "" \
+        --quant qwen3.5-27b:q4_k_m@mma/q4k/tiled,qwen3.5-27b:q4_k_m@mma/q4k/q6k/q6k --drafter-layers 0 \
+        --decode-tokens 32 --out "$OUT/gpu_speed_quant_q6k.json"
+      grep -E "decode|32 nodes" "$OUT/gpu_speed_quant_q6k.log" | tee -a "$OUT/progress.log" ;;
     rows_gemm)
       run rows_gemm_ab 150 -m bench.gpu_gemv --rows-gemm-ab --time-limit 120 --out "$OUT/rows_gemm_ab.json"
       grep -E "rows_gemm/today|bandwidth" "$OUT/rows_gemm_ab.log" | tee -a "$OUT/progress.log" ;;
@@ -233,7 +238,7 @@ for stage in $STAGES; do
     oracle)
       run oracle_ceiling 300 -m bench.oracle_ceiling --shapes qwen3.5-27b,qwen3-8b --taus 4 8 16 --out "$OUT/oracle_ceiling.json"
       tail -n 12 "$OUT/oracle_ceiling.log" | tee -a "$OUT/progress.log" ;;
-    *) log "unknown stage $stage (check speed hf eval cli_bench auto_greedy auto_sampled device_steps profile gdn gemv_graph kv kv_long kv_table fla fit_hf fit_27b quant quant_ab quant_rows mma quant_routes rows_gemm prefix oracle)" ;;
+    *) log "unknown stage $stage (check speed hf eval cli_bench auto_greedy auto_sampled device_steps profile gdn gemv_graph kv kv_long kv_table fla fit_hf fit_27b quant quant_ab quant_rows mma quant_routes quant_q6k rows_gemm prefix oracle)" ;;
   esac
 done
 log "done"

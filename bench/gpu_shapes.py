@@ -186,9 +186,9 @@ def quant_tuning(routes: str):
     from treeflash.kernels.quant.config import QuantTuning
 
     parts = routes.split("/")
-    if len(parts) > 3:
-        raise ValueError(f"quant routes are GEMV/ROWS[/Q6ROWS], got {routes!r}")
-    names = ("q4k_gemv_route", "q4k_rows_route", "q6k_rows_route")
+    if len(parts) > 4:
+        raise ValueError(f"quant routes are GEMV/ROWS[/Q6ROWS[/Q6GEMV]], got {routes!r}")
+    names = ("q4k_gemv_route", "q4k_rows_route", "q6k_rows_route", "q6k_gemv_route")
     return QuantTuning(**{n: v for n, v in zip(names, parts) if v})
 
 
@@ -201,7 +201,8 @@ def load_shape(shape: str, gguf_dir: str) -> tuple[CausalLM, dict, object]:
     model, extra = quant_model(spec, gguf_dir)
     tuning = quant_tuning(routes) if routes else None
     if tuning is not None:
-        extra["quant_routes"] = {"gemv": tuning.q4k_gemv_route, "rows": tuning.q4k_rows_route, "q6k_rows": tuning.q6k_rows_route}
+        extra["quant_routes"] = {"gemv": tuning.q4k_gemv_route, "rows": tuning.q4k_rows_route, "q6k_rows": tuning.q6k_rows_route,
+                                "q6k_gemv": tuning.q6k_gemv_route}
     return model, extra, tuning
 
 

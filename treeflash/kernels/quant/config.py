@@ -116,7 +116,9 @@ Q4K_ROWS_ROUTES = ("generic", "q4k", "tiled", "mma")
 # (x padded to 16 rows: its block loads are software-pipelined into a tl.dot, which the GEMVs' are not)
 Q4K_GEMV_ROUTES = ("words", "bytes", "q4k", "mma")
 # the kernels Q6_K takes at 2 <= M <= max_rows: kernels.rows_kernel, or dequantized tiles + torch matmul
-Q6K_ROWS_ROUTES = ("generic", "tiled")
+Q6K_ROWS_ROUTES = ("generic", "tiled", "q6k")
+# the kernels Q6_K takes at M == 1: kernels.gemv_kernel (byte-wise), or rows_q6k (x padded to 16 rows)
+Q6K_GEMV_ROUTES = ("bytes", "q6k")
 
 
 @dataclass(frozen=True)
@@ -136,6 +138,7 @@ class QuantTuning:
     q4k_mma: Q4kMmaConfig = Q4kMmaConfig()  # the "mma" routes (mma_q4k)
     # Q6_K at 2 <= M <= max_rows (Q6K_ROWS_ROUTES)
     q6k_rows_route: str = "generic"
+    q6k_gemv_route: str = "bytes"  # Q6_K at M == 1 (Q6K_GEMV_ROUTES)
     # Q4_K at 2 <= M <= max_rows (Q4K_ROWS_ROUTES); "generic" until bench/quant_gemv.py --rows-ab times the others
     q4k_rows_route: str = "generic"
     gemv_table: tuple[tuple[str, int, int, GemvConfig], ...] = ()
@@ -153,6 +156,8 @@ class QuantTuning:
             raise ValueError(f"q4k_rows_route must be one of {', '.join(Q4K_ROWS_ROUTES)}, got {self.q4k_rows_route!r}")
         if self.q6k_rows_route not in Q6K_ROWS_ROUTES:
             raise ValueError(f"q6k_rows_route must be one of {', '.join(Q6K_ROWS_ROUTES)}, got {self.q6k_rows_route!r}")
+        if self.q6k_gemv_route not in Q6K_GEMV_ROUTES:
+            raise ValueError(f"q6k_gemv_route must be one of {', '.join(Q6K_GEMV_ROUTES)}, got {self.q6k_gemv_route!r}")
         if self.dequant_rows < 1:
             raise ValueError(f"dequant_rows must be positive, got {self.dequant_rows}")
         if not self.rows_block_m or self.rows_block_m[-1][0] < self.max_rows:

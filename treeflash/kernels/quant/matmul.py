@@ -21,6 +21,7 @@ import treeflash.kernels.quant.gemv_q4k as gemv_q4k
 import treeflash.kernels.quant.kernels as kernels
 import treeflash.kernels.quant.mma_q4k as mma_q4k
 import treeflash.kernels.quant.rows_q4k as rows_q4k
+import treeflash.kernels.quant.rows_q6k as rows_q6k
 from treeflash.kernels.quant.config import DEFAULT_TUNING, QuantTuning, split_for
 from treeflash.kernels.quant.decode import FMT_ID, GROUPS
 from treeflash.kernels.quant.formats import BlockFormat, BlockFormatError, check_blocks, get_format
@@ -155,12 +156,16 @@ def quant_matmul(x: torch.Tensor, blocks: torch.Tensor, fmt: str, k: int,
             if tuning.q4k_gemv_route == "q4k":
                 return rows_q4k.rows_q4k(x, blocks, k, out, tuning.q4k_rows, _dot_f32(x))
             return gemv_words_q4k(x, blocks, k, out, tuning)
+        if f.name == "Q6_K" and tuning.q6k_gemv_route == "q6k" and blocks.is_contiguous():
+            return rows_q6k.rows_q6k(x, blocks, k, out, tuning.q4k_rows, _dot_f32(x))
         return gemv(x, blocks, f, k, out, tuning)
     if m <= tuning.max_rows:
         if f.name == "Q4_K" and tuning.q4k_rows_route == "q4k" and blocks.is_contiguous():
             return rows_q4k.rows_q4k(x, blocks, k, out, tuning.q4k_rows, _dot_f32(x))
         if f.name == "Q4_K" and tuning.q4k_rows_route == "mma" and blocks.is_contiguous():
             return mma_q4k.mma_q4k(x, blocks, k, out, tuning.q4k_mma, _mma_asm(x))
+        if f.name == "Q6_K" and tuning.q6k_rows_route == "q6k" and blocks.is_contiguous():
+            return rows_q6k.rows_q6k(x, blocks, k, out, tuning.q4k_rows, _dot_f32(x))
         if (f.name == "Q4_K" and tuning.q4k_rows_route == "tiled") or (f.name == "Q6_K" and tuning.q6k_rows_route == "tiled"):
             return tiled_matmul(x, blocks, f, k, out, tuning)
         return rows_matmul(x, blocks, f, k, out, tuning)

@@ -60,15 +60,15 @@ def test_quant_tuning_is_passed_down_to_every_layer_and_kept_by_concat():
 
     a, wa = _layer(T.Q4_K, n=16, seed=1)
     b, wb = _layer(T.Q4_K, n=8, seed=2)
-    assert a.tuning is DEFAULT_TUNING and DEFAULT_TUNING.q4k_gemv_route == "words"
-    tuning = QuantTuning(q4k_gemv_route="q4k", q4k_rows_route="q4k")
+    assert a.tuning is DEFAULT_TUNING and DEFAULT_TUNING.q4k_gemv_route == "mma"
+    tuning = QuantTuning(q4k_gemv_route="q4k", q4k_rows_route="generic")
     assert set_quant_tuning(nn.Sequential(a, nn.ReLU(), b), tuning) == 2
     assert a.tuning is tuning and b.tuning is tuning
     fused = QuantLinear.concat([a, b])
     assert fused.tuning is tuning
     x = torch.randn(1, 512)  # off CUDA (no interpreter) every route is the reference path: the same result
     torch.testing.assert_close(fused(x), F.linear(x, torch.cat([wa, wb])), rtol=1e-5, atol=1e-5)
-    with pytest.raises(ValueError, match="q4k_gemv_route must be one of words, bytes, q4k"):
+    with pytest.raises(ValueError, match="q4k_gemv_route must be one of words, bytes, q4k, mma"):
         QuantTuning(q4k_gemv_route="rows")
 
 

@@ -8,6 +8,7 @@ that differ bitwise from dequantize_ref.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import sys
 
@@ -28,6 +29,10 @@ DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.
 def cases(fmt: str) -> dict:
     from treeflash.kernels.quant import FORMATS, dequantize_ref, quant_matmul
     from treeflash.kernels.quant.config import QuantTuning
+
+    # the generic kernels (gemv_kernel, rows_kernel) for every format, and the word-wide Q4_K GEMV: the default
+    # Q4_K / Q6_K routes (mma_q4k, rows_q4k, rows_q6k) have tests of their own
+    GENERIC = QuantTuning(q4k_gemv_route="words", q4k_rows_route="generic", q6k_rows_route="generic", q6k_gemv_route="bytes")
     from treeflash.kernels.quant.matmul import dequantize
     from treeflash.kernels.quant.synthetic import random_blocks
 
@@ -41,23 +46,23 @@ def cases(fmt: str) -> dict:
     for m, dt, twice in ROWS:
         x = torch.randn(m, k, generator=gen).to(DTYPES[dt])
         ref = x.float() @ w.t()
-        y = quant_matmul(x, blocks, fmt, k, out_dtype=torch.float32)
-        same = torch.equal(y, quant_matmul(x, blocks, fmt, k, out_dtype=torch.float32)) if twice else True
+        y = quant_matmul(x, blocks, fmt, k, out_dtype=torch.float32, tuning=GENERIC)
+        same = torch.equal(y, quant_matmul(x, blocks, fmt, k, out_dtype=torch.float32, tuning=GENERIC)) if twice else True
         out[f"{fmt}_n{n}_k{k}_m{m}_{dt}"] = [(y - ref).abs().max().item(), ref.abs().max().item(), bool(same)]
     # the output rounded to x's dtype once, and the large-M path (tiles dequantized, torch matmul)
     x = torch.randn(3, k, generator=gen).to(torch.bfloat16)
-    y = quant_matmul(x, blocks, fmt, k)
+    y = quant_matmul(x, blocks, fmt, k, tuning=GENERIC)
     assert y.dtype == torch.bfloat16
     out[f"{fmt}_m3_bf16_out"] = [(y.float() - x.float() @ w.t()).abs().max().item(), (x.float() @ w.t()).abs().max().item(), True]
     x = torch.randn(20, k, generator=gen)
-    y = quant_matmul(x, blocks, fmt, k, tuning=QuantTuning(max_rows=16, dequant_rows=48))
+    y = quant_matmul(x, blocks, fmt, k, tuning=dataclasses.replace(GENERIC, max_rows=16, dequant_rows=48))
     out[f"{fmt}_m20_tiled"] = [(y - x @ w.t()).abs().max().item(), (x @ w.t()).abs().max().item(), True]
     if fmt == "Q4_K":  # the decode routes: word-wide (no split; x tiled), byte-wise, rows_q4k (x padded to 16 rows)
         from treeflash.kernels.quant.config import Q4kGemvConfig
 
         x = torch.randn(1, k, generator=gen)
-        for name, tuning in (("words_nosplit", QuantTuning(q4k=Q4kGemvConfig(min_programs=1))), ("bytewise", QuantTuning(q4k_gemv_route="bytes")),
-                             ("words_xtile", QuantTuning(q4k=Q4kGemvConfig(x_tile=True))),
+        for name, tuning in (("words_nosplit", QuantTuning(q4k_gemv_route="words", q4k=Q4kGemvConfig(min_programs=1))), ("bytewise", QuantTuning(q4k_gemv_route="bytes")),
+                             ("words_xtile", QuantTuning(q4k_gemv_route="words", q4k=Q4kGemvConfig(x_tile=True))),
                              ("rows_q4k", QuantTuning(q4k_gemv_route="q4k"))):
             y = quant_matmul(x, blocks, fmt, k, out_dtype=torch.float32, tuning=tuning)
             out[f"{fmt}_m1_{name}"] = [(y - x @ w.t()).abs().max().item(), (x @ w.t()).abs().max().item(), True]

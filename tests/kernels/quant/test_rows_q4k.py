@@ -33,7 +33,7 @@ def test_rows_q4k_matches_its_references(name):
 
 
 def test_the_route_and_config_are_checked():
-    assert QuantTuning().q4k_rows_route == "generic"  # until bench/quant_gemv.py --rows-ab times the others
+    assert QuantTuning().q4k_rows_route == "q4k"  # the measured winner at M = 32 (bench/results/quant_mma_ab.json)
     with pytest.raises(ValueError, match="q4k_rows_route"):
         QuantTuning(q4k_rows_route="fast")
     for bad, field in (({"block_m": 8}, "block_m"), ({"block_n": 48}, "block_n"), ({"num_stages": 0}, "num_stages"),

@@ -132,15 +132,16 @@ class QuantTuning:
     gemv: GemvConfig = GemvConfig()
     rows: RowsConfig = RowsConfig()
     q4k: Q4kGemvConfig = Q4kGemvConfig()
-    # Q4_K at M == 1 (Q4K_GEMV_ROUTES); "words" until bench/quant_gemv.py --rows-ab / gpu_speed --quant ...@q4k/... time the others
-    q4k_gemv_route: str = "words"
+    # Q4_K at M == 1 (Q4K_GEMV_ROUTES): mma_q4k, measured 1.21x today's "words" in the 27B Q4_K_M whole model
+    # with the routes below (bench/results/gpu_speed_quant.json)
+    q4k_gemv_route: str = "mma"
     q4k_rows: Q4kRowsConfig = Q4kRowsConfig()
     q4k_mma: Q4kMmaConfig = Q4kMmaConfig()  # the "mma" routes (mma_q4k)
     # Q6_K at 2 <= M <= max_rows (Q6K_ROWS_ROUTES)
-    q6k_rows_route: str = "generic"
-    q6k_gemv_route: str = "bytes"  # Q6_K at M == 1 (Q6K_GEMV_ROUTES)
-    # Q4_K at 2 <= M <= max_rows (Q4K_ROWS_ROUTES); "generic" until bench/quant_gemv.py --rows-ab times the others
-    q4k_rows_route: str = "generic"
+    q6k_rows_route: str = "q6k"
+    q6k_gemv_route: str = "q6k"  # Q6_K at M == 1 (Q6K_GEMV_ROUTES)
+    # Q4_K at 2 <= M <= max_rows (Q4K_ROWS_ROUTES): rows_q4k (M = 32: 2-5x the generic kernel, bench/results/quant_mma_ab.json)
+    q4k_rows_route: str = "q4k"
     gemv_table: tuple[tuple[str, int, int, GemvConfig], ...] = ()
     rows_table: tuple[tuple[str, int, int, RowsConfig], ...] = ()
     rows_block_m: tuple[tuple[int, int], ...] = ((16, 16), (32, 32), (128, 64))

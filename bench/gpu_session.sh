@@ -47,6 +47,9 @@
 #              mma_q4k / rows_q4k / tiled Q6_K (@mma/q4k/tiled) and @mma/q4k; then bench.gpu_profile     profile_27b_q4_k_m.json 130 s
 #              of the first's decode graph, kernel by kernel; then quant_gemv --rows-ab at M = 1 on two   quant_mma_m1.json      70 s
 #              projections (mma_q4k's grid)
+# dp4a         bench.quant_gemv --rows-ab at M = 1 on five 27B projections (dp4a_q4k's grid beside     quant_dp4a_m1.json     170 s
+#              words and mma), then gpu_speed --quant: the 27B Q4_K_M whole model through stop 43's    gpu_speed_quant.json   330 s
+#              routes (@words/generic/generic/bytes), today's default and @dp4a, side by side
 # rows_gemm    bench.gpu_gemv --rows-gemm-ab: batch-invariant rows_gemm vs gemv / cuBLAS   rows_gemm_ab.json      150 s
 #              at M = 1, 2, 8, 32, 64, every 27B / 8B bf16 projection, invariance on the GPU
 # prefix       treeflash.bench.prefix_cache: TTFT with a 4K-token prefix-cache hit        prefix_cache_gpu.json  90 s
@@ -222,6 +225,14 @@ for stage in $STAGES; do
         --quant qwen3.5-27b:q4_k_m@mma/q4k/tiled,qwen3.5-27b:q4_k_m@mma/q4k/q6k/q6k --drafter-layers 0 \
         --decode-tokens 32 --out "$OUT/gpu_speed_quant_q6k.json"
       grep -E "decode|32 nodes" "$OUT/gpu_speed_quant_q6k.log" | tee -a "$OUT/progress.log" ;;
+    dp4a)
+      run quant_dp4a_m1 170 -m bench.quant_gemv --rows-ab --ms 1 --time-limit 150 \
+        --projections 27b.gate_up,27b.down,27b.attn_qkv,27b.in_proj,27b.out --out "$OUT/quant_dp4a_m1.json"
+      grep -E '"m": 1' "$OUT/quant_dp4a_m1.log" | tee -a "$OUT/progress.log"
+      run gpu_speed_quant_dp4a 330 -m bench.gpu_speed --shapes "" --gguf-dir /tmp/gguf --buckets 1,32 --prefill "" \
+        --quant qwen3.5-27b:q4_k_m@words/generic/generic/bytes,qwen3.5-27b:q4_k_m,qwen3.5-27b:q4_k_m@dp4a \
+        --drafter-layers 0 --decode-tokens 32 --out "$OUT/gpu_speed_quant.json"
+      grep -E "decode|32 nodes" "$OUT/gpu_speed_quant_dp4a.log" | tee -a "$OUT/progress.log" ;;
     rows_gemm)
       run rows_gemm_ab 150 -m bench.gpu_gemv --rows-gemm-ab --time-limit 120 --out "$OUT/rows_gemm_ab.json"
       grep -E "rows_gemm/today|bandwidth" "$OUT/rows_gemm_ab.log" | tee -a "$OUT/progress.log" ;;
@@ -238,7 +249,7 @@ for stage in $STAGES; do
     oracle)
       run oracle_ceiling 300 -m bench.oracle_ceiling --shapes qwen3.5-27b,qwen3-8b --taus 4 8 16 --out "$OUT/oracle_ceiling.json"
       tail -n 12 "$OUT/oracle_ceiling.log" | tee -a "$OUT/progress.log" ;;
-    *) log "unknown stage $stage (check speed hf eval cli_bench auto_greedy auto_sampled device_steps profile gdn gemv_graph kv kv_long kv_table fla fit_hf fit_27b quant quant_ab quant_rows mma quant_routes quant_q6k rows_gemm prefix oracle)" ;;
+    *) log "unknown stage $stage (check speed hf eval cli_bench auto_greedy auto_sampled device_steps profile gdn gemv_graph kv kv_long kv_table fla fit_hf fit_27b quant quant_ab quant_rows mma quant_routes quant_q6k dp4a rows_gemm prefix oracle)" ;;
   esac
 done
 log "done"

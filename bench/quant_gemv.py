@@ -43,7 +43,7 @@ import torch
 import torch.nn.functional as F
 
 from treeflash.kernels.quant import FORMATS, dequantize_ref, has_kernel, quant_matmul
-from treeflash.kernels.quant.config import GemvConfig, Q4kGemvConfig, Q4kMmaConfig, Q4kRowsConfig, QuantTuning, RowsConfig, split_for
+from treeflash.kernels.quant.config import GemvConfig, Q4kDp4aConfig, Q4kGemvConfig, Q4kMmaConfig, Q4kRowsConfig, QuantTuning, RowsConfig, split_for
 from treeflash.kernels.quant.rows_q4k import block_m_for
 from treeflash.kernels.quant.synthetic import random_blocks
 
@@ -74,6 +74,10 @@ Q4K_ROWS_GRID = (Q4kRowsConfig(), Q4kRowsConfig(block_n=128, num_warps=8), Q4kRo
 # mma_q4k's configurations (exact codes into the tensor cores, scales after the dot): the default (M == 1:
 # "diag"), the per-group form, shallower / deeper pipelines, two warpgroups, a wider split; M > 1 runs
 # "group" whatever the field says, so only the configurations that differ in launch are timed there
+# dp4a_q4k's configurations at M == 1 in --rows-ab: the default, narrower / wider programs, no unrolling, a deeper split
+Q4K_DP4A_GRID = (Q4kDp4aConfig(), Q4kDp4aConfig(block_n=32, num_warps=2), Q4kDp4aConfig(block_n=128, num_warps=4),
+                 Q4kDp4aConfig(block_n=128, num_warps=8), Q4kDp4aConfig(unroll=1), Q4kDp4aConfig(unroll=4),
+                 Q4kDp4aConfig(min_programs=4224))
 Q4K_MMA_GRID = (Q4kMmaConfig(), Q4kMmaConfig(sums_dot=False), Q4kMmaConfig(num_stages=3), Q4kMmaConfig(min_programs=264),
                 Q4kMmaConfig(scale="group"), Q4kMmaConfig(block_n=128, num_warps=8))
 ROWS_AB_REP_MS = 20
@@ -183,6 +187,19 @@ def mma_routes(grid, n: int, k: int, m: int) -> list[tuple[str, dict, QuantTunin
     return routes
 
 
+def dp4a_routes(grid, n: int, k: int) -> list[tuple[str, dict, QuantTuning]]:
+    """(label, config fields, tuning) of each dp4a_q4k configuration (M == 1) whose launch at (N, K) differs from an earlier one's."""
+    routes, seen = [], set()
+    for i, c in enumerate(grid):
+        programs = -(-n // c.block_n)
+        split = split_for(k // 256, programs, c.min_programs)
+        launch = (c.block_n, c.num_warps, c.unroll if (k // 256 // split) % c.unroll == 0 else 1, split)
+        if launch not in seen:
+            seen.add(launch)
+            routes.append((f"dp4a{i}", dataclasses.asdict(c), QuantTuning(q4k_gemv_route="dp4a", q4k_dp4a=c)))
+    return routes
+
+
 def rows_ab_setup(name: str, n: int, k: int, args) -> dict:
     """One projection's tensors for --rows-ab (>= MIN_BYTES_PER_REPLAY of blocks and of bf16 weights) and its
     M == 1 decode GEMV (the default route), checked then timed."""
@@ -211,10 +228,11 @@ def rows_ab_row(st: dict, m: int, args) -> dict:
     rec["bf16_roofline_frac"] = rec["bf16_bytes"] / args.bandwidth / rec["bf16_s"]
     grid = Q4K_ROWS_GRID[: 1 if args.toy else None]
     if m == 1:  # the decode GEMV's routes (the default first)
-        routes = [("words", None, QuantTuning()), ("bytes", None, QuantTuning(q4k_gemv_route="bytes"))] + q4k_routes(grid, n, k, m)
+        routes = [("words", None, QuantTuning(q4k_gemv_route="words")), ("bytes", None, QuantTuning(q4k_gemv_route="bytes"))]
+        routes += dp4a_routes(Q4K_DP4A_GRID[: 2 if args.toy else None], n, k)  # (rows_q4k at M == 1 lost: quant_mma_ab.json)
     else:
         routes = [("generic", None, QuantTuning()), ("tiled", None, QuantTuning(q4k_rows_route="tiled"))] + q4k_routes(grid, n, k, m)
-    routes += mma_routes(Q4K_MMA_GRID[: 2 if args.toy else None], n, k, m)
+    routes += mma_routes(Q4K_MMA_GRID[: 2 if args.toy or m == 1 else None], n, k, m)
     timings = []
     for route, cfg, tuning in routes:
         label = dict(route=route) | ({"config": cfg} if cfg else {})

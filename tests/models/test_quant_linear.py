@@ -68,7 +68,7 @@ def test_quant_tuning_is_passed_down_to_every_layer_and_kept_by_concat():
     assert fused.tuning is tuning
     x = torch.randn(1, 512)  # off CUDA (no interpreter) every route is the reference path: the same result
     torch.testing.assert_close(fused(x), F.linear(x, torch.cat([wa, wb])), rtol=1e-5, atol=1e-5)
-    with pytest.raises(ValueError, match="q4k_gemv_route must be one of words, bytes, q4k, mma"):
+    with pytest.raises(ValueError, match="q4k_gemv_route must be one of words, bytes, q4k, mma, dp4a"):
         QuantTuning(q4k_gemv_route="rows")
 
 

@@ -110,11 +110,29 @@ class Q4kMmaConfig:
             raise ValueError(f"scale must be group or diag, got {self.scale!r}")
 
 
+@dataclass(frozen=True)
+class Q4kDp4aConfig:
+    """Q4_K at M == 1 through dp4a_q4k (x rounded to 8 bits per group of 32, integer dots): BLOCK_N rows
+    per program, UNROLL blocks per loop step, and the split over K as in Q4kGemvConfig."""
+    block_n: int = 64
+    unroll: int = 2
+    num_warps: int = 4
+    min_programs: int = 1056  # eight programs per SM of an H200
+
+    def __post_init__(self):
+        _pow2("block_n", self.block_n, 2, 256)
+        _pow2("unroll", self.unroll, 1, 8)
+        _pow2("num_warps", self.num_warps, 1, 16)
+        if self.min_programs < 1:
+            raise ValueError(f"min_programs must be >= 1, got {self.min_programs}")
+
+
 # the kernels Q4_K takes at 2 <= M <= max_rows: kernels.rows_kernel, rows_q4k, or dequantized tiles + torch matmul
 Q4K_ROWS_ROUTES = ("generic", "q4k", "tiled", "mma")
 # the kernels Q4_K takes at M == 1: gemv_q4k (32-bit words), kernels.gemv_kernel (byte-wise), or rows_q4k
 # (x padded to 16 rows: its block loads are software-pipelined into a tl.dot, which the GEMVs' are not)
-Q4K_GEMV_ROUTES = ("words", "bytes", "q4k", "mma")
+# or dp4a_q4k (x rounded to 8 bits per group of 32, integer dot products)
+Q4K_GEMV_ROUTES = ("words", "bytes", "q4k", "mma", "dp4a")
 # the kernels Q6_K takes at 2 <= M <= max_rows: kernels.rows_kernel, or dequantized tiles + torch matmul
 Q6K_ROWS_ROUTES = ("generic", "tiled", "q6k")
 # the kernels Q6_K takes at M == 1: kernels.gemv_kernel (byte-wise), or rows_q6k (x padded to 16 rows)
@@ -137,6 +155,7 @@ class QuantTuning:
     q4k_gemv_route: str = "mma"
     q4k_rows: Q4kRowsConfig = Q4kRowsConfig()
     q4k_mma: Q4kMmaConfig = Q4kMmaConfig()  # the "mma" routes (mma_q4k)
+    q4k_dp4a: Q4kDp4aConfig = Q4kDp4aConfig()  # the "dp4a" route (dp4a_q4k)
     # Q6_K at 2 <= M <= max_rows (Q6K_ROWS_ROUTES)
     q6k_rows_route: str = "q6k"
     q6k_gemv_route: str = "q6k"  # Q6_K at M == 1 (Q6K_GEMV_ROUTES)

@@ -41,12 +41,19 @@ def _scale_byte(w1, w2, w3, i: tl.constexpr):
 
 
 @triton.jit
-def scale_min(w1, w2, w3, g: tl.constexpr):
-    """Group g's 6-bit scale and min (ggml's get_scale_min_k4) as fp32 [R]."""
+def scale_min_int(w1, w2, w3, g: tl.constexpr):
+    """Group g's 6-bit scale and min (ggml's get_scale_min_k4) as int32 [R]."""
     if g < 4:
         sc = _scale_byte(w1, w2, w3, g) & 63
         mn = _scale_byte(w1, w2, w3, g + 4) & 63
     else:
         sc = (_scale_byte(w1, w2, w3, g + 4) & 15) | ((_scale_byte(w1, w2, w3, g - 4) >> 6) << 4)
         mn = (_scale_byte(w1, w2, w3, g + 4) >> 4) | ((_scale_byte(w1, w2, w3, g) >> 6) << 4)
+    return sc, mn
+
+
+@triton.jit
+def scale_min(w1, w2, w3, g: tl.constexpr):
+    """Group g's 6-bit scale and min (ggml's get_scale_min_k4) as fp32 [R]."""
+    sc, mn = scale_min_int(w1, w2, w3, g)
     return sc.to(tl.float32), mn.to(tl.float32)

@@ -1,0 +1,200 @@
+"""Q4_K at M == 1 as integer dot products (dp4a): x quantized to 8 bits per group of 32, llama.cpp's MMVQ form.
+
+The float GEMVs (gemv_q4k) spend about six operations a weight value turning a 4-bit code into a
+float and multiplying it; the tensor-core form (mma_q4k) spends about five packing codes into the
+wgmma fragment. At the H200's bandwidth a Q4_K value arrives every ~4.5 lane-instructions of the
+whole GPU, so both run out of issue slots long before the memory does. Here x is quantized once per
+call to int8 with one fp32 scale per group of 32 values (quantize_x_kernel; exact float group sums kept
+for the min term), and a 32-bit word of codes (eight values: four low nibbles of group 2c, four high of
+group 2c + 1) costs one mask, one shift, one mask and two `dp4a` (inline PTX): about 0.6 operations a
+value. Per group g of a row:
+
+    y += d sc_g dx_g sum_l q_l xq_l  -  dmin m_g s_g        (s_g = sum of x over the group, fp32)
+
+The integer sums are exact; what differs from x @ dequant(W)^T is the rounding of x to 8 bits (the
+relative error of a dot is ~1e-3, as in llama.cpp, whose CUDA matmuls all quantize x this way).
+dp4a_q4k_ref states the result in plain torch (the same quantization of x, exact integer sums).
+
+Codes (q4k_block.py): word j = 0..7 of chunk c holds code bytes 4j..4j+3, i.e. values 64c + 4j + i
+(low nibbles) and 64c + 32 + 4j + i (high nibbles): the x words that pair with it are the int8 words
+16c + j and 16c + 8 + j of the block's 64. Under the Triton interpreter (ASM False) the dot of a word
+is plain integer arithmetic on its four bytes.
+
+Split over K (narrow N) as in gemv_q4k: fp32 partials [SPLIT, N] added in order by split_sum_kernel.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from treeflash.kernels.quant.config import Q4kDp4aConfig, split_for
+from treeflash.kernels.quant.gemv_q4k import split_sum_kernel
+from treeflash.kernels.quant.q4k_block import WORDS, half_low, scale_min_int
+
+QX_GROUP = 32  # values of x per int8 scale
+
+
+def quantize_x_ref(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """x [M, K] -> (xq int8 [M, K], dx fp32 [M, K / 32], s fp32 [M, K / 32]): per group of 32,
+    xq = floor(x 127 / amax + 1/2) (0 where amax == 0), dx = amax / 127, s = sum of x (fp32)."""
+    m, k = x.shape
+    xg = x.float().reshape(m, k // QX_GROUP, QX_GROUP)
+    amax = xg.abs().amax(dim=2)
+    inv = torch.where(amax > 0, 127.0 / amax, torch.zeros_like(amax))
+    xq = torch.floor(xg * inv[..., None] + 0.5).clamp(-127, 127).to(torch.int8).reshape(m, k)
+    return xq, amax / 127.0, xg.sum(dim=2)
+
+
+def q4k_fields(blocks: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Q4_K blocks uint8 [N, K / 256 * 144] -> (d fp64 [N, K / 256], d sc_g, dmin m_g fp64 [N, K / 32],
+    codes int64 [N, K / 32, 32]): the weight of value l of group g is d sc_g q_l - dmin m_g (ggml's order)."""
+    n, nb = blocks.shape[0], k // 256
+    raw = blocks.reshape(n, nb, 144)
+    d = raw[..., 0:2].contiguous().view(torch.float16).double().reshape(n, nb)
+    dmin = raw[..., 2:4].contiguous().view(torch.float16).double().reshape(n, nb)
+    b = raw[..., 4:16].long()  # [N, nb, 12] (ggml's get_scale_min_k4)
+    sc = torch.cat([b[..., 0:4] & 63, (b[..., 8:12] & 15) | ((b[..., 0:4] >> 6) << 4)], dim=-1)  # [N, nb, 8]
+    mn = torch.cat([b[..., 4:8] & 63, (b[..., 8:12] >> 4) | ((b[..., 4:8] >> 6) << 4)], dim=-1)
+    qs = raw[..., 16:].long().reshape(n, nb, 4, 1, 32)  # [N, nb, chunk, 1, byte]
+    q = torch.cat([qs & 15, qs >> 4], dim=3).reshape(n, nb * 8, QX_GROUP)  # group 2c: low nibbles, 2c + 1: high
+    return d, (d[..., None] * sc).reshape(n, nb * 8), (dmin[..., None] * mn).reshape(n, nb * 8), q
+
+
+def dp4a_q4k_ref(x: torch.Tensor, blocks: torch.Tensor, k: int, out_dtype: torch.dtype | None = None,
+                 quantized: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
+    """What q4k_dp4a_kernel computes, in plain torch: x [M, K] rounded as quantize_x_ref does (or as
+    `quantized` gives it: quantize_x's output), against Q4_K blocks uint8 [N, K / 256 * 144]; the integer
+    sums exact, the rest in fp64 -> [M, N]. (A tie x 127 / amax = j + 1/2 may round either way on the
+    GPU, whose fp32 division is not IEEE: compare kernels on the same quantized x.)"""
+    m, n, nb = x.shape[0], blocks.shape[0], k // 256
+    xq, dx, s = quantized if quantized is not None else quantize_x_ref(x)
+    d, dsc, dmn, q = q4k_fields(blocks, k)
+    isum = torch.einsum("ngl,mgl->mng", q, xq.long().reshape(m, nb * 8, QX_GROUP)).double()  # exact [M, N, groups]
+    y = (isum * dsc[None] * dx.double()[:, None, :]).sum(-1) - (dmn[None] * s.double()[:, None, :]).sum(-1)
+    return y.to(out_dtype or x.dtype)
+
+
+@triton.jit
+def quantize_x_kernel(X, XQ, XD, XS, K, GB: tl.constexpr):
+    """One program: GB groups of 32 values of row program_id(1) of X [M, K] -> XQ int8 [M, K],
+    XD / XS fp32 [M, K / 32] (quantize_x_ref)."""
+    g = tl.program_id(0) * GB + tl.arange(0, GB)  # [GB] groups
+    row = tl.program_id(1).to(tl.int64)
+    ll = tl.arange(0, 32)
+    ok = g < K // 32
+    offs = row * K + g[:, None] * 32 + ll[None, :]
+    x = tl.load(X + offs, mask=ok[:, None], other=0.0).to(tl.float32)  # [GB, 32]
+    amax = tl.max(tl.abs(x), axis=1)
+    inv = tl.where(amax > 0, 127.0 / amax, 0.0)
+    q = tl.floor(x * inv[:, None] + 0.5)
+    q = tl.minimum(tl.maximum(q, -127.0), 127.0)
+    tl.store(XQ + offs, q.to(tl.int8), mask=ok[:, None])
+    tl.store(XD + row * (K // 32) + g, amax / 127.0, mask=ok)
+    tl.store(XS + row * (K // 32) + g, tl.sum(x, axis=1), mask=ok)
+
+
+# one word of codes against its two x words: $2 codes, $3 / $4 the int8 x of the low / high nibbles
+_DP4A_ASM = tl.constexpr("""{
+.reg .b32 l, h;
+and.b32 l, $2, 0x0F0F0F0F;
+shr.u32 h, $2, 4;
+and.b32 h, h, 0x0F0F0F0F;
+dp4a.u32.s32 $0, l, $3, 0;
+dp4a.u32.s32 $1, h, $4, 0;
+}""")
+
+
+@triton.jit
+def _word_dots(q, xl, xh, ASM: tl.constexpr):
+    """int32 code words q and x words xl, xh (same shape) -> (sum_i lo_i xl_i, sum_i hi_i xh_i) over
+    the four bytes i (codes unsigned 4-bit, x signed 8-bit)."""
+    if ASM:
+        lo, hi = tl.inline_asm_elementwise(_DP4A_ASM, "=r,=r,r,r,r", [q, xl, xh], dtype=(tl.int32, tl.int32),
+                                           is_pure=True, pack=1)
+    else:
+        lo = tl.zeros_like(q)
+        hi = tl.zeros_like(q)
+        for i in tl.static_range(4):
+            lo += ((q >> (8 * i)) & 15) * ((xl << (24 - 8 * i)) >> 24)
+            hi += ((q >> (8 * i + 4)) & 15) * ((xh << (24 - 8 * i)) >> 24)
+    return lo, hi
+
+
+@triton.jit
+def exact_float(i):
+    """int32 |i| < 2^22 -> fp32, exactly: (i + 0x4B400000) read as fp32 is 1.5 2^23 + i, so an integer add
+    and a float subtraction replace the int-to-float conversion (a quarter-rate instruction)."""
+    return (i + 0x4B400000).to(tl.float32, bitcast=True) - 12582912.0
+
+
+@triton.jit
+def q4k_dp4a_kernel(XQ, XD, XS, W, Y, P, N, ROW_WORDS, BPS: tl.constexpr, BLOCK_N: tl.constexpr,
+                    UNROLL: tl.constexpr, PARTIAL: tl.constexpr, ASM: tl.constexpr):
+    """Y [N] = x @ dequant(W)^T for BLOCK_N rows over BPS super-blocks (PARTIAL: the fp32 partial P
+    [SPLIT, N]), x given as XQ (int8 as int32 words [K / 4]), XD, XS (fp32 [K / 32]). W: the Q4_K
+    blocks as int32 words [N, ROW_WORDS]. BPS % UNROLL == 0."""
+    rows = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)  # [BLOCK_N]
+    part = tl.program_id(1)
+    row_w = tl.minimum(rows, N - 1).to(tl.int64) * ROW_WORDS  # rows past N read row N - 1
+    jj = tl.arange(0, 8)
+    acc = tl.zeros([BLOCK_N], dtype=tl.float32)
+    for b0 in range(0, BPS, UNROLL):
+        for u in tl.static_range(UNROLL):
+            blk = part * BPS + b0 + u
+            base = tl.multiple_of(row_w + blk * WORDS, 4)  # [BLOCK_N] word offsets of the block
+            w0 = tl.load(W + base)
+            w1 = tl.load(W + base + 1)
+            w2 = tl.load(W + base + 2)
+            w3 = tl.load(W + base + 3)
+            acc_s = tl.zeros([BLOCK_N], dtype=tl.float32)  # sum_g sc_g dx_g isum_g over the block
+            acc_m = tl.zeros([BLOCK_N], dtype=tl.float32)  # sum_g m_g s_g
+            for c in tl.static_range(4):
+                q = tl.load(W + (base + 4 + 8 * c)[:, None] + jj[None, :])  # [BLOCK_N, 8] code words
+                xl = tl.load(XQ + blk * 64 + 16 * c + jj)  # [8] int8 x words of group 2c
+                xh = tl.load(XQ + blk * 64 + 16 * c + 8 + jj)  # group 2c + 1
+                lo, hi = _word_dots(q, tl.broadcast_to(xl[None, :], (BLOCK_N, 8)),
+                                    tl.broadcast_to(xh[None, :], (BLOCK_N, 8)), ASM)
+                for h in tl.static_range(2):
+                    g = 2 * c + h
+                    isum = tl.sum(lo if h == 0 else hi, axis=1)  # [BLOCK_N] int32, |isum| <= 8 * 4 * 15 * 127
+                    sc, mn = scale_min_int(w1, w2, w3, g)
+                    acc_s += exact_float(sc * isum) * tl.load(XD + blk * 8 + g)  # |sc isum| < 2^22
+                    acc_m += exact_float(mn) * tl.load(XS + blk * 8 + g)
+            acc += half_low(w0) * acc_s - half_low(w0 >> 16) * acc_m
+    if PARTIAL:
+        tl.store(P + part * N + rows, acc, mask=rows < N)
+    else:
+        tl.store(Y + rows, acc.to(Y.dtype.element_ty), mask=rows < N)
+
+
+def quantize_x(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """quantize_x_ref through quantize_x_kernel: x [M, K] (contiguous, K % 32 == 0) -> xq int8 [M, K],
+    dx, s fp32 [M, K / 32]."""
+    m, k = x.shape
+    xq = torch.empty(m, k, dtype=torch.int8, device=x.device)
+    dx = torch.empty(m, k // QX_GROUP, dtype=torch.float32, device=x.device)
+    s = torch.empty_like(dx)
+    gb = 16
+    quantize_x_kernel[(triton.cdiv(k // QX_GROUP, gb), m)](x, xq, dx, s, k, GB=gb, num_warps=4)
+    return xq, dx, s
+
+
+def dp4a_q4k(x: torch.Tensor, blocks: torch.Tensor, k: int, out: torch.Tensor, cfg: Q4kDp4aConfig, asm: bool) -> torch.Tensor:
+    """out [1, N] = x [1, K] (contiguous) @ dequant(blocks)^T, x rounded to 8 bits per group of 32, for Q4_K
+    blocks uint8 [N, K / 256 * 144] (contiguous). asm: dp4a in inline PTX (CUDA); False under the interpreter."""
+    n, nb = blocks.shape[0], k // 256
+    xq, dx, s = quantize_x(x)
+    words = blocks.view(torch.int32)  # [N, nb * 36]
+    programs = triton.cdiv(n, cfg.block_n)
+    split = split_for(nb, programs, cfg.min_programs)
+    bps = nb // split
+    unroll = cfg.unroll if bps % cfg.unroll == 0 else 1
+    part = out if split == 1 else torch.empty(split, n, dtype=torch.float32, device=x.device)  # [SPLIT, N] fp32
+    q4k_dp4a_kernel[(programs, split)](xq.view(torch.int32), dx, s, words, out, part, n, words.shape[1], BPS=bps,
+                                       BLOCK_N=cfg.block_n, UNROLL=unroll, PARTIAL=split > 1, ASM=asm,
+                                       num_warps=cfg.num_warps)
+    if split > 1:
+        split_sum_kernel[(triton.cdiv(n, 1024),)](part, out, n, SPLIT=split, BLOCK=1024, num_warps=4)
+    return out

@@ -230,9 +230,12 @@ for stage in $STAGES; do
         --projections 27b.gate_up,27b.down,27b.attn_qkv,27b.in_proj,27b.out --out "$OUT/quant_dp4a_m1.json"
       grep -E '"m": 1' "$OUT/quant_dp4a_m1.log" | tee -a "$OUT/progress.log"
       run gpu_speed_quant_dp4a 330 -m bench.gpu_speed --shapes "" --gguf-dir /tmp/gguf --buckets 1,32 --prefill "" \
-        --quant qwen3.5-27b:q4_k_m@words/generic/generic/bytes,qwen3.5-27b:q4_k_m,qwen3.5-27b:q4_k_m@dp4a \
+        --quant qwen3.5-27b:q4_k_m@words/generic/generic/bytes,qwen3.5-27b:q4_k_m@mma,qwen3.5-27b:q4_k_m@dp4a/q4k/q6k/q6k,qwen3.5-27b:q4_k_m@dp4a/q4k/q6k/dp4a \
         --drafter-layers 0 --decode-tokens 32 --out "$OUT/gpu_speed_quant.json"
-      grep -E "decode|32 nodes" "$OUT/gpu_speed_quant_dp4a.log" | tee -a "$OUT/progress.log" ;;
+      grep -E "decode|32 nodes" "$OUT/gpu_speed_quant_dp4a.log" | tee -a "$OUT/progress.log"
+      run profile_27b_q4_k_m 130 -m bench.gpu_profile --shape qwen3.5-27b:q4_k_m@dp4a/q4k/q6k/dp4a --gguf-dir /tmp/gguf \
+        --show-sequence 40 --out "$OUT/profile_27b_q4_k_m.json"
+      head -n 30 "$OUT/profile_27b_q4_k_m.log" | tee -a "$OUT/progress.log" ;;
     rows_gemm)
       run rows_gemm_ab 150 -m bench.gpu_gemv --rows-gemm-ab --time-limit 120 --out "$OUT/rows_gemm_ab.json"
       grep -E "rows_gemm/today|bandwidth" "$OUT/rows_gemm_ab.log" | tee -a "$OUT/progress.log" ;;

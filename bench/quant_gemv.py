@@ -75,9 +75,10 @@ Q4K_ROWS_GRID = (Q4kRowsConfig(), Q4kRowsConfig(block_n=128, num_warps=8), Q4kRo
 # "diag"), the per-group form, shallower / deeper pipelines, two warpgroups, a wider split; M > 1 runs
 # "group" whatever the field says, so only the configurations that differ in launch are timed there
 # dp4a_q4k's configurations at M == 1 in --rows-ab: the default, narrower / wider programs, no unrolling, a deeper split
-Q4K_DP4A_GRID = (Q4kDp4aConfig(), Q4kDp4aConfig(block_n=32, num_warps=2), Q4kDp4aConfig(block_n=128, num_warps=4),
-                 Q4kDp4aConfig(block_n=128, num_warps=8), Q4kDp4aConfig(unroll=1), Q4kDp4aConfig(unroll=4),
-                 Q4kDp4aConfig(min_programs=4224))
+Q4K_DP4A_GRID = (Q4kDp4aConfig(), Q4kDp4aConfig(min_programs=1056), Q4kDp4aConfig(block_n=128),
+                 Q4kDp4aConfig(block_n=128, min_programs=1056), Q4kDp4aConfig(prefetch=True),
+                 Q4kDp4aConfig(prefetch=True, min_programs=1056), Q4kDp4aConfig(prefetch=True, block_n=128),
+                 Q4kDp4aConfig(unroll=4), Q4kDp4aConfig(min_programs=8448))
 Q4K_MMA_GRID = (Q4kMmaConfig(), Q4kMmaConfig(sums_dot=False), Q4kMmaConfig(num_stages=3), Q4kMmaConfig(min_programs=264),
                 Q4kMmaConfig(scale="group"), Q4kMmaConfig(block_n=128, num_warps=8))
 ROWS_AB_REP_MS = 20

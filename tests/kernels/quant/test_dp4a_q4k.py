@@ -35,7 +35,8 @@ for dt in (torch.float32, torch.bfloat16):
     exact = x.float() @ w.t()
     out[f"rounding_{str(dt)[6:]}"] = ((ref - exact).abs().max() / exact.abs().max()).item()
     for name, cfg in (("split", Q4kDp4aConfig()), ("nosplit_unroll1", Q4kDp4aConfig(min_programs=1, unroll=1)),
-                      ("bn16", Q4kDp4aConfig(block_n=16, min_programs=8))):
+                      ("bn16", Q4kDp4aConfig(block_n=16, min_programs=8)),
+                      ("prefetch", Q4kDp4aConfig(prefetch=True, min_programs=4))):
         y = quant_matmul(x, blocks, "Q4_K", K, out_dtype=torch.float32, tuning=QuantTuning(q4k_gemv_route="dp4a", q4k_dp4a=cfg))
         out[f"{name}_{str(dt)[6:]}"] = ((y - ref).abs().max() / ref.abs().max()).item()
 print(json.dumps(out))
@@ -47,12 +48,12 @@ def test_dp4a_q4k_equals_its_contract_in_the_interpreter():
     r = subprocess.run([sys.executable, "-c", CHECK], capture_output=True, text=True, env=env, timeout=600)
     assert r.returncode == 0, r.stderr[-3000:]
     res = json.loads(r.stdout.strip().splitlines()[-1])
-    assert len(res) == 10, res
+    assert len(res) == 12, res
     for dt in ("float32", "bfloat16"):
         step, flips, ddx, ds = res[f"quant_{dt}"]
         assert step <= 1 and flips <= 2 and ddx == 0 and ds < 1e-6, res  # only ties x 127 / amax = j + 1/2 may differ
         assert 1e-4 < res[f"rounding_{dt}"] < 2e-2, res  # 8-bit x: a real, small error against the exact product
-        for name in ("split", "nosplit_unroll1", "bn16"):
+        for name in ("split", "nosplit_unroll1", "bn16", "prefetch"):
             assert res[f"{name}_{dt}"] < 2e-6, (name, dt, res)  # the integer sums are exact: only fp32 sums round
 
 
@@ -72,7 +73,8 @@ def test_the_reference_rebuilds_the_weight_and_rounds_like_llama_cpp():
     assert dx[0, 0] == 1.0 and s[0, 0] == 8 * 126.5
 
 
-def test_dp4a_q4k_compiles_for_sm90_with_dp4a(tmp_path):
+@pytest.mark.parametrize("prefetch", [False, True])
+def test_dp4a_q4k_compiles_for_sm90_with_dp4a(prefetch, tmp_path):
     test_compile = pytest.importorskip("tests.kernels.quant.test_compile")
     if test_compile.ASTSource is None or not test_compile.PTXAS.exists():
         pytest.skip("triton without ASTSource/GPUTarget or its bundled ptxas")
@@ -86,7 +88,7 @@ def test_dp4a_q4k_compiles_for_sm90_with_dp4a(tmp_path):
     fn, cfg = dp4a_q4k.q4k_dp4a_kernel, Q4kDp4aConfig()
     sig = ("XQ", "XD", "XS", "W", "Y", "P", "N", "ROW_WORDS")
     types = {"XQ": "*i32", "XD": "*fp32", "XS": "*fp32", "W": "*i32", "Y": "*bf16", "P": "*fp32"}
-    cst = dict(BPS=20, BLOCK_N=cfg.block_n, UNROLL=cfg.unroll, PARTIAL=False, ASM=True)
+    cst = dict(BPS=20, BLOCK_N=cfg.block_n, UNROLL=cfg.unroll, PREFETCH=prefetch, PARTIAL=False, ASM=True)
     signature = {a: types.get(a, "i32") for a in sig} | {a: "constexpr" for a in cst}
     attrs = {(fn.arg_names.index(a),): [["tt.divisibility", 16]] for a in sig if a in types or a == "ROW_WORDS"}
     src = ASTSource(fn, signature, constexprs={(fn.arg_names.index(a),): v for a, v in cst.items()}, attrs=attrs)

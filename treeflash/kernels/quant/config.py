@@ -117,7 +117,9 @@ class Q4kDp4aConfig:
     block_n: int = 64
     unroll: int = 2
     num_warps: int = 4
-    min_programs: int = 1056  # eight programs per SM of an H200
+    # 32 programs per SM of an H200: at 1056, 27B gate_up took 52.3 us, at 4224 45.7 (bench/results/quant_dp4a_m1.json)
+    min_programs: int = 4224
+    prefetch: bool = False  # load block b + 1 before computing block b (unroll ignored)
 
     def __post_init__(self):
         _pow2("block_n", self.block_n, 2, 256)
@@ -136,7 +138,8 @@ Q4K_GEMV_ROUTES = ("words", "bytes", "q4k", "mma", "dp4a")
 # the kernels Q6_K takes at 2 <= M <= max_rows: kernels.rows_kernel, or dequantized tiles + torch matmul
 Q6K_ROWS_ROUTES = ("generic", "tiled", "q6k")
 # the kernels Q6_K takes at M == 1: kernels.gemv_kernel (byte-wise), or rows_q6k (x padded to 16 rows)
-Q6K_GEMV_ROUTES = ("bytes", "q6k")
+# or dp4a_q6k (x rounded to 8 bits per group of 32, integer dot products; rows of an even number of blocks)
+Q6K_GEMV_ROUTES = ("bytes", "q6k", "dp4a")
 
 
 @dataclass(frozen=True)
@@ -156,6 +159,7 @@ class QuantTuning:
     q4k_rows: Q4kRowsConfig = Q4kRowsConfig()
     q4k_mma: Q4kMmaConfig = Q4kMmaConfig()  # the "mma" routes (mma_q4k)
     q4k_dp4a: Q4kDp4aConfig = Q4kDp4aConfig()  # the "dp4a" route (dp4a_q4k)
+    q6k_dp4a: Q4kDp4aConfig = Q4kDp4aConfig()  # Q6_K's "dp4a" route (dp4a_q6k; unroll and prefetch unused)
     # Q6_K at 2 <= M <= max_rows (Q6K_ROWS_ROUTES)
     q6k_rows_route: str = "q6k"
     q6k_gemv_route: str = "q6k"  # Q6_K at M == 1 (Q6K_GEMV_ROUTES)

@@ -130,39 +130,60 @@ def exact_float(i):
 
 
 @triton.jit
+def _load_block(W, row_w, blk):
+    """The words of super-block blk of each row: the header (w0: d | dmin << 16, w1..w3 the scales) [BLOCK_N]
+    and the four chunks of code words [BLOCK_N, 8]."""
+    jj = tl.arange(0, 8)
+    base = tl.multiple_of(row_w + blk * WORDS, 4)  # [BLOCK_N] word offsets of the block
+    q0 = tl.load(W + (base + 4)[:, None] + jj[None, :])
+    q1 = tl.load(W + (base + 12)[:, None] + jj[None, :])
+    q2 = tl.load(W + (base + 20)[:, None] + jj[None, :])
+    q3 = tl.load(W + (base + 28)[:, None] + jj[None, :])
+    return tl.load(W + base), tl.load(W + base + 1), tl.load(W + base + 2), tl.load(W + base + 3), q0, q1, q2, q3
+
+
+@triton.jit
+def _block_dot(XQ, XD, XS, blk, w0, w1, w2, w3, q0, q1, q2, q3, BLOCK_N: tl.constexpr, ASM: tl.constexpr):
+    """[BLOCK_N] fp32: one super-block's share of y from its words (_load_block) and x's block blk."""
+    jj = tl.arange(0, 8)
+    acc_s = tl.zeros([BLOCK_N], dtype=tl.float32)  # sum_g sc_g dx_g isum_g over the block
+    acc_m = tl.zeros([BLOCK_N], dtype=tl.float32)  # sum_g m_g s_g
+    for c in tl.static_range(4):
+        q = q0 if c == 0 else q1 if c == 1 else q2 if c == 2 else q3  # [BLOCK_N, 8] code words of chunk c
+        xl = tl.load(XQ + blk * 64 + 16 * c + jj)  # [8] int8 x words of group 2c
+        xh = tl.load(XQ + blk * 64 + 16 * c + 8 + jj)  # group 2c + 1
+        lo, hi = _word_dots(q, tl.broadcast_to(xl[None, :], (BLOCK_N, 8)), tl.broadcast_to(xh[None, :], (BLOCK_N, 8)), ASM)
+        for h in tl.static_range(2):
+            g = 2 * c + h
+            isum = tl.sum(lo if h == 0 else hi, axis=1)  # [BLOCK_N] int32, |isum| <= 8 * 4 * 15 * 127
+            sc, mn = scale_min_int(w1, w2, w3, g)
+            acc_s += exact_float(sc * isum) * tl.load(XD + blk * 8 + g)  # |sc isum| < 2^22
+            acc_m += exact_float(mn) * tl.load(XS + blk * 8 + g)
+    return half_low(w0) * acc_s - half_low(w0 >> 16) * acc_m
+
+
+@triton.jit
 def q4k_dp4a_kernel(XQ, XD, XS, W, Y, P, N, ROW_WORDS, BPS: tl.constexpr, BLOCK_N: tl.constexpr,
-                    UNROLL: tl.constexpr, PARTIAL: tl.constexpr, ASM: tl.constexpr):
+                    UNROLL: tl.constexpr, PREFETCH: tl.constexpr, PARTIAL: tl.constexpr, ASM: tl.constexpr):
     """Y [N] = x @ dequant(W)^T for BLOCK_N rows over BPS super-blocks (PARTIAL: the fp32 partial P
     [SPLIT, N]), x given as XQ (int8 as int32 words [K / 4]), XD, XS (fp32 [K / 32]). W: the Q4_K
-    blocks as int32 words [N, ROW_WORDS]. BPS % UNROLL == 0."""
+    blocks as int32 words [N, ROW_WORDS]. BPS % UNROLL == 0. PREFETCH: block b + 1's words are loaded
+    before block b is computed (UNROLL ignored), so a block's loads overlap the previous block's work."""
     rows = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)  # [BLOCK_N]
     part = tl.program_id(1)
     row_w = tl.minimum(rows, N - 1).to(tl.int64) * ROW_WORDS  # rows past N read row N - 1
-    jj = tl.arange(0, 8)
     acc = tl.zeros([BLOCK_N], dtype=tl.float32)
-    for b0 in range(0, BPS, UNROLL):
-        for u in tl.static_range(UNROLL):
-            blk = part * BPS + b0 + u
-            base = tl.multiple_of(row_w + blk * WORDS, 4)  # [BLOCK_N] word offsets of the block
-            w0 = tl.load(W + base)
-            w1 = tl.load(W + base + 1)
-            w2 = tl.load(W + base + 2)
-            w3 = tl.load(W + base + 3)
-            acc_s = tl.zeros([BLOCK_N], dtype=tl.float32)  # sum_g sc_g dx_g isum_g over the block
-            acc_m = tl.zeros([BLOCK_N], dtype=tl.float32)  # sum_g m_g s_g
-            for c in tl.static_range(4):
-                q = tl.load(W + (base + 4 + 8 * c)[:, None] + jj[None, :])  # [BLOCK_N, 8] code words
-                xl = tl.load(XQ + blk * 64 + 16 * c + jj)  # [8] int8 x words of group 2c
-                xh = tl.load(XQ + blk * 64 + 16 * c + 8 + jj)  # group 2c + 1
-                lo, hi = _word_dots(q, tl.broadcast_to(xl[None, :], (BLOCK_N, 8)),
-                                    tl.broadcast_to(xh[None, :], (BLOCK_N, 8)), ASM)
-                for h in tl.static_range(2):
-                    g = 2 * c + h
-                    isum = tl.sum(lo if h == 0 else hi, axis=1)  # [BLOCK_N] int32, |isum| <= 8 * 4 * 15 * 127
-                    sc, mn = scale_min_int(w1, w2, w3, g)
-                    acc_s += exact_float(sc * isum) * tl.load(XD + blk * 8 + g)  # |sc isum| < 2^22
-                    acc_m += exact_float(mn) * tl.load(XS + blk * 8 + g)
-            acc += half_low(w0) * acc_s - half_low(w0 >> 16) * acc_m
+    if PREFETCH:
+        w0, w1, w2, w3, q0, q1, q2, q3 = _load_block(W, row_w, part * BPS)
+        for b in range(BPS):
+            n0, n1, n2, n3, p0, p1, p2, p3 = _load_block(W, row_w, part * BPS + tl.minimum(b + 1, BPS - 1))
+            acc += _block_dot(XQ, XD, XS, part * BPS + b, w0, w1, w2, w3, q0, q1, q2, q3, BLOCK_N, ASM)
+            w0, w1, w2, w3, q0, q1, q2, q3 = n0, n1, n2, n3, p0, p1, p2, p3
+    else:
+        for b0 in range(0, BPS, UNROLL):
+            for u in tl.static_range(UNROLL):
+                w0, w1, w2, w3, q0, q1, q2, q3 = _load_block(W, row_w, part * BPS + b0 + u)
+                acc += _block_dot(XQ, XD, XS, part * BPS + b0 + u, w0, w1, w2, w3, q0, q1, q2, q3, BLOCK_N, ASM)
     if PARTIAL:
         tl.store(P + part * N + rows, acc, mask=rows < N)
     else:
@@ -193,7 +214,7 @@ def dp4a_q4k(x: torch.Tensor, blocks: torch.Tensor, k: int, out: torch.Tensor, c
     unroll = cfg.unroll if bps % cfg.unroll == 0 else 1
     part = out if split == 1 else torch.empty(split, n, dtype=torch.float32, device=x.device)  # [SPLIT, N] fp32
     q4k_dp4a_kernel[(programs, split)](xq.view(torch.int32), dx, s, words, out, part, n, words.shape[1], BPS=bps,
-                                       BLOCK_N=cfg.block_n, UNROLL=unroll, PARTIAL=split > 1, ASM=asm,
+                                       BLOCK_N=cfg.block_n, UNROLL=unroll, PREFETCH=cfg.prefetch, PARTIAL=split > 1, ASM=asm,
                                        num_warps=cfg.num_warps)
     if split > 1:
         split_sum_kernel[(triton.cdiv(n, 1024),)](part, out, n, SPLIT=split, BLOCK=1024, num_warps=4)

@@ -18,6 +18,7 @@ import torch
 import triton
 
 import treeflash.kernels.quant.dp4a_q4k as dp4a_q4k
+import treeflash.kernels.quant.dp4a_q6k as dp4a_q6k
 import treeflash.kernels.quant.gemv_q4k as gemv_q4k
 import treeflash.kernels.quant.kernels as kernels
 import treeflash.kernels.quant.mma_q4k as mma_q4k
@@ -159,7 +160,9 @@ def quant_matmul(x: torch.Tensor, blocks: torch.Tensor, fmt: str, k: int,
             if tuning.q4k_gemv_route == "q4k":
                 return rows_q4k.rows_q4k(x, blocks, k, out, tuning.q4k_rows, _dot_f32(x))
             return gemv_words_q4k(x, blocks, k, out, tuning)
-        if f.name == "Q6_K" and tuning.q6k_gemv_route == "q6k" and blocks.is_contiguous():
+        if f.name == "Q6_K" and tuning.q6k_gemv_route == "dp4a" and blocks.is_contiguous() and (k // 256) % 2 == 0:
+            return dp4a_q6k.dp4a_q6k(x, blocks, k, out, tuning.q6k_dp4a, x.is_cuda and not _INTERPRET)
+        if f.name == "Q6_K" and tuning.q6k_gemv_route in ("q6k", "dp4a") and blocks.is_contiguous():
             return rows_q6k.rows_q6k(x, blocks, k, out, tuning.q4k_rows, _dot_f32(x))
         return gemv(x, blocks, f, k, out, tuning)
     if m <= tuning.max_rows:

@@ -1,0 +1,91 @@
+"""dp4a_q6k (Q6_K at M == 1, x rounded to 8 bits per group of 32, integer dots, blocks read in word-aligned
+pairs) against its plain-torch contract under TRITON_INTERPRET=1 (in a subprocess), on the same quantized
+x, with and without a split over K; the fields rebuild gguf's weight; an odd block count falls back; and
+the CUDA form (dp4a in inline PTX) compiles for sm_90 without spills."""
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+
+CHECK = r"""
+import json, torch
+from treeflash.kernels.quant import quant_matmul
+from treeflash.kernels.quant.config import QuantTuning, Q4kDp4aConfig
+from treeflash.kernels.quant.dp4a_q4k import quantize_x
+from treeflash.kernels.quant.dp4a_q6k import dp4a_q6k_ref
+from treeflash.kernels.quant.reference import dequantize_ref
+from treeflash.kernels.quant.synthetic import random_blocks
+g = torch.Generator().manual_seed(5)
+out = {}
+for N, K, dts, cfgs in ((20, 1024, (torch.float32, torch.bfloat16), ("split", "nosplit")), (8, 768, (torch.float32,), ("nosplit",))):
+    blocks = random_blocks("Q6_K", N, K, g)  # K = 768: 3 blocks a row, the rows_q6k fallback
+    w = dequantize_ref(blocks, "Q6_K", K)
+    for dt in dts:
+        x = (torch.randn(1, K, generator=g) * torch.rand(1, K, generator=g) * 4).to(dt)
+        x[0, 32:64] = 0
+        kq = quantize_x(x)
+        ref = dp4a_q6k_ref(x, blocks, K, torch.float32, quantized=kq)
+        exact = x.float() @ w.t()
+        out[f"rounding_k{K}_{str(dt)[6:]}"] = ((ref - exact).abs().max() / exact.abs().max()).item()
+        for name in cfgs if dt == torch.float32 else cfgs[-1:]:
+            cfg = Q4kDp4aConfig(block_n=16, min_programs=4) if name == "split" else Q4kDp4aConfig(min_programs=1)
+            y = quant_matmul(x, blocks, "Q6_K", K, out_dtype=torch.float32, tuning=QuantTuning(q6k_gemv_route="dp4a", q6k_dp4a=cfg))
+            target = ref if K == 1024 else exact  # odd block count: rows_q6k (exact codes, fp32 dot), not dp4a
+            out[f"{name}_k{K}_{str(dt)[6:]}"] = ((y - target).abs().max() / target.abs().max()).item()
+print(json.dumps(out))
+"""
+
+
+def test_dp4a_q6k_equals_its_contract_in_the_interpreter():
+    env = dict(os.environ, TRITON_INTERPRET="1")
+    r = subprocess.run([sys.executable, "-c", CHECK], capture_output=True, text=True, env=env, timeout=600)
+    assert r.returncode == 0, r.stderr[-3000:]
+    res = json.loads(r.stdout.strip().splitlines()[-1])
+    assert sorted(res) == sorted(["rounding_k1024_float32", "rounding_k1024_bfloat16", "rounding_k768_float32", "split_k1024_float32",
+                                  "nosplit_k1024_float32", "nosplit_k1024_bfloat16", "nosplit_k768_float32"]), res
+    for dt in ("float32", "bfloat16"):
+        assert 1e-4 < res[f"rounding_k1024_{dt}"] < 2e-2, res  # 8-bit x: a real, small error against the exact product
+    for name in ("split_k1024_float32", "nosplit_k1024_float32", "nosplit_k1024_bfloat16"):
+        assert res[name] < 2e-6, (name, res)  # exact integer sums: only fp32 sums round
+    assert res["nosplit_k768_float32"] < 1e-5, res  # the fallback, rows_q6k: exact codes and fp32 x
+
+
+def test_the_fields_rebuild_the_weight():
+    from treeflash.kernels.quant.dp4a_q6k import q6k_fields
+    from treeflash.kernels.quant.reference import dequantize_ref
+    from treeflash.kernels.quant.synthetic import random_blocks
+
+    blocks = random_blocks("Q6_K", 6, 512, torch.Generator().manual_seed(2))
+    d, sc, q = q6k_fields(blocks, 512)
+    assert q.min() >= 0 and q.max() <= 63
+    w = (d.repeat_interleave(16, dim=1)[..., None] * sc[..., None] * (q - 32)).reshape(6, 512)
+    assert torch.equal(w.float(), dequantize_ref(blocks, "Q6_K", 512))
+
+
+def test_dp4a_q6k_compiles_for_sm90_with_dp4a(tmp_path):
+    test_compile = pytest.importorskip("tests.kernels.quant.test_compile")
+    if test_compile.ASTSource is None or not test_compile.PTXAS.exists():
+        pytest.skip("triton without ASTSource/GPUTarget or its bundled ptxas")
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    from treeflash.kernels.quant import dp4a_q6k
+    from treeflash.kernels.quant.config import Q4kDp4aConfig
+
+    fn, cfg = dp4a_q6k.q6k_dp4a_kernel, Q4kDp4aConfig()
+    sig = ("XQ", "XD", "W", "Y", "P", "N", "ROW_WORDS")
+    types = {"XQ": "*i32", "XD": "*fp32", "W": "*i32", "Y": "*bf16", "P": "*fp32"}
+    cst = dict(PPS=34, BLOCK_N=cfg.block_n, PARTIAL=False, ASM=True)
+    signature = {a: types.get(a, "i32") for a in sig} | {a: "constexpr" for a in cst}
+    attrs = {(fn.arg_names.index(a),): [["tt.divisibility", 16]] for a in sig if a in types}
+    src = ASTSource(fn, signature, constexprs={(fn.arg_names.index(a),): v for a, v in cst.items()}, attrs=attrs)
+    k = triton.compile(src, target=GPUTarget("cuda", 90, 32), options=dict(num_warps=cfg.num_warps))
+    ptx = k.asm["ptx"]
+    assert "dp4a.u32.s32" in ptx and "dp4a.s32.s32" in ptx
+    regs, spills = test_compile.ptxas_spills(ptx, tmp_path)
+    assert spills == 0, (regs, spills)

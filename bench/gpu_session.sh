@@ -50,6 +50,9 @@
 # dp4a         bench.quant_gemv --rows-ab at M = 1 on five 27B projections (dp4a_q4k's grid beside     quant_dp4a_m1.json     170 s
 #              words and mma), then gpu_speed --quant: the 27B Q4_K_M whole model through stop 43's    gpu_speed_quant.json   330 s
 #              routes (@words/generic/generic/bytes), today's default and @dp4a, side by side
+# quant_final  bench.gpu_speed --quant: the 27B Q4_K_M whole model through stop 44's first routes       gpu_speed_quant.json   270 s
+#              (@mma/q4k/q6k/q6k/generic), today's default and with Q6_K's M == 1 through dp4a_q6k; then
+#              the 8B Q4_K_M and 27B UD-Q3_K_XL shapes on the defaults                               gpu_speed_quant_mixes.json 230 s
 # rows_gemm    bench.gpu_gemv --rows-gemm-ab: batch-invariant rows_gemm vs gemv / cuBLAS   rows_gemm_ab.json      150 s
 #              at M = 1, 2, 8, 32, 64, every 27B / 8B bf16 projection, invariance on the GPU
 # prefix       treeflash.bench.prefix_cache: TTFT with a 4K-token prefix-cache hit        prefix_cache_gpu.json  90 s
@@ -236,6 +239,15 @@ for stage in $STAGES; do
       run profile_27b_q4_k_m 130 -m bench.gpu_profile --shape qwen3.5-27b:q4_k_m@dp4a/q4k/q6k/dp4a --gguf-dir /tmp/gguf \
         --show-sequence 40 --out "$OUT/profile_27b_q4_k_m.json"
       head -n 30 "$OUT/profile_27b_q4_k_m.log" | tee -a "$OUT/progress.log" ;;
+    quant_final)
+      run gpu_speed_quant_final 270 -m bench.gpu_speed --shapes "" --gguf-dir /tmp/gguf --buckets 1,32 --prefill "" \
+        --quant qwen3.5-27b:q4_k_m@mma/q4k/q6k/q6k/generic,qwen3.5-27b:q4_k_m,qwen3.5-27b:q4_k_m@///dp4a \
+        --drafter-layers 0 --decode-tokens 32 --out "$OUT/gpu_speed_quant.json"
+      grep -E "decode|32 nodes" "$OUT/gpu_speed_quant_final.log" | tee -a "$OUT/progress.log"
+      run gpu_speed_quant_mixes 230 -m bench.gpu_speed --shapes "" --gguf-dir /tmp/gguf --buckets 1,32 --prefill "" \
+        --quant qwen3-8b:q4_k_m,qwen3.5-27b:ud-q3_k_xl --drafter-layers 0 --decode-tokens 32 \
+        --out "$OUT/gpu_speed_quant_mixes.json"
+      grep -E "decode|32 nodes" "$OUT/gpu_speed_quant_mixes.log" | tee -a "$OUT/progress.log" ;;
     rows_gemm)
       run rows_gemm_ab 150 -m bench.gpu_gemv --rows-gemm-ab --time-limit 120 --out "$OUT/rows_gemm_ab.json"
       grep -E "rows_gemm/today|bandwidth" "$OUT/rows_gemm_ab.log" | tee -a "$OUT/progress.log" ;;
@@ -252,7 +264,7 @@ for stage in $STAGES; do
     oracle)
       run oracle_ceiling 300 -m bench.oracle_ceiling --shapes qwen3.5-27b,qwen3-8b --taus 4 8 16 --out "$OUT/oracle_ceiling.json"
       tail -n 12 "$OUT/oracle_ceiling.log" | tee -a "$OUT/progress.log" ;;
-    *) log "unknown stage $stage (check speed hf eval cli_bench auto_greedy auto_sampled device_steps profile gdn gemv_graph kv kv_long kv_table fla fit_hf fit_27b quant quant_ab quant_rows mma quant_routes quant_q6k dp4a rows_gemm prefix oracle)" ;;
+    *) log "unknown stage $stage (check speed hf eval cli_bench auto_greedy auto_sampled device_steps profile gdn gemv_graph kv kv_long kv_table fla fit_hf fit_27b quant quant_ab quant_rows mma quant_routes quant_q6k dp4a quant_final rows_gemm prefix oracle)" ;;
   esac
 done
 log "done"

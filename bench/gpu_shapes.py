@@ -181,14 +181,15 @@ def quant_model(spec: str, gguf_dir: str) -> tuple[CausalLM, dict]:
 
 
 def quant_tuning(routes: str):
-    """"GEMV/ROWS[/Q6ROWS]" (the suffix of SHAPE:MIX@...) -> the QuantTuning of those kernel routes: Q4_K at
-    M == 1, Q4_K at 2..128 rows, Q6_K at 2..128 rows (an empty part keeps the default)."""
+    """"GEMV/ROWS[/Q6ROWS[/Q6GEMV[/Q8GEMV]]]" (the suffix of SHAPE:MIX@...) -> the QuantTuning of those kernel
+    routes: Q4_K at M == 1, Q4_K at 2..128 rows, Q6_K at 2..128 rows, Q6_K at M == 1, Q8_0 at M == 1 (an empty
+    part keeps the default)."""
     from treeflash.kernels.quant.config import QuantTuning
 
     parts = routes.split("/")
-    if len(parts) > 4:
-        raise ValueError(f"quant routes are GEMV/ROWS[/Q6ROWS[/Q6GEMV]], got {routes!r}")
-    names = ("q4k_gemv_route", "q4k_rows_route", "q6k_rows_route", "q6k_gemv_route")
+    if len(parts) > 5:
+        raise ValueError(f"quant routes are GEMV/ROWS[/Q6ROWS[/Q6GEMV[/Q8GEMV]]], got {routes!r}")
+    names = ("q4k_gemv_route", "q4k_rows_route", "q6k_rows_route", "q6k_gemv_route", "q8_0_gemv_route")
     return QuantTuning(**{n: v for n, v in zip(names, parts) if v})
 
 
@@ -202,7 +203,8 @@ def load_shape(shape: str, gguf_dir: str) -> tuple[CausalLM, dict, object]:
     tuning = quant_tuning(routes) if routes else None
     if tuning is not None:
         extra["quant_routes"] = {"gemv": tuning.q4k_gemv_route, "rows": tuning.q4k_rows_route, "q6k_rows": tuning.q6k_rows_route,
-                                "q6k_gemv": tuning.q6k_gemv_route}
+                                "q6k_gemv": tuning.q6k_gemv_route,
+                                "q8_0_gemv": tuning.q8_0_gemv_route}
     return model, extra, tuning
 
 

@@ -42,15 +42,36 @@ def run(draft: str | None, text: str, grammar: Grammar | None, max_tokens: int =
     return eng.complete(GenerationRequest(chat_ids(eng, text), max_tokens=max_tokens, grammar=grammar, **kw))
 
 
+def tie_margin(text: str, ids: tuple, other: tuple) -> float:
+    """|logit(a) - logit(b)| at the first token where two greedy outputs differ (a in ids, b in other),
+    from one full forward pass over the prompt and the common prefix: a near-tie is a few fp32 ulps
+    (the verify pass and the one-token step multiply different row counts, so their sums round apart)."""
+    from treeflash.models.step import StepInput
+
+    eng = engine(None)
+    i = next(j for j, (a, b) in enumerate(zip(ids, other)) if a != b)
+    seq = torch.tensor(list(chat_ids(eng, text)) + list(ids[:i]))
+    model = eng.loaded.model
+    with torch.inference_mode():
+        logits = model(StepInput.plain(seq, 0), model.new_cache(len(seq) + 8)).logits[-1].float()
+    return (logits[ids[i]] - logits[other[i]]).abs().item()
+
+
 def test_twenty_schemas_valid_and_identical_with_ngram():
     engine(None)
+    ties = []
     for prompt, schema in SCHEMAS:
         g = Grammar("json_schema", json.dumps(schema))
         text, ids, last = run(None, prompt + " Answer in JSON.", g)
         assert last.finish_reason == "stop", (prompt, text)
         jsonschema.validate(json.loads(text), schema)
         spec_text, spec_ids, _ = run("ngram", prompt + " Answer in JSON.", g)
-        assert (spec_text, spec_ids) == (text, ids), prompt
+        if (spec_text, spec_ids) != (text, ids):  # only where the two first differ at an fp32 near-tie
+            margin = tie_margin(prompt + " Answer in JSON.", ids, spec_ids)
+            assert margin < 1e-4, (prompt, margin, text, spec_text)
+            jsonschema.validate(json.loads(spec_text), schema)
+            ties.append(prompt)
+    assert len(ties) <= 2, ties  # (one today: "Give a todo item.", logits 37.04150 vs 37.04149 at token 15)
 
 
 @pytest.mark.parametrize("case", [0, 7, 11])

@@ -60,7 +60,7 @@ def test_quant_tuning_is_passed_down_to_every_layer_and_kept_by_concat():
 
     a, wa = _layer(T.Q4_K, n=16, seed=1)
     b, wb = _layer(T.Q4_K, n=8, seed=2)
-    assert a.tuning is DEFAULT_TUNING and DEFAULT_TUNING.q4k_gemv_route == "mma"
+    assert a.tuning is DEFAULT_TUNING and DEFAULT_TUNING.q4k_gemv_route == "dp4a"
     tuning = QuantTuning(q4k_gemv_route="q4k", q4k_rows_route="generic")
     assert set_quant_tuning(nn.Sequential(a, nn.ReLU(), b), tuning) == 2
     assert a.tuning is tuning and b.tuning is tuning

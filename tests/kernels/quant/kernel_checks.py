@@ -32,7 +32,8 @@ def cases(fmt: str) -> dict:
 
     # the generic kernels (gemv_kernel, rows_kernel) for every format, and the word-wide Q4_K GEMV: the default
     # Q4_K / Q6_K routes (mma_q4k, rows_q4k, rows_q6k) have tests of their own
-    GENERIC = QuantTuning(q4k_gemv_route="words", q4k_rows_route="generic", q6k_rows_route="generic", q6k_gemv_route="bytes")
+    GENERIC = QuantTuning(q4k_gemv_route="words", q4k_rows_route="generic", q6k_rows_route="generic", q6k_gemv_route="bytes",
+                          q8_0_gemv_route="generic", q3k_gemv_route="generic")
     from treeflash.kernels.quant.matmul import dequantize
     from treeflash.kernels.quant.synthetic import random_blocks
 

@@ -142,6 +142,13 @@ Q6K_ROWS_ROUTES = ("generic", "tiled", "q6k")
 Q6K_GEMV_ROUTES = ("bytes", "q6k", "dp4a")
 
 
+# the kernels Q8_0 takes at M == 1: kernels.gemv_kernel, or dp4a_q8_0 (integer dot products; rows of an even
+# number of blocks)
+Q8_0_GEMV_ROUTES = ("generic", "dp4a")
+# the kernels Q3_K takes at M == 1: kernels.gemv_kernel, or dp4a_q3k (integer dot products; rows of an even number of blocks)
+Q3K_GEMV_ROUTES = ("generic", "dp4a")
+
+
 @dataclass(frozen=True)
 class QuantTuning:
     """Which kernel and launch configuration each quant_matmul call takes.
@@ -153,13 +160,21 @@ class QuantTuning:
     gemv: GemvConfig = GemvConfig()
     rows: RowsConfig = RowsConfig()
     q4k: Q4kGemvConfig = Q4kGemvConfig()
-    # Q4_K at M == 1 (Q4K_GEMV_ROUTES): mma_q4k, measured 1.21x today's "words" in the 27B Q4_K_M whole model
-    # with the routes below (bench/results/gpu_speed_quant.json)
-    q4k_gemv_route: str = "mma"
+    # Q4_K at M == 1 (Q4K_GEMV_ROUTES): dp4a_q4k; the 27B Q4_K_M whole model decoded 59.5 tok/s through it, 48.9
+    # through mma_q4k and 40.7 through "words" in one run (H200, bench/results/gpu_speed_quant.json)
+    q4k_gemv_route: str = "dp4a"
     q4k_rows: Q4kRowsConfig = Q4kRowsConfig()
     q4k_mma: Q4kMmaConfig = Q4kMmaConfig()  # the "mma" routes (mma_q4k)
     q4k_dp4a: Q4kDp4aConfig = Q4kDp4aConfig()  # the "dp4a" route (dp4a_q4k)
     q6k_dp4a: Q4kDp4aConfig = Q4kDp4aConfig()  # Q6_K's "dp4a" route (dp4a_q6k; unroll and prefetch unused)
+    # Q8_0 at M == 1 (Q8_0_GEMV_ROUTES): the generic GEMV ran the 27B's 96-row alpha / beta projections as 6 programs
+    # walking all of K (74 us each, bench/results/profile_27b_q4_k_m.json); dp4a splits K over the GPU
+    q8_0_gemv_route: str = "dp4a"
+    q8_0_dp4a: Q4kDp4aConfig = Q4kDp4aConfig()
+    # Q3_K at M == 1 (Q3K_GEMV_ROUTES): dp4a_q3k measured 3-6x the generic GEMV on the 27B projections (H200, 2026-12-04:
+    # gate_up 37.1 vs 168.8 us, down 26.4 vs 153.1)
+    q3k_gemv_route: str = "dp4a"
+    q3k_dp4a: Q4kDp4aConfig = Q4kDp4aConfig()
     # Q6_K at 2 <= M <= max_rows (Q6K_ROWS_ROUTES)
     q6k_rows_route: str = "q6k"
     q6k_gemv_route: str = "q6k"  # Q6_K at M == 1 (Q6K_GEMV_ROUTES)
@@ -182,6 +197,10 @@ class QuantTuning:
             raise ValueError(f"q6k_rows_route must be one of {', '.join(Q6K_ROWS_ROUTES)}, got {self.q6k_rows_route!r}")
         if self.q6k_gemv_route not in Q6K_GEMV_ROUTES:
             raise ValueError(f"q6k_gemv_route must be one of {', '.join(Q6K_GEMV_ROUTES)}, got {self.q6k_gemv_route!r}")
+        if self.q8_0_gemv_route not in Q8_0_GEMV_ROUTES:
+            raise ValueError(f"q8_0_gemv_route must be one of {', '.join(Q8_0_GEMV_ROUTES)}, got {self.q8_0_gemv_route!r}")
+        if self.q3k_gemv_route not in Q3K_GEMV_ROUTES:
+            raise ValueError(f"q3k_gemv_route must be one of {', '.join(Q3K_GEMV_ROUTES)}, got {self.q3k_gemv_route!r}")
         if self.dequant_rows < 1:
             raise ValueError(f"dequant_rows must be positive, got {self.dequant_rows}")
         if not self.rows_block_m or self.rows_block_m[-1][0] < self.max_rows:

@@ -1,6 +1,8 @@
 """Q3_K at M == 1 as integer dot products (dp4a), x rounded to 8 bits per group of 32 as in dp4a_q4k.
 
-ggml's block_q3_K (110 bytes, 256 values; reference.py's _q3_k):
+x is quantized once per call by dp4a_q4k.quantize_x: xq int8 [1, K] (read as int32 words [K / 4]), dx fp32
+[1, K / 32]; the exact group sums are not needed. ggml's block_q3_K (110 bytes, 256 values; reference.py's
+_q3_k):
 
     hmask[32]   bytes   0..31    words  0..7    bit G of byte j: the high bit of value 32 G + j
     qs[64]      bytes  32..95    words  8..23   byte 32 c + j, bits 2 s, 2 s + 1: the low 2 bits of value 128 c + 32 s + j
@@ -9,32 +11,37 @@ ggml's block_q3_K (110 bytes, 256 values; reference.py's _q3_k):
     d           bytes 108..109   word 27 (low half), fp16
 
 The weight of value e = 32 G + j (32-group G = 4 c + s, j = 0..31; 16-group g = 2 G + j // 16) is
-d (sc_g - 32) q with q = low2 - 4 hn in [-4, 3], hn = 1 - (hmask bit): the clear bit means -4.
+d (sc_g - 32) q, q = low2 - 4 hn in [-4, 3], hn = 1 - (hmask bit): a clear bit means -4.
 
-A thread owns one half h = j // 16 of every 32-group of one row: 16-group 2 G + h, i.e. the four
-words i = 0..3 of hmask word 4 h + i and of qs word 8 + 8 c + 4 h + i of each block, against the x
-words 8 G + 4 h + i; every tensor is [BLOCK_N, 2] (row, h), one load a word: a warp's load covers
-16 rows x 2 words, so its tags stay few, and every sum over a 16-group stays in the thread. Per
-word and 32-group, two masks and two `dp4a.u32.s32` chained over the four words:
+Threads: one (half h = j // 16, row) each; every tensor is [2, BLOCK_N] (h first, so a warp's load covers
+16 rows x both halves: few cache lines a load, and every sum over a 16-group stays in its thread). Of each
+block a thread reads hmask words 4 h + i and qs words 8 + 8 c + 4 h + i (i = 0..3, one 4-byte load each),
+the three scale words and d; of x, words 8 G + 4 h + i (one 16-byte load a 32-group) and dx (two 16-byte
+loads a block). Per word and 32-group: two masks and two `dp4a.u32.s32`, chained over the four words:
 
-    dq += dp4a(qs & (0x03030303 << 2 s), x) = 4^s sum low2 x        dh += dp4a(~hmask & (0x01010101 << G), x) = 2^G sum hn x
+    dq = sum_i dp4a(qs_i & (0x03030303 << 2 s), x_i) = 4^s sum low2 x
+    dh = sum_i dp4a(~hmask_i & (0x01010101 << G), x_i) = 2^G sum hn x
 
-so isum = dq / 4^s - 4 dh / 2^G (exact shifts; no -4 sum(x) term: the -4 rides on the cleared bits),
-|isum| <= 16 * 4 * 127. (sc - 32) isum is an exact int32 (|.| < 2^22, converted by
-dp4a_q4k.exact_float), times dx of the 32-group, accumulated in fp32 per (row, h); after the block
-times d; the two halves are added once at the end. About 4 integer operations a word per 32-group
-(one value in 4): ~1 a value for the codes, plus per 16-group its scale and one fp32 FMA.
+so isum = dq / 4^s - 4 dh / 2^G by exact shifts (no -4 sum(x) term: the -4 rides on the clear bits),
+|isum| <= 16 * 4 * 127. The scales are repacked once a block, two 32-groups a word, as bytes
+(sc ^ 32) << 2 = 4 (sc - 32) (int8) at bytes 0 and 2, so one `dp2a.lo/hi.s32.s32` of isum (an int16 in
+the word's low half) gives 4 (sc - 32) isum + 0x4B400000, which read as fp32 is 1.5 2^23 plus that exact
+integer (|.| < 2^22; dp4a_q4k.exact_float): one float subtraction, one FMA with dx, per 16 values. After
+the block the sum is multiplied by d / 4; the two halves of a row are added once at the end. SASS (sm_90a,
+default config): ~1.8 instructions a weight value, ~1.1 of them the masks and dp4a.
 
-Alignment: 110 bytes is not a multiple of 4, so the blocks of a row are word-aligned in pairs (220
-bytes = 55 words; a row of an even number of blocks starts word-aligned in a contiguous tensor): a
-pair's even block reads its words directly, the odd one (pair byte 110 = word 27 + 2) rebuilds each
-word k from the aligned words 27 + k and 28 + k (high half, low half), one funnel shift a word; its
-d is the high half of the pair's word 54. Rows of an odd number of blocks are refused with a
-ValueError naming the shape (the caller routes them elsewhere). The blocks' words cannot be
-read as 16-byte vectors (a pair is 55 words): the loads are 4-byte ones.
+Alignment: 110 bytes is not a multiple of 4, so the blocks of a row are word-aligned in pairs (220 bytes =
+55 words; a row of an even number of blocks starts word-aligned in a contiguous tensor): a pair's even
+block reads its words directly, the odd one (pair byte 110 = word 27 + 2) rebuilds each word k from the
+aligned words 27 + k and 28 + k (`shf.r.clamp` by 16: the high half of one, the low half of the next; five
+loads a run of four words) and takes d from the high half of the pair's word 54, reading nothing past its
+pair. 55 is odd, so no field is 16-byte aligned in general: the weight loads are 4-byte ones. Rows of an
+odd number of blocks (K / 256 odd) raise a ValueError naming the shape (the caller routes them elsewhere).
 
-Split over K (narrow N) as in dp4a_q4k, over pairs; UNROLL pairs a loop step. Under the interpreter
-(ASM False) dp4a and the funnel shift are plain integer arithmetic.
+Split over K (narrow N) as in dp4a_q4k, over pairs: fp32 partials [SPLIT, N] added in order by
+gemv_q4k.split_sum_kernel; UNROLL pairs a loop step. Under the interpreter (ASM False) dp4a, dp2a and the
+funnel shift are plain integer arithmetic (int64: the interpreter checks int32 adds for overflow).
+dp4a_q3k_ref states the result in plain torch.
 """
 
 from __future__ import annotations
@@ -85,49 +92,19 @@ def dp4a_q3k_ref(x: torch.Tensor, blocks: torch.Tensor, k: int, out_dtype: torch
     return (y * d[None]).sum(-1).to(out_dtype or x.dtype)
 
 
-# two dp4a of the same x word: $2 / $3 the code words (unsigned bytes), $4 the int8 x, $5 / $6 the sums so far
-_DP4A2_ASM = tl.constexpr("""{
-dp4a.u32.s32 $0, $2, $4, $5;
-dp4a.u32.s32 $1, $3, $4, $6;
+# a 16-group's eight dp4a: two chains over its four words i, $2 + i the masked codes (qs), $6 + i the masked
+# cleared high bits (hmask), $10 + i the x words
+_GROUP_ASM = tl.constexpr("""{
+dp4a.u32.s32 $0, $2, $10, 0;
+dp4a.u32.s32 $1, $6, $10, 0;
+dp4a.u32.s32 $0, $3, $11, $0;
+dp4a.u32.s32 $1, $7, $11, $1;
+dp4a.u32.s32 $0, $4, $12, $0;
+dp4a.u32.s32 $1, $8, $12, $1;
+dp4a.u32.s32 $0, $5, $13, $0;
+dp4a.u32.s32 $1, $9, $13, $1;
 }""")
 _FUNNEL_ASM = tl.constexpr("shf.r.clamp.b32 $0, $1, $2, 16;")
-
-
-@triton.jit
-def _dp4a2(a0, a1, b, c0, c1, ASM: tl.constexpr):
-    """int32 [R, 2] words a0, a1 (four unsigned bytes each), b (four signed bytes), sums c0, c1 ->
-    (c0 + sum_i a0_i b_i, c1 + sum_i a1_i b_i). Without ASM (the interpreter) the bytes are unpacked
-    along a third axis: a few numpy operations instead of two dozen."""
-    if ASM:
-        r0, r1 = tl.inline_asm_elementwise(_DP4A2_ASM, "=r,=r,r,r,r,r,r", [a0, a1, b, c0, c1],
-                                           dtype=(tl.int32, tl.int32), is_pure=True, pack=1)
-    else:  # in int64, which the interpreter does not check for overflow (it does int32 adds and products)
-        sh = 8 * tl.arange(0, 4).to(tl.int64)[None, None, :]
-        bb = (b.to(tl.int64)[:, :, None] << (56 - sh)) >> 56  # [R, 2, 4] signed bytes
-        r0 = (c0.to(tl.int64) + tl.sum(((a0.to(tl.int64)[:, :, None] >> sh) & 255) * bb, axis=2)).to(tl.int32)
-        r1 = (c1.to(tl.int64) + tl.sum(((a1.to(tl.int64)[:, :, None] >> sh) & 255) * bb, axis=2)).to(tl.int32)
-    return r0, r1
-
-
-@triton.jit
-def _dp2a(a, b, c, HI: tl.constexpr, ASM: tl.constexpr):
-    """int32 a (two int16 halves), b (four int8 bytes), c -> c + a.lo16 b.byte(2 HI) + a.hi16 b.byte(2 HI + 1)."""
-    if ASM:
-        if HI:
-            r = tl.inline_asm_elementwise("dp2a.hi.s32.s32 $0, $1, $2, $3;", "=r,r,r,r", [a, b, c], dtype=tl.int32,
-                                          is_pure=True, pack=1)
-        else:
-            r = tl.inline_asm_elementwise("dp2a.lo.s32.s32 $0, $1, $2, $3;", "=r,r,r,r", [a, b, c], dtype=tl.int32,
-                                          is_pure=True, pack=1)
-    else:  # int64: see _dp4a2
-        a64 = a.to(tl.int64)
-        b64 = b.to(tl.int64)
-        lo = (a64 << 48) >> 48
-        hi = (a64 << 32) >> 48
-        b0 = (b64 << (40 - 16 * HI)) >> 56
-        b1 = (b64 << (32 - 16 * HI)) >> 56
-        r = (c.to(tl.int64) + lo * b0 + hi * b1).to(tl.int32)
-    return r
 
 
 @triton.jit
@@ -183,20 +160,9 @@ def _split4(t):
 
 
 @triton.jit
-def _x_words(XQ, xw, BLOCK_N: tl.constexpr):
-    """The four x words xw + i (xw [2, 1]: a multiple of 4 for each half h) as [2, BLOCK_N] tensors, read
-    as one 16-byte vector a thread ([2, BLOCK_N, 4], every row the same) and split in registers."""
-    i4 = tl.arange(0, 4)[None, None, :]
-    return _split4(tl.load(tl.broadcast_to(XQ + xw[:, :, None] + i4, (2, BLOCK_N, 4))))
-
-
-@triton.jit
-def _dx_block(XD, blk, BLOCK_N: tl.constexpr):
-    """dx of the block's eight 32-groups as [2, BLOCK_N] fp32 tensors (two 16-byte vectors a thread)."""
-    i4 = tl.arange(0, 4)[None, None, :]
-    d0, d1, d2, d3 = _split4(tl.load(tl.broadcast_to(XD + blk * 8 + i4, (2, BLOCK_N, 4))))
-    d4, d5, d6, d7 = _split4(tl.load(tl.broadcast_to(XD + blk * 8 + 4 + i4, (2, BLOCK_N, 4))))
-    return d0, d1, d2, d3, d4, d5, d6, d7
+def _stack4(t0, t1, t2, t3):
+    """Four [2, R] tensors -> [2, R, 4] (the inverse of _split4)."""
+    return tl.reshape(tl.join(tl.join(t0, t2), tl.join(t1, t3)), (t0.shape[0], t0.shape[1], 4))
 
 
 @triton.jit
@@ -211,58 +177,87 @@ def _scale_pair(s0, s1, s2, k: tl.constexpr):
 
 
 @triton.jit
-def _isum(dq, dh, G: tl.constexpr):
-    """sum_l q_l x_l of a 16-group from dq = 4^s sum low2 x and dh = 2^G sum hn x (G = 4 c + s): exact."""
-    s = G % 4
+def _group(XQ, xw, q0, q1, q2, q3, h0, h1, h2, h3, sc, G: tl.constexpr, ASM: tl.constexpr):
+    """[2, BLOCK_N] fp32, exact: 4 (sc - 32) sum_l q_l xq_l over the thread's 16-group of 32-group G = 4 c + s
+    (words q0..q3 of qs chunk c, h0..h3 of hmask, x words xw + i (xw [2, 1]), sc its _scale_pair word)."""
+    if (G % 4) < 3:
+        qm = 0x03030303 << (2 * (G % 4))
+    else:
+        qm = -0x3F3F3F40  # 0xC0C0C0C0 as an int32
+    if G < 7:
+        hm = 0x01010101 << G
+    else:
+        hm = -0x7F7F7F80  # 0x80808080
+    xt = tl.load(tl.broadcast_to(XQ + xw[:, :, None] + tl.arange(0, 4)[None, None, :], (2, q0.shape[1], 4)))  # one 16-byte load
+    if ASM:
+        x0, x1, x2, x3 = _split4(xt)
+        dq, dh = tl.inline_asm_elementwise(
+            _GROUP_ASM, "=r,=r,r,r,r,r,r,r,r,r,r,r,r,r",
+            [q0 & qm, q1 & qm, q2 & qm, q3 & qm, ~h0 & hm, ~h1 & hm, ~h2 & hm, ~h3 & hm, x0, x1, x2, x3],
+            dtype=(tl.int32, tl.int32), is_pure=True, pack=1)
+    else:  # the same sums in int64 over [2, BLOCK_N, word, byte] (the interpreter checks int32 adds for overflow)
+        sh = 8 * tl.arange(0, 4).to(tl.int64)[None, None, None, :]
+        xb = (xt.to(tl.int64)[:, :, :, None] << (56 - sh)) >> 56  # signed bytes
+        qb = ((_stack4(q0, q1, q2, q3) & qm).to(tl.int64)[:, :, :, None] >> sh) & 255
+        hb = ((~_stack4(h0, h1, h2, h3) & hm).to(tl.int64)[:, :, :, None] >> sh) & 255
+        dq = tl.sum(tl.sum(qb * xb, axis=3), axis=2).to(tl.int32)
+        dh = tl.sum(tl.sum(hb * xb, axis=3), axis=2).to(tl.int32)
+    # dq = 4^s sum low2 x, dh = 2^G sum hn x (s = G % 4): isum = dq / 4^s - 4 dh / 2^G by exact shifts;
+    # |isum| <= 16 * 4 * 127
     if G < 4:  # 4^s isum = dq - 2^(s + 2) dh
-        r = dq - dh * (1 << (s + 2))
-        if s > 0:
-            r = r >> (2 * s)
-    elif s < 3:  # 2^(G - 2) isum = 2^(G - 2 - 2 s) dq - dh
-        r = (dq * (1 << (G - 2 - 2 * s)) - dh) >> (G - 2)
+        isum = dq - dh * (1 << ((G % 4) + 2))
+        if (G % 4) > 0:
+            isum = isum >> (2 * (G % 4))
+    elif (G % 4) < 3:  # 2^(G - 2) isum = 2^(G - 2 - 2 s) dq - dh
+        isum = (dq * (1 << (G - 2 - 2 * (G % 4))) - dh) >> (G - 2)
     else:  # 64 isum = dq - 2 dh
-        r = (dq - dh * 2) >> 6
-    return r
+        isum = (dq - dh * 2) >> 6
+    # dp2a: isum (an int16 in the low half, its sign in the high one) times byte 2 (G % 2) of sc, plus
+    # 0x4B400000: read as fp32 that is 1.5 2^23 + 4 (sc - 32) isum (|.| <= 4 * 32 * 8128 < 2^22: exact_float)
+    if ASM:
+        if G % 2 == 0:
+            r = tl.inline_asm_elementwise("dp2a.lo.s32.s32 $0, $1, $2, 1262485504;", "=r,r,r", [isum, sc],
+                                          dtype=tl.int32, is_pure=True, pack=1)
+        else:
+            r = tl.inline_asm_elementwise("dp2a.hi.s32.s32 $0, $1, $2, 1262485504;", "=r,r,r", [isum, sc],
+                                          dtype=tl.int32, is_pure=True, pack=1)
+    else:
+        a = isum.to(tl.int64)
+        b = sc.to(tl.int64)
+        b0 = (b << (56 - 16 * (G % 2))) >> 56  # bytes 2 (G % 2) and 2 (G % 2) + 1, signed
+        b1 = (b << (48 - 16 * (G % 2))) >> 56
+        r = (((a << 48) >> 48) * b0 + ((a << 32) >> 48) * b1 + 0x4B400000).to(tl.int32)
+    return r.to(tl.float32, bitcast=True) - 12582912.0
 
 
 @triton.jit
 def _block_dot(XQ, XD, W, bw, xo, blk, SHIFTED: tl.constexpr, ASM: tl.constexpr):
-    """[BLOCK_N, 2] fp32: block blk's share of y, per (row, half h). bw [BLOCK_N, 2]: word offset of the
-    block in the aligned memory (SHIFTED: the block starts 2 bytes past it) plus 4 h; xo [1, 2]: 4 h."""
+    """[2, BLOCK_N] fp32: block blk's share of y, per (half h, row). bw [2, BLOCK_N]: word offset of the
+    block in the aligned memory (SHIFTED: the block starts 2 bytes past it) plus 4 h; xo [2, 1]: 4 h."""
     h0, h1, h2, h3 = _run4(W, bw, 0, SHIFTED, ASM)  # hmask words 4 h + i
     s0, s1, s2, d = _scale_words(W, bw - xo, SHIFTED, ASM)  # the same words for both halves
     hsh = 2 * xo  # 8 h: the thread's scale bytes to bytes 0 and 2
     s0 = s0 >> hsh
     s1 = s1 >> hsh
     s2 = s2 >> hsh
-    dx0, dx1, dx2, dx3, dx4, dx5, dx6, dx7 = _dx_block(XD, blk, bw.shape[1])
-    acc = tl.zeros(bw.shape, dtype=tl.float32)
-    for c in tl.static_range(2):
-        q0, q1, q2, q3 = _run4(W, bw, 8 + 8 * c, SHIFTED, ASM)  # qs words 8 + 8 c + 4 h + i
-        for s in tl.static_range(4):
-            G = 4 * c + s
-            if s < 3:
-                qm = 0x03030303 << (2 * s)
-            else:
-                qm = -0x3F3F3F40  # 0xC0C0C0C0 as an int32
-            if G < 7:
-                hm = 0x01010101 << G
-            else:
-                hm = -0x7F7F7F80  # 0x80808080
-            x0, x1, x2, x3 = _x_words(XQ, blk * 64 + 8 * G + xo, bw.shape[1])  # x words 8 G + 4 h + i
-            dq = tl.zeros(bw.shape, dtype=tl.int32)
-            dh = tl.zeros(bw.shape, dtype=tl.int32)
-            for i in tl.static_range(4):
-                q = q0 if i == 0 else q1 if i == 1 else q2 if i == 2 else q3
-                hw = h0 if i == 0 else h1 if i == 1 else h2 if i == 2 else h3
-                xw = x0 if i == 0 else x1 if i == 1 else x2 if i == 2 else x3
-                dq, dh = _dp4a2(q & qm, ~hw & hm, xw, dq, dh, ASM)
-            if s % 2 == 0:
-                sc = _scale_pair(s0, s1, s2, G // 2)
-            # 4 (sc - 32) isum + 0x4B400000 read as fp32 (dp4a_q4k.exact_float): |4 (sc - 32) isum| <= 4 * 32 * 8128 < 2^22
-            v = _dp2a(_isum(dq, dh, G), sc, 0x4B400000, G % 2, ASM).to(tl.float32, bitcast=True) - 12582912.0
-            dxg = dx0 if G == 0 else dx1 if G == 1 else dx2 if G == 2 else dx3 if G == 3 else dx4 if G == 4 else dx5 if G == 5 else dx6 if G == 6 else dx7
-            acc += v * dxg
+    i4 = tl.arange(0, 4)[None, None, :]
+    dx0, dx1, dx2, dx3 = _split4(tl.load(tl.broadcast_to(XD + blk * 8 + i4, (2, bw.shape[1], 4))))  # 16-byte loads
+    dx4, dx5, dx6, dx7 = _split4(tl.load(tl.broadcast_to(XD + blk * 8 + 4 + i4, (2, bw.shape[1], 4))))
+    xb = blk * 64 + xo  # [2, 1]: x word 4 h of the block
+    q0, q1, q2, q3 = _run4(W, bw, 8, SHIFTED, ASM)  # qs words 8 + 4 h + i: chunk 0, 32-groups 0..3
+    sc = _scale_pair(s0, s1, s2, 0)
+    acc = _group(XQ, xb, q0, q1, q2, q3, h0, h1, h2, h3, sc, 0, ASM) * dx0
+    acc += _group(XQ, xb + 8, q0, q1, q2, q3, h0, h1, h2, h3, sc, 1, ASM) * dx1
+    sc = _scale_pair(s0, s1, s2, 1)
+    acc += _group(XQ, xb + 16, q0, q1, q2, q3, h0, h1, h2, h3, sc, 2, ASM) * dx2
+    acc += _group(XQ, xb + 24, q0, q1, q2, q3, h0, h1, h2, h3, sc, 3, ASM) * dx3
+    q0, q1, q2, q3 = _run4(W, bw, 16, SHIFTED, ASM)  # chunk 1: 32-groups 4..7
+    sc = _scale_pair(s0, s1, s2, 2)
+    acc += _group(XQ, xb + 32, q0, q1, q2, q3, h0, h1, h2, h3, sc, 4, ASM) * dx4
+    acc += _group(XQ, xb + 40, q0, q1, q2, q3, h0, h1, h2, h3, sc, 5, ASM) * dx5
+    sc = _scale_pair(s0, s1, s2, 3)
+    acc += _group(XQ, xb + 48, q0, q1, q2, q3, h0, h1, h2, h3, sc, 6, ASM) * dx6
+    acc += _group(XQ, xb + 56, q0, q1, q2, q3, h0, h1, h2, h3, sc, 7, ASM) * dx7
     return acc * (d * 0.25)  # the scale bytes are 4 (sc - 32)
 
 

@@ -17,8 +17,10 @@ import os
 import torch
 import triton
 
+import treeflash.kernels.quant.dp4a_q3k as dp4a_q3k
 import treeflash.kernels.quant.dp4a_q4k as dp4a_q4k
 import treeflash.kernels.quant.dp4a_q6k as dp4a_q6k
+import treeflash.kernels.quant.dp4a_q8_0 as dp4a_q8_0
 import treeflash.kernels.quant.gemv_q4k as gemv_q4k
 import treeflash.kernels.quant.kernels as kernels
 import treeflash.kernels.quant.mma_q4k as mma_q4k
@@ -164,6 +166,10 @@ def quant_matmul(x: torch.Tensor, blocks: torch.Tensor, fmt: str, k: int,
             return dp4a_q6k.dp4a_q6k(x, blocks, k, out, tuning.q6k_dp4a, x.is_cuda and not _INTERPRET)
         if f.name == "Q6_K" and tuning.q6k_gemv_route in ("q6k", "dp4a") and blocks.is_contiguous():
             return rows_q6k.rows_q6k(x, blocks, k, out, tuning.q4k_rows, _dot_f32(x))
+        if f.name == "Q3_K" and tuning.q3k_gemv_route == "dp4a" and blocks.is_contiguous() and (k // 256) % 2 == 0:
+            return dp4a_q3k.dp4a_q3k(x, blocks, k, out, tuning.q3k_dp4a, x.is_cuda and not _INTERPRET)
+        if f.name == "Q8_0" and tuning.q8_0_gemv_route == "dp4a" and blocks.is_contiguous() and (k // 32) % 2 == 0:
+            return dp4a_q8_0.dp4a_q8_0(x, blocks, k, out, tuning.q8_0_dp4a, x.is_cuda and not _INTERPRET)
         return gemv(x, blocks, f, k, out, tuning)
     if m <= tuning.max_rows:
         if f.name == "Q4_K" and tuning.q4k_rows_route == "q4k" and blocks.is_contiguous():

@@ -43,7 +43,7 @@ import torch
 import torch.nn.functional as F
 
 from treeflash.kernels.quant import FORMATS, dequantize_ref, has_kernel, quant_matmul
-from treeflash.kernels.quant.config import GemvConfig, Q4kDp4aConfig, Q4kGemvConfig, Q4kMmaConfig, Q4kRowsConfig, QuantTuning, RowsConfig, split_for
+from treeflash.kernels.quant.config import GemvConfig, Dp4aConfig, Q4kGemvConfig, Q4kMmaConfig, Q4kRowsConfig, QuantTuning, RowsConfig, split_for
 from treeflash.kernels.quant.rows_q4k import block_m_for
 from treeflash.kernels.quant.synthetic import random_blocks
 
@@ -75,10 +75,10 @@ Q4K_ROWS_GRID = (Q4kRowsConfig(), Q4kRowsConfig(block_n=128, num_warps=8), Q4kRo
 # "diag"), the per-group form, shallower / deeper pipelines, two warpgroups, a wider split; M > 1 runs
 # "group" whatever the field says, so only the configurations that differ in launch are timed there
 # dp4a_q4k's configurations at M == 1 in --rows-ab: the default, narrower / wider programs, no unrolling, a deeper split
-Q4K_DP4A_GRID = (Q4kDp4aConfig(), Q4kDp4aConfig(min_programs=1056), Q4kDp4aConfig(block_n=128),
-                 Q4kDp4aConfig(block_n=128, min_programs=1056), Q4kDp4aConfig(prefetch=True),
-                 Q4kDp4aConfig(prefetch=True, min_programs=1056), Q4kDp4aConfig(prefetch=True, block_n=128),
-                 Q4kDp4aConfig(unroll=4), Q4kDp4aConfig(min_programs=8448))
+Q4K_DP4A_GRID = (Dp4aConfig(), Dp4aConfig(min_programs=1056), Dp4aConfig(block_n=128),
+                 Dp4aConfig(block_n=128, min_programs=1056), Dp4aConfig(prefetch=True),
+                 Dp4aConfig(prefetch=True, min_programs=1056), Dp4aConfig(prefetch=True, block_n=128),
+                 Dp4aConfig(unroll=4), Dp4aConfig(min_programs=8448))
 Q4K_MMA_GRID = (Q4kMmaConfig(), Q4kMmaConfig(sums_dot=False), Q4kMmaConfig(num_stages=3), Q4kMmaConfig(min_programs=264),
                 Q4kMmaConfig(scale="group"), Q4kMmaConfig(block_n=128, num_warps=8))
 ROWS_AB_REP_MS = 20
@@ -194,7 +194,7 @@ def dp4a_routes(grid, n: int, k: int) -> list[tuple[str, dict, QuantTuning]]:
     for i, c in enumerate(grid):
         programs = -(-n // c.block_n)
         split = split_for(k // 256, programs, c.min_programs)
-        launch = (c.block_n, c.num_warps, c.unroll if (k // 256 // split) % c.unroll == 0 else 1, split)
+        launch = (c.block_n, c.num_warps, c.unroll if (k // 256 // split) % c.unroll == 0 and not c.prefetch else 1, c.prefetch, split)
         if launch not in seen:
             seen.add(launch)
             routes.append((f"dp4a{i}", dataclasses.asdict(c), QuantTuning(q4k_gemv_route="dp4a", q4k_dp4a=c)))

@@ -15,7 +15,7 @@ import torch
 
 CHECK = r"""
 import json, torch
-from treeflash.kernels.quant.config import Q4kDp4aConfig
+from treeflash.kernels.quant.config import Dp4aConfig
 from treeflash.kernels.quant.dp4a_q4k import quantize_x
 from treeflash.kernels.quant.dp4a_q3k import dp4a_q3k, dp4a_q3k_ref
 from treeflash.kernels.quant.reference import dequantize_ref
@@ -23,10 +23,10 @@ from treeflash.kernels.quant.synthetic import random_blocks
 g = torch.Generator().manual_seed(3)
 out = {}
 cases = (  # (N, K, dtype, configs): 4 blocks a row (two pairs), and 6 (three pairs: unroll 2 falls back to 1)
-    (100, 1024, torch.float32, (("split", Q4kDp4aConfig()), ("nosplit_unroll1", Q4kDp4aConfig(min_programs=1, unroll=1)),
-                                ("bn16", Q4kDp4aConfig(block_n=16, min_programs=1)))),
-    (100, 1024, torch.bfloat16, (("split", Q4kDp4aConfig()), ("nosplit", Q4kDp4aConfig(min_programs=1)))),
-    (40, 1536, torch.float32, (("split3", Q4kDp4aConfig()),)),
+    (100, 1024, torch.float32, (("split", Dp4aConfig()), ("nosplit_unroll1", Dp4aConfig(min_programs=1, unroll=1)),
+                                ("bn16", Dp4aConfig(block_n=16, min_programs=1)))),
+    (100, 1024, torch.bfloat16, (("split", Dp4aConfig()), ("nosplit", Dp4aConfig(min_programs=1)))),
+    (40, 1536, torch.float32, (("split3", Dp4aConfig()),)),
 )
 for N, K, dt, cfgs in cases:
     blocks = random_blocks("Q3_K", N, K, g)
@@ -71,13 +71,13 @@ def test_the_fields_rebuild_the_weight():
 
 
 def test_an_odd_block_count_is_refused():
-    from treeflash.kernels.quant.config import Q4kDp4aConfig
+    from treeflash.kernels.quant.config import Dp4aConfig
     from treeflash.kernels.quant.dp4a_q3k import dp4a_q3k
     from treeflash.kernels.quant.synthetic import random_blocks
 
     blocks = random_blocks("Q3_K", 4, 768)  # 3 blocks a row: rows are not word-aligned in pairs
     with pytest.raises(ValueError, match=r"K = 768"):
-        dp4a_q3k(torch.randn(1, 768), blocks, 768, torch.empty(1, 4), Q4kDp4aConfig(), False)
+        dp4a_q3k(torch.randn(1, 768), blocks, 768, torch.empty(1, 4), Dp4aConfig(), False)
 
 
 def test_dp4a_q3k_compiles_for_sm90_with_dp4a(tmp_path):
@@ -89,9 +89,9 @@ def test_dp4a_q3k_compiles_for_sm90_with_dp4a(tmp_path):
     from triton.compiler import ASTSource
 
     from treeflash.kernels.quant import dp4a_q3k
-    from treeflash.kernels.quant.config import Q4kDp4aConfig
+    from treeflash.kernels.quant.config import Dp4aConfig
 
-    fn, cfg = dp4a_q3k.q3k_dp4a_kernel, Q4kDp4aConfig()
+    fn, cfg = dp4a_q3k.q3k_dp4a_kernel, Dp4aConfig()
     sig = ("XQ", "XD", "W", "Y", "P", "N", "ROW_WORDS")
     types = {"XQ": "*i32", "XD": "*fp32", "W": "*i32", "Y": "*bf16", "P": "*fp32"}
     cst = dict(PPS=10, BLOCK_N=cfg.block_n, UNROLL=cfg.unroll, PARTIAL=False, ASM=True)  # K = 5120

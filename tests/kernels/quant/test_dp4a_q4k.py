@@ -15,7 +15,7 @@ import torch
 CHECK = r"""
 import json, torch
 from treeflash.kernels.quant import quant_matmul
-from treeflash.kernels.quant.config import QuantTuning, Q4kDp4aConfig
+from treeflash.kernels.quant.config import QuantTuning, Dp4aConfig
 from treeflash.kernels.quant.dp4a_q4k import dp4a_q4k_ref, quantize_x, quantize_x_ref
 from treeflash.kernels.quant.reference import dequantize_ref
 from treeflash.kernels.quant.synthetic import random_blocks
@@ -34,9 +34,9 @@ for dt in (torch.float32, torch.bfloat16):
     ref = dp4a_q4k_ref(x, blocks, K, torch.float32, quantized=kq)
     exact = x.float() @ w.t()
     out[f"rounding_{str(dt)[6:]}"] = ((ref - exact).abs().max() / exact.abs().max()).item()
-    for name, cfg in (("split", Q4kDp4aConfig()), ("nosplit_unroll1", Q4kDp4aConfig(min_programs=1, unroll=1)),
-                      ("bn16", Q4kDp4aConfig(block_n=16, min_programs=8)),
-                      ("prefetch", Q4kDp4aConfig(prefetch=True, min_programs=4))):
+    for name, cfg in (("split", Dp4aConfig()), ("nosplit_unroll1", Dp4aConfig(min_programs=1, unroll=1)),
+                      ("bn16", Dp4aConfig(block_n=16, min_programs=8)),
+                      ("prefetch", Dp4aConfig(prefetch=True, min_programs=4))):
         y = quant_matmul(x, blocks, "Q4_K", K, out_dtype=torch.float32, tuning=QuantTuning(q4k_gemv_route="dp4a", q4k_dp4a=cfg))
         out[f"{name}_{str(dt)[6:]}"] = ((y - ref).abs().max() / ref.abs().max()).item()
 print(json.dumps(out))
@@ -83,9 +83,9 @@ def test_dp4a_q4k_compiles_for_sm90_with_dp4a(prefetch, tmp_path):
     from triton.compiler import ASTSource
 
     from treeflash.kernels.quant import dp4a_q4k
-    from treeflash.kernels.quant.config import Q4kDp4aConfig
+    from treeflash.kernels.quant.config import Dp4aConfig
 
-    fn, cfg = dp4a_q4k.q4k_dp4a_kernel, Q4kDp4aConfig()
+    fn, cfg = dp4a_q4k.q4k_dp4a_kernel, Dp4aConfig()
     sig = ("XQ", "XD", "XS", "W", "Y", "P", "N", "ROW_WORDS")
     types = {"XQ": "*i32", "XD": "*fp32", "XS": "*fp32", "W": "*i32", "Y": "*bf16", "P": "*fp32"}
     cst = dict(BPS=20, BLOCK_N=cfg.block_n, UNROLL=cfg.unroll, PREFETCH=prefetch, PARTIAL=False, ASM=True)

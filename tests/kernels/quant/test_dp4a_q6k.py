@@ -14,7 +14,7 @@ import torch
 CHECK = r"""
 import json, torch
 from treeflash.kernels.quant import quant_matmul
-from treeflash.kernels.quant.config import QuantTuning, Q4kDp4aConfig
+from treeflash.kernels.quant.config import QuantTuning, Dp4aConfig
 from treeflash.kernels.quant.dp4a_q4k import quantize_x
 from treeflash.kernels.quant.dp4a_q6k import dp4a_q6k_ref
 from treeflash.kernels.quant.reference import dequantize_ref
@@ -32,7 +32,7 @@ for N, K, dts, cfgs in ((20, 1024, (torch.float32, torch.bfloat16), ("split", "n
         exact = x.float() @ w.t()
         out[f"rounding_k{K}_{str(dt)[6:]}"] = ((ref - exact).abs().max() / exact.abs().max()).item()
         for name in cfgs if dt == torch.float32 else cfgs[-1:]:
-            cfg = Q4kDp4aConfig(block_n=16, min_programs=4) if name == "split" else Q4kDp4aConfig(min_programs=1)
+            cfg = Dp4aConfig(block_n=16, min_programs=4) if name == "split" else Dp4aConfig(min_programs=1)
             y = quant_matmul(x, blocks, "Q6_K", K, out_dtype=torch.float32, tuning=QuantTuning(q6k_gemv_route="dp4a", q6k_dp4a=cfg))
             target = ref if K == 1024 else exact  # odd block count: rows_q6k (exact codes, fp32 dot), not dp4a
             out[f"{name}_k{K}_{str(dt)[6:]}"] = ((y - target).abs().max() / target.abs().max()).item()
@@ -75,9 +75,9 @@ def test_dp4a_q6k_compiles_for_sm90_with_dp4a(tmp_path):
     from triton.compiler import ASTSource
 
     from treeflash.kernels.quant import dp4a_q6k
-    from treeflash.kernels.quant.config import Q4kDp4aConfig
+    from treeflash.kernels.quant.config import Dp4aConfig
 
-    fn, cfg = dp4a_q6k.q6k_dp4a_kernel, Q4kDp4aConfig()
+    fn, cfg = dp4a_q6k.q6k_dp4a_kernel, Dp4aConfig()
     sig = ("XQ", "XD", "W", "Y", "P", "N", "ROW_WORDS")
     types = {"XQ": "*i32", "XD": "*fp32", "W": "*i32", "Y": "*bf16", "P": "*fp32"}
     cst = dict(PPS=34, BLOCK_N=cfg.block_n, PARTIAL=False, ASM=True)

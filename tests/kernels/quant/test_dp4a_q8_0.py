@@ -13,7 +13,7 @@ import pytest
 CHECK = r"""
 import json, torch
 from treeflash.kernels.quant import quant_matmul
-from treeflash.kernels.quant.config import QuantTuning, Q4kDp4aConfig
+from treeflash.kernels.quant.config import QuantTuning, Dp4aConfig
 from treeflash.kernels.quant.dp4a_q4k import quantize_x
 from treeflash.kernels.quant.dp4a_q8_0 import dp4a_q8_0_ref
 from treeflash.kernels.quant.reference import dequantize_ref
@@ -30,7 +30,7 @@ for N, K in ((96, 512), (10, 96)):  # 16 blocks a row; 3 blocks: the generic GEM
         ref = dp4a_q8_0_ref(x, blocks, K, torch.float32, quantized=kq)
         exact = x.float() @ w.t()
         out[f"rounding_k{K}_{str(dt)[6:]}"] = ((ref - exact).abs().max() / exact.abs().max()).item()
-        for name, cfg in (("split", Q4kDp4aConfig()), ("nosplit", Q4kDp4aConfig(block_n=32, min_programs=1))):
+        for name, cfg in (("split", Dp4aConfig()), ("nosplit", Dp4aConfig(block_n=32, min_programs=1))):
             y = quant_matmul(x, blocks, "Q8_0", K, out_dtype=torch.float32, tuning=QuantTuning(q8_0_dp4a=cfg))
             target = ref if K == 512 else exact
             out[f"{name}_k{K}_{str(dt)[6:]}"] = ((y - target).abs().max() / target.abs().max()).item()

@@ -111,15 +111,17 @@ class Q4kMmaConfig:
 
 
 @dataclass(frozen=True)
-class Q4kDp4aConfig:
-    """Q4_K at M == 1 through dp4a_q4k (x rounded to 8 bits per group of 32, integer dots): BLOCK_N rows
-    per program, UNROLL blocks per loop step, and the split over K as in Q4kGemvConfig."""
+class Dp4aConfig:
+    """M == 1 through the dp4a kernels (dp4a_q4k, dp4a_q6k, dp4a_q3k, dp4a_q8_0: x rounded to 8 bits per group of
+    32, integer dots): BLOCK_N rows per program, UNROLL blocks per loop step (dp4a_q4k, dp4a_q3k), and the split
+    over K as in Q4kGemvConfig."""
     block_n: int = 64
     unroll: int = 2
     num_warps: int = 4
     # 32 programs per SM of an H200: at 1056, 27B gate_up took 52.3 us, at 4224 45.7 (bench/results/quant_dp4a_m1.json)
     min_programs: int = 4224
-    prefetch: bool = False  # load block b + 1 before computing block b (unroll ignored)
+    # load block b + 1 before computing block b (dp4a_q4k; unroll ignored); not yet timed (bench/quant_gemv.py --rows-ab --ms 1)
+    prefetch: bool = False
 
     def __post_init__(self):
         _pow2("block_n", self.block_n, 2, 256)
@@ -165,19 +167,21 @@ class QuantTuning:
     q4k_gemv_route: str = "dp4a"
     q4k_rows: Q4kRowsConfig = Q4kRowsConfig()
     q4k_mma: Q4kMmaConfig = Q4kMmaConfig()  # the "mma" routes (mma_q4k)
-    q4k_dp4a: Q4kDp4aConfig = Q4kDp4aConfig()  # the "dp4a" route (dp4a_q4k)
-    q6k_dp4a: Q4kDp4aConfig = Q4kDp4aConfig()  # Q6_K's "dp4a" route (dp4a_q6k; unroll and prefetch unused)
+    q4k_dp4a: Dp4aConfig = Dp4aConfig()  # the "dp4a" route (dp4a_q4k)
+    q6k_dp4a: Dp4aConfig = Dp4aConfig()  # Q6_K's "dp4a" route (dp4a_q6k; unroll and prefetch unused)
     # Q8_0 at M == 1 (Q8_0_GEMV_ROUTES): the generic GEMV ran the 27B's 96-row alpha / beta projections as 6 programs
     # walking all of K (74 us each, bench/results/profile_27b_q4_k_m.json); dp4a splits K over the GPU
     q8_0_gemv_route: str = "dp4a"
-    q8_0_dp4a: Q4kDp4aConfig = Q4kDp4aConfig()
+    q8_0_dp4a: Dp4aConfig = Dp4aConfig()
     # Q3_K at M == 1 (Q3K_GEMV_ROUTES): dp4a_q3k measured 3-6x the generic GEMV on the 27B projections (H200, 2026-12-04:
     # gate_up 37.1 vs 168.8 us, down 26.4 vs 153.1)
     q3k_gemv_route: str = "dp4a"
-    q3k_dp4a: Q4kDp4aConfig = Q4kDp4aConfig()
+    q3k_dp4a: Dp4aConfig = Dp4aConfig()
     # Q6_K at 2 <= M <= max_rows (Q6K_ROWS_ROUTES)
     q6k_rows_route: str = "q6k"
-    q6k_gemv_route: str = "q6k"  # Q6_K at M == 1 (Q6K_GEMV_ROUTES)
+    # Q6_K at M == 1 (Q6K_GEMV_ROUTES): dp4a_q6k; the 27B Q4_K_M whole model decoded 87.9 tok/s through it, 73.1 through
+    # "q6k" (rows_q6k) in the same run; UD-Q3_K_XL 76.0 against 67.9 (H200, bench/results/gpu_speed_quant*.json)
+    q6k_gemv_route: str = "dp4a"
     # Q4_K at 2 <= M <= max_rows (Q4K_ROWS_ROUTES): rows_q4k (M = 32: 2-5x the generic kernel, bench/results/quant_mma_ab.json)
     q4k_rows_route: str = "q4k"
     gemv_table: tuple[tuple[str, int, int, GemvConfig], ...] = ()

@@ -29,7 +29,7 @@ import torch
 import triton
 import triton.language as tl
 
-from treeflash.kernels.quant.config import Q4kDp4aConfig, split_for
+from treeflash.kernels.quant.config import Dp4aConfig, split_for
 from treeflash.kernels.quant.gemv_q4k import split_sum_kernel
 from treeflash.kernels.quant.q4k_block import WORDS, half_low, scale_min_int
 
@@ -202,7 +202,7 @@ def quantize_x(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tenso
     return xq, dx, s
 
 
-def dp4a_q4k(x: torch.Tensor, blocks: torch.Tensor, k: int, out: torch.Tensor, cfg: Q4kDp4aConfig, asm: bool) -> torch.Tensor:
+def dp4a_q4k(x: torch.Tensor, blocks: torch.Tensor, k: int, out: torch.Tensor, cfg: Dp4aConfig, asm: bool) -> torch.Tensor:
     """out [1, N] = x [1, K] (contiguous) @ dequant(blocks)^T, x rounded to 8 bits per group of 32, for Q4_K
     blocks uint8 [N, K / 256 * 144] (contiguous). asm: dp4a in inline PTX (CUDA); False under the interpreter."""
     n, nb = blocks.shape[0], k // 256

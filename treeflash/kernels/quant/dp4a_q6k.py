@@ -29,7 +29,7 @@ import torch
 import triton
 import triton.language as tl
 
-from treeflash.kernels.quant.config import Q4kDp4aConfig, split_for
+from treeflash.kernels.quant.config import Dp4aConfig, split_for
 from treeflash.kernels.quant.dp4a_q4k import QX_GROUP, quantize_x, quantize_x_ref
 from treeflash.kernels.quant.gemv_q4k import split_sum_kernel
 from treeflash.kernels.quant.q4k_block import half_low
@@ -165,7 +165,7 @@ def q6k_dp4a_kernel(XQ, XD, W, Y, P, N, ROW_WORDS, PPS: tl.constexpr, BLOCK_N: t
         tl.store(Y + rows, acc.to(Y.dtype.element_ty), mask=rows < N)
 
 
-def dp4a_q6k(x: torch.Tensor, blocks: torch.Tensor, k: int, out: torch.Tensor, cfg: Q4kDp4aConfig, asm: bool) -> torch.Tensor:
+def dp4a_q6k(x: torch.Tensor, blocks: torch.Tensor, k: int, out: torch.Tensor, cfg: Dp4aConfig, asm: bool) -> torch.Tensor:
     """out [1, N] = x [1, K] (contiguous) @ dequant(blocks)^T, x rounded to 8 bits per group of 32, for Q6_K
     blocks uint8 [N, K / 256 * 210] (contiguous, K / 256 even). asm: dp4a in inline PTX (CUDA)."""
     n, nb = blocks.shape[0], k // 256

@@ -33,6 +33,8 @@
 # fit_hf       bench.fit_check: the planner against the measured peak, 8B / hybrid-9B      fit_hf.json            400 s
 #              bf16 rows and the emulated 24 GiB card
 # fit_27b      bench.fit_check: the 27B Q4_K_M rows (a random GGUF written first, 11 s)  fit_27b.json           500 s
+# fit_24g      bench.fit_check: #31's 24 GiB card, 27B Q4_K_M + DFlash + q4_0 KV at 128K, 2,000    fit_24g.json           540 s
+#              tokens decoded with speculation under set_per_process_memory_fraction; peak memory
 # quant        bench.quant_gemv --q4k-ab (Q4_K GEMV word-wide vs byte-wise, every 27B /  quant_gemv_q4k_ab.json 200 s
 #              8B projection), then gpu_speed --quant: whole-model quantized decode      gpu_speed_quant.json   300 s
 # quant_ab     bench.gpu_speed --quant: the 27B Q4_K_M shape's whole-model decode / verify-32 through each    gpu_speed_quant_ab.json 300 s
@@ -189,6 +191,12 @@ for stage in $STAGES; do
       run fit_27b 500 -m bench.fit_check --out "$OUT/fit_27b.json" --workdir /tmp/fit --gguf /tmp/gguf/qwen3.5-27b-q4_k_m.gguf \
         --timeout 150 --only 27b-q4km-32k-q8_0,27b-q4km-128k-q4_0,27b-q4km-32k-tq3_0-dflash,27b-q4km-128k-q8_0-tq3_0-dflash
       grep -E "^\[fit_check\] wrote" "$OUT/fit_27b.log" | tee -a "$OUT/progress.log" ;;
+    fit_24g)
+      [ -f /tmp/gguf/qwen3.5-27b-q4_k_m.gguf ] || run make_gguf 60 -m bench.make_gguf --shape qwen3.5-27b --mix q4_k_m \
+        --out /tmp/gguf/qwen3.5-27b-q4_k_m.gguf
+      run fit_24g 540 -m bench.fit_check --out "$OUT/fit_24g.json" --workdir /tmp/fit --gguf /tmp/gguf/qwen3.5-27b-q4_k_m.gguf \
+        --timeout 520 --only 24gib-27b-q4km-128k-q4_0-dflash
+      grep -E "^\[fit_check\]" "$OUT/fit_24g.log" | tee -a "$OUT/progress.log" ;;
     quant)
       run quant_gemv 200 -m bench.quant_gemv --formats Q4_K --rows 1 --q4k-ab --out "$OUT/quant_gemv_q4k_ab.json"
       run gpu_speed_quant 300 -m bench.gpu_speed --shapes qwen3.5-27b --quant qwen3.5-27b:q4_k_m,qwen3-8b:q4_k_m \
@@ -264,7 +272,7 @@ for stage in $STAGES; do
     oracle)
       run oracle_ceiling 300 -m bench.oracle_ceiling --shapes qwen3.5-27b,qwen3-8b --taus 4 8 16 --out "$OUT/oracle_ceiling.json"
       tail -n 12 "$OUT/oracle_ceiling.log" | tee -a "$OUT/progress.log" ;;
-    *) log "unknown stage $stage (check speed hf eval cli_bench auto_greedy auto_sampled device_steps profile gdn gemv_graph kv kv_long kv_table fla fit_hf fit_27b quant quant_ab quant_rows mma quant_routes quant_q6k dp4a quant_final rows_gemm prefix oracle)" ;;
+    *) log "unknown stage $stage (check speed hf eval cli_bench auto_greedy auto_sampled device_steps profile gdn gemv_graph kv kv_long kv_table fla fit_hf fit_27b fit_24g quant quant_ab quant_rows mma quant_routes quant_q6k dp4a quant_final rows_gemm prefix oracle)" ;;
   esac
 done
 log "done"

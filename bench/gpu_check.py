@@ -249,7 +249,44 @@ def kv_write_check() -> dict:
     return res
 
 
-SECTIONS = {"rotated_keys": rotated_keys_check, "kv_write": kv_write_check}
+def quant_kernels_check(device: str = "cuda", shapes=((1000, 5120), (96, 17408)), rows_shape=(1000, 5120)) -> dict:
+    """The GGUF-block kernels on CUDA (the inline PTX paths the CPU interpreter cannot run): at M == 1 each dp4a
+    kernel against its reference on the same quantized x (exact integer sums: ~1e-6 relative), the x rounding
+    itself against the exact product, and at M = 32 the default rows kernels against the fp32 product."""
+    from treeflash.kernels.quant import quant_matmul
+    from treeflash.kernels.quant.matmul import quant_matmul_ref
+    from treeflash.kernels.quant.dp4a_q3k import dp4a_q3k_ref
+    from treeflash.kernels.quant.dp4a_q4k import dp4a_q4k_ref, quantize_x
+    from treeflash.kernels.quant.dp4a_q6k import dp4a_q6k_ref
+    from treeflash.kernels.quant.dp4a_q8_0 import dp4a_q8_0_ref
+    from treeflash.kernels.quant.synthetic import random_blocks
+
+    refs = {"Q4_K": dp4a_q4k_ref, "Q6_K": dp4a_q6k_ref, "Q3_K": dp4a_q3k_ref, "Q8_0": dp4a_q8_0_ref}
+    g = torch.Generator().manual_seed(0)
+    res = {}
+    for fmt, ref_fn in refs.items():
+        for n, k in shapes:  # wide (no split) and narrow (split over K)
+            blocks = random_blocks(fmt, n, k, g).to(device)
+            x = torch.randn(1, k, generator=g).to(torch.bfloat16).to(device)
+            y = quant_matmul(x, blocks, fmt, k, out_dtype=torch.float32)
+            ref = ref_fn(x.cpu(), blocks.cpu(), k, torch.float32, quantized=tuple(t.cpu() for t in quantize_x(x))).to(device)
+            exact = quant_matmul_ref(x, blocks, fmt, k, torch.float32)
+            res[f"{fmt}_m1_{n}x{k}_rel_err"] = ((y - ref).abs().max() / ref.abs().max()).item()
+            res[f"{fmt}_m1_{n}x{k}_x8_rel_err"] = ((y - exact).abs().max() / exact.abs().max()).item()
+        if fmt in ("Q4_K", "Q6_K"):  # rows_q4k / rows_q6k: the weight rounded to bf16
+            n, k = rows_shape
+            blocks = random_blocks(fmt, n, k, g).to(device)
+            x = torch.randn(32, k, generator=g).to(torch.bfloat16).to(device)
+            exact = quant_matmul_ref(x, blocks, fmt, k, torch.float32)
+            y = quant_matmul(x, blocks, fmt, k, out_dtype=torch.float32)
+            res[f"{fmt}_m32_rel_err"] = ((y - exact).abs().max() / exact.abs().max()).item()
+    exact_sums = [v for key, v in res.items() if "_m1_" in key and "_x8_" not in key]
+    rounded = [v for key, v in res.items() if "_x8_" in key or "_m32_" in key]
+    res["ok"] = all(v < 1e-5 for v in exact_sums) and all(v < 2e-2 for v in rounded)
+    return res
+
+
+SECTIONS = {"rotated_keys": rotated_keys_check, "kv_write": kv_write_check, "quant_kernels": quant_kernels_check}
 
 
 def main() -> None:

@@ -6,6 +6,8 @@
 #   STAGES="kv kv_long" OUT=$OUT bash bench/gpu_session.sh
 #
 # stage        tool                                                                 writes                 limit
+# quant_check  bench.gpu_check --only quant_kernels: each dp4a / rows kernel against     gpu_check_quant.json   150 s
+#              its reference on the GPU
 # check        bench.gpu_check: CUDA path against transformers (fp32), lossless       gpu_check.json         200 s
 #              speculative decoding through the graph runner, kernels against references
 # speed        bench.gpu_speed: Qwen3.5-27B and Qwen3-8B shapes, decode (synchronous    gpu_speed.json         160 s
@@ -59,7 +61,8 @@
 #              at M = 1, 2, 8, 32, 64, every 27B / 8B bf16 projection, invariance on the GPU
 # prefix       treeflash.bench.prefix_cache: TTFT with a 4K-token prefix-cache hit        prefix_cache_gpu.json  90 s
 #              against a miss, outputs identical (needs $SMOL_GGUF)
-# oracle       bench.oracle_ceiling: --draft replay at tau 4 / 8 / 16, 27B and 8B shapes oracle_ceiling.json   300 s
+# oracle       bench.oracle_ceiling: --draft replay at tau 4 / 8 / 16, 27B and 8B bf16    oracle_ceiling.json   420 s
+#              shapes and the 27B Q4_K_M (random GGUF written first)
 #
 # Wheels in .whl/ (flash-linear-attention, fla-core, einops) are installed offline into /tmp/site and put
 # on the path for every stage but check (which gets gguf alone): gpu_check compares against transformers, which would route its own
@@ -103,6 +106,11 @@ for stage in $STAGES; do
       log "gpu_check"
       PYTHONPATH=$CHECKPATH timeout 200 python3 -m bench.gpu_check --out "$OUT/gpu_check.json" > "$OUT/gpu_check.log" 2>&1
       log "gpu_check rc=$? $(grep -E 'GPU CHECK' "$OUT/gpu_check.log" || echo 'no verdict: see gpu_check.log')" ;;
+    quant_check)
+      log "gpu_check quant_kernels"
+      PYTHONPATH=$CHECKPATH timeout 150 python3 -m bench.gpu_check --only quant_kernels --out "$OUT/gpu_check_quant.json" \
+        > "$OUT/gpu_check_quant.log" 2>&1
+      log "gpu_check quant_kernels rc=$? $(grep -E 'GPU CHECK' "$OUT/gpu_check_quant.log" || echo 'no verdict: see gpu_check_quant.log')" ;;
     speed)
       run gpu_speed 160 -m bench.gpu_speed --shapes qwen3.5-27b,qwen3-8b --buckets 1,32 --prefill 4096,32768 \
         --drafter-layers 0 --decode-tokens 64 --out "$OUT/gpu_speed.json"
@@ -270,9 +278,10 @@ for stage in $STAGES; do
         log "no $SMOL_GGUF: prefix skipped"
       fi ;;
     oracle)
-      run oracle_ceiling 300 -m bench.oracle_ceiling --shapes qwen3.5-27b,qwen3-8b --taus 4 8 16 --out "$OUT/oracle_ceiling.json"
+      run oracle_ceiling 420 -m bench.oracle_ceiling --shapes qwen3.5-27b,qwen3-8b,qwen3.5-27b:q4_k_m --gguf-dir /tmp/gguf \
+        --taus 4 8 16 --out "$OUT/oracle_ceiling.json"
       tail -n 12 "$OUT/oracle_ceiling.log" | tee -a "$OUT/progress.log" ;;
-    *) log "unknown stage $stage (check speed hf eval cli_bench auto_greedy auto_sampled device_steps profile gdn gemv_graph kv kv_long kv_table fla fit_hf fit_27b fit_24g quant quant_ab quant_rows mma quant_routes quant_q6k dp4a quant_final rows_gemm prefix oracle)" ;;
+    *) log "unknown stage $stage (quant_check check speed hf eval cli_bench auto_greedy auto_sampled device_steps profile gdn gemv_graph kv kv_long kv_table fla fit_hf fit_27b fit_24g quant quant_ab quant_rows mma quant_routes quant_q6k dp4a quant_final rows_gemm prefix oracle)" ;;
   esac
 done
 log "done"

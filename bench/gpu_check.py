@@ -261,6 +261,9 @@ def quant_kernels_check(device: str = "cuda", shapes=((1000, 5120), (96, 17408))
     from treeflash.kernels.quant.dp4a_q8_0 import dp4a_q8_0_ref
     from treeflash.kernels.quant.synthetic import random_blocks
 
+    from treeflash.kernels.quant.config import QuantTuning
+    from treeflash.kernels.quant.split_k import tile_counters
+
     refs = {"Q4_K": dp4a_q4k_ref, "Q6_K": dp4a_q6k_ref, "Q3_K": dp4a_q3k_ref, "Q8_0": dp4a_q8_0_ref}
     g = torch.Generator().manual_seed(0)
     res = {}
@@ -268,11 +271,24 @@ def quant_kernels_check(device: str = "cuda", shapes=((1000, 5120), (96, 17408))
         for n, k in shapes:  # wide (no split) and narrow (split over K)
             blocks = random_blocks(fmt, n, k, g).to(device)
             x = torch.randn(1, k, generator=g).to(torch.bfloat16).to(device)
-            y = quant_matmul(x, blocks, fmt, k, out_dtype=torch.float32)
             ref = ref_fn(x.cpu(), blocks.cpu(), k, torch.float32, quantized=tuple(t.cpu() for t in quantize_x(x))).to(device)
             exact = quant_matmul_ref(x, blocks, fmt, k, torch.float32)
-            res[f"{fmt}_m1_{n}x{k}_rel_err"] = ((y - ref).abs().max() / ref.abs().max()).item()
-            res[f"{fmt}_m1_{n}x{k}_x8_rel_err"] = ((y - exact).abs().max() / exact.abs().max()).item()
+            for route, tuning in (("", QuantTuning()),) + ((("_lanes", QuantTuning(q6k_gemv_route="lanes")),) if fmt == "Q6_K" else ()):
+                y = quant_matmul(x, blocks, fmt, k, out_dtype=torch.float32, tuning=tuning)
+                res[f"{fmt}{route}_m1_{n}x{k}_rel_err"] = ((y - ref).abs().max() / ref.abs().max()).item()
+                res[f"{fmt}{route}_m1_{n}x{k}_x8_rel_err"] = ((y - exact).abs().max() / exact.abs().max()).item()
+            if device == "cuda" and n < 1000:  # the split finished in the kernel, replayed in a CUDA graph on kept counters
+                counters, xs = tile_counters(n, device), x.clone()
+                torch.cuda.synchronize()
+                graph = torch.cuda.CUDAGraph()
+                with torch.cuda.graph(graph):
+                    y_graph = quant_matmul(xs, blocks, fmt, k, out_dtype=torch.float32, counters=counters)
+                same = []
+                for rep in range(3):
+                    xs.copy_(torch.randn(1, k, generator=g).to(torch.bfloat16).to(device))
+                    graph.replay()
+                    same.append(torch.equal(y_graph, quant_matmul(xs, blocks, fmt, k, out_dtype=torch.float32)))
+                res[f"graph_{fmt}_split_replays_equal"] = all(same) and int(counters.abs().sum()) == 0
         if fmt in ("Q4_K", "Q6_K"):  # rows_q4k / rows_q6k: the weight rounded to bf16
             n, k = rows_shape
             blocks = random_blocks(fmt, n, k, g).to(device)
@@ -282,7 +298,8 @@ def quant_kernels_check(device: str = "cuda", shapes=((1000, 5120), (96, 17408))
             res[f"{fmt}_m32_rel_err"] = ((y - exact).abs().max() / exact.abs().max()).item()
     exact_sums = [v for key, v in res.items() if "_m1_" in key and "_x8_" not in key]
     rounded = [v for key, v in res.items() if "_x8_" in key or "_m32_" in key]
-    res["ok"] = all(v < 1e-5 for v in exact_sums) and all(v < 2e-2 for v in rounded)
+    res["ok"] = (all(v < 1e-5 for v in exact_sums) and all(v < 2e-2 for v in rounded)
+                 and all(v for key, v in res.items() if key.startswith("graph_")))
     return res
 
 

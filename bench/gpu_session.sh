@@ -57,6 +57,9 @@
 # quant_final  bench.gpu_speed --quant: the 27B Q4_K_M whole model through stop 44's first routes       gpu_speed_quant.json   270 s
 #              (@mma/q4k/q6k/q6k/generic), today's default and with Q6_K's M == 1 through dp4a_q6k; then
 #              the 8B Q4_K_M and 27B UD-Q3_K_XL shapes on the defaults                               gpu_speed_quant_mixes.json 230 s
+# dp4a_fused   bench.dp4a_ab: the M == 1 dp4a kernels per projection (Q6_K one row a thread   dp4a_ab.json           230 s
+#              vs 32 threads a row, the split finished in the kernel vs a split-sum launch); then  gpu_speed_quant.json   290 s
+#              the 27B Q4_K_M whole model with the split-sum launches, the default, Q6_K's lanes
 # rows_gemm    bench.gpu_gemv --rows-gemm-ab: batch-invariant rows_gemm vs gemv / cuBLAS   rows_gemm_ab.json      150 s
 #              at M = 1, 2, 8, 32, 64, every 27B / 8B bf16 projection, invariance on the GPU
 # prefix       treeflash.bench.prefix_cache: TTFT with a 4K-token prefix-cache hit        prefix_cache_gpu.json  90 s
@@ -264,6 +267,13 @@ for stage in $STAGES; do
         --quant qwen3-8b:q4_k_m,qwen3.5-27b:ud-q3_k_xl --drafter-layers 0 --decode-tokens 32 \
         --out "$OUT/gpu_speed_quant_mixes.json"
       grep -E "decode|32 nodes" "$OUT/gpu_speed_quant_mixes.log" | tee -a "$OUT/progress.log" ;;
+    dp4a_fused)
+      run dp4a_ab 230 -m bench.dp4a_ab --time-limit 200 --out "$OUT/dp4a_ab.json"
+      cat "$OUT/dp4a_ab.log" | tee -a "$OUT/progress.log"
+      run gpu_speed_quant_fused 290 -m bench.gpu_speed --shapes "" --gguf-dir /tmp/gguf --buckets 1,32 --prefill "" \
+        --quant qwen3.5-27b:q4_k_m@+unfused,qwen3.5-27b:q4_k_m,qwen3.5-27b:q4_k_m@///lanes --drafter-layers 0 \
+        --decode-tokens 32 --out "$OUT/gpu_speed_quant.json"
+      grep -E "decode|32 nodes" "$OUT/gpu_speed_quant_fused.log" | tee -a "$OUT/progress.log" ;;
     rows_gemm)
       run rows_gemm_ab 150 -m bench.gpu_gemv --rows-gemm-ab --time-limit 120 --out "$OUT/rows_gemm_ab.json"
       grep -E "rows_gemm/today|bandwidth" "$OUT/rows_gemm_ab.log" | tee -a "$OUT/progress.log" ;;
@@ -281,7 +291,7 @@ for stage in $STAGES; do
       run oracle_ceiling 420 -m bench.oracle_ceiling --shapes qwen3.5-27b,qwen3-8b,qwen3.5-27b:q4_k_m --gguf-dir /tmp/gguf \
         --taus 4 8 16 --out "$OUT/oracle_ceiling.json"
       tail -n 12 "$OUT/oracle_ceiling.log" | tee -a "$OUT/progress.log" ;;
-    *) log "unknown stage $stage (quant_check check speed hf eval cli_bench auto_greedy auto_sampled device_steps profile gdn gemv_graph kv kv_long kv_table fla fit_hf fit_27b fit_24g quant quant_ab quant_rows mma quant_routes quant_q6k dp4a quant_final rows_gemm prefix oracle)" ;;
+    *) log "unknown stage $stage (quant_check check speed hf eval cli_bench auto_greedy auto_sampled device_steps profile gdn gemv_graph kv kv_long kv_table fla fit_hf fit_27b fit_24g quant quant_ab quant_rows mma quant_routes quant_q6k dp4a quant_final dp4a_fused rows_gemm prefix oracle)" ;;
   esac
 done
 log "done"

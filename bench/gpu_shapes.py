@@ -181,11 +181,20 @@ def quant_model(spec: str, gguf_dir: str) -> tuple[CausalLM, dict]:
 
 
 def quant_tuning(routes: str):
-    """"GEMV/ROWS[/Q6ROWS[/Q6GEMV[/Q8GEMV]]]" (the suffix of SHAPE:MIX@...) -> the QuantTuning of those kernel
-    routes: Q4_K at M == 1, Q4_K at 2..128 rows, Q6_K at 2..128 rows, Q6_K at M == 1, Q8_0 at M == 1 (an empty
-    part keeps the default)."""
+    """"GEMV/ROWS[/Q6ROWS[/Q6GEMV[/Q8GEMV]]][+unfused]" (the suffix of SHAPE:MIX@...) -> the QuantTuning of those
+    kernel routes: Q4_K at M == 1, Q4_K at 2..128 rows, Q6_K at 2..128 rows, Q6_K at M == 1, Q8_0 at M == 1 (an
+    empty part keeps the default); +unfused: the dp4a kernels' split over K finished by a split-sum launch."""
+    import dataclasses
+
     from treeflash.kernels.quant.config import QuantTuning
 
+    routes, plus, flag = routes.partition("+")
+    if plus and flag != "unfused":
+        raise ValueError(f"quant routes: unknown flag +{flag} (known: +unfused)")
+    if flag == "unfused":
+        t = quant_tuning(routes)
+        return dataclasses.replace(t, **{f: dataclasses.replace(getattr(t, f), fused_split=False)
+                                         for f in ("q4k_dp4a", "q6k_dp4a", "q6k_lanes", "q8_0_dp4a", "q3k_dp4a")})
     parts = routes.split("/")
     if len(parts) > 5:
         raise ValueError(f"quant routes are GEMV/ROWS[/Q6ROWS[/Q6GEMV[/Q8GEMV]]], got {routes!r}")
@@ -204,7 +213,7 @@ def load_shape(shape: str, gguf_dir: str) -> tuple[CausalLM, dict, object]:
     if tuning is not None:
         extra["quant_routes"] = {"gemv": tuning.q4k_gemv_route, "rows": tuning.q4k_rows_route, "q6k_rows": tuning.q6k_rows_route,
                                 "q6k_gemv": tuning.q6k_gemv_route,
-                                "q8_0_gemv": tuning.q8_0_gemv_route}
+                                "q8_0_gemv": tuning.q8_0_gemv_route, "fused_split": tuning.q4k_dp4a.fused_split}
     return model, extra, tuning
 
 

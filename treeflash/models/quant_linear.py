@@ -23,6 +23,7 @@ from torch import nn
 from treeflash.models.gguf_dequant import dequantize_rows
 from treeflash.models.packed_linear import PackedLinear
 from treeflash.kernels.quant import FORMATS, has_kernel, quant_matmul
+from treeflash.kernels.quant.split_k import tile_counters
 from treeflash.kernels.quant.config import DEFAULT_TUNING, QuantTuning
 
 
@@ -46,6 +47,8 @@ class QuantLinear(PackedLinear):
         self.fmt, self.in_features, self.out_features = fmt, in_features, blocks.shape[0]
         self.register_buffer("blocks", blocks, persistent=False)
         self.register_buffer("in_index", in_index, persistent=False)
+        # the M == 1 kernels' split over K: zeroed counters this layer keeps across calls (kernels.quant.split_k)
+        self.register_buffer("split_counters", tile_counters(self.out_features, blocks.device), persistent=False)
         self.bias = None if bias is None else nn.Parameter(bias, requires_grad=False)
         self.tuning = DEFAULT_TUNING  # which kernel and launch configuration quant_matmul takes (set_quant_tuning)
 
@@ -59,7 +62,8 @@ class QuantLinear(PackedLinear):
         if self.in_index is not None:
             x2 = x2.index_select(1, self.in_index)
         if self.fmt in FORMATS:
-            y = quant_matmul(x2, self.blocks, self.fmt, self.in_features, out_dtype=x.dtype, tuning=self.tuning)
+            y = quant_matmul(x2, self.blocks, self.fmt, self.in_features, out_dtype=x.dtype, tuning=self.tuning,
+                             counters=self.split_counters)
         else:  # a format kernels.quant does not decode (the i-quants below IQ4): gguf's dequantizer, then torch
             w = dequantize_rows(self.blocks, int(GGMLQuantizationType[self.fmt]), self.in_features, torch.float32)
             y = (x2.float() @ w.t()).to(x.dtype)

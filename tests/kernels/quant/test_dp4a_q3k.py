@@ -5,13 +5,10 @@ unrolled or not, 16 or 64 rows a program, fp32 and bf16 x; the rounding's own er
 product; the fields rebuild gguf's weight; an odd block count is refused; and the CUDA form (dp4a and dp2a in
 inline PTX) compiles for sm_90 without spills."""
 
-import json
-import os
-import subprocess
-import sys
-
 import pytest
 import torch
+
+from tests.kernels.quant.interpreted import run_interpreted
 
 CHECK = r"""
 import json, torch
@@ -46,10 +43,7 @@ print(json.dumps(out))
 
 
 def test_dp4a_q3k_equals_its_contract_in_the_interpreter():
-    env = dict(os.environ, TRITON_INTERPRET="1")
-    r = subprocess.run([sys.executable, "-c", CHECK], capture_output=True, text=True, env=env, timeout=600)
-    assert r.returncode == 0, r.stderr[-3000:]
-    res = json.loads(r.stdout.strip().splitlines()[-1])
+    res = run_interpreted(CHECK, timeout=600)
     assert len(res) == 9, res
     for tag in ("k1024_float32", "k1024_bfloat16", "k1536_float32"):
         assert 1e-4 < res[f"rounding_{tag}"] < 2e-2, res  # 8-bit x: a real, small error against the exact product
@@ -92,9 +86,9 @@ def test_dp4a_q3k_compiles_for_sm90_with_dp4a(tmp_path):
     from treeflash.kernels.quant.config import Dp4aConfig
 
     fn, cfg = dp4a_q3k.q3k_dp4a_kernel, Dp4aConfig()
-    sig = ("XQ", "XD", "W", "Y", "P", "N", "ROW_WORDS")
-    types = {"XQ": "*i32", "XD": "*fp32", "W": "*i32", "Y": "*bf16", "P": "*fp32"}
-    cst = dict(PPS=10, BLOCK_N=cfg.block_n, UNROLL=cfg.unroll, PARTIAL=False, ASM=True)  # K = 5120
+    sig = ("XQ", "XD", "W", "Y", "P", "CNT", "N", "ROW_WORDS")
+    types = {"XQ": "*i32", "XD": "*fp32", "W": "*i32", "Y": "*bf16", "P": "*fp32", "CNT": "*i32"}
+    cst = dict(PPS=10, BLOCK_N=cfg.block_n, UNROLL=cfg.unroll, SPLIT=1, ASM=True)  # K = 5120
     signature = {a: types.get(a, "i32") for a in sig} | {a: "constexpr" for a in cst}
     attrs = {(fn.arg_names.index(a),): [["tt.divisibility", 16]] for a in sig if a in types}  # ROW_WORDS: 4-byte rows
     src = ASTSource(fn, signature, constexprs={(fn.arg_names.index(a),): v for a, v in cst.items()}, attrs=attrs)

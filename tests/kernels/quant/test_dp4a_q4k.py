@@ -4,13 +4,10 @@ quantization, the GEMV on the same quantized x, with and without a split over K 
 bf16 x; the rounding's own error against the exact product; and the CUDA form (dp4a in inline PTX)
 compiles for sm_90 without spills."""
 
-import json
-import os
-import subprocess
-import sys
-
 import pytest
 import torch
+
+from tests.kernels.quant.interpreted import run_interpreted
 
 CHECK = r"""
 import json, torch
@@ -44,10 +41,7 @@ print(json.dumps(out))
 
 
 def test_dp4a_q4k_equals_its_contract_in_the_interpreter():
-    env = dict(os.environ, TRITON_INTERPRET="1")
-    r = subprocess.run([sys.executable, "-c", CHECK], capture_output=True, text=True, env=env, timeout=600)
-    assert r.returncode == 0, r.stderr[-3000:]
-    res = json.loads(r.stdout.strip().splitlines()[-1])
+    res = run_interpreted(CHECK, timeout=600)
     assert len(res) == 12, res
     for dt in ("float32", "bfloat16"):
         step, flips, ddx, ds = res[f"quant_{dt}"]
@@ -86,9 +80,9 @@ def test_dp4a_q4k_compiles_for_sm90_with_dp4a(prefetch, tmp_path):
     from treeflash.kernels.quant.config import Dp4aConfig
 
     fn, cfg = dp4a_q4k.q4k_dp4a_kernel, Dp4aConfig()
-    sig = ("XQ", "XD", "XS", "W", "Y", "P", "N", "ROW_WORDS")
-    types = {"XQ": "*i32", "XD": "*fp32", "XS": "*fp32", "W": "*i32", "Y": "*bf16", "P": "*fp32"}
-    cst = dict(BPS=20, BLOCK_N=cfg.block_n, UNROLL=cfg.unroll, PREFETCH=prefetch, PARTIAL=False, ASM=True)
+    sig = ("XQ", "XD", "XS", "W", "Y", "P", "CNT", "N", "ROW_WORDS")
+    types = {"XQ": "*i32", "XD": "*fp32", "XS": "*fp32", "W": "*i32", "Y": "*bf16", "P": "*fp32", "CNT": "*i32"}
+    cst = dict(BPS=20, BLOCK_N=cfg.block_n, UNROLL=cfg.unroll, PREFETCH=prefetch, SPLIT=1, ASM=True)
     signature = {a: types.get(a, "i32") for a in sig} | {a: "constexpr" for a in cst}
     attrs = {(fn.arg_names.index(a),): [["tt.divisibility", 16]] for a in sig if a in types or a == "ROW_WORDS"}
     src = ASTSource(fn, signature, constexprs={(fn.arg_names.index(a),): v for a, v in cst.items()}, attrs=attrs)

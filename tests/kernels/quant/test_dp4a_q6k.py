@@ -3,13 +3,10 @@ pairs) against its plain-torch contract under TRITON_INTERPRET=1 (in a subproces
 x, with and without a split over K; the fields rebuild gguf's weight; an odd block count falls back; and
 the CUDA form (dp4a in inline PTX) compiles for sm_90 without spills."""
 
-import json
-import os
-import subprocess
-import sys
-
 import pytest
 import torch
+
+from tests.kernels.quant.interpreted import run_interpreted
 
 CHECK = r"""
 import json, torch
@@ -33,25 +30,25 @@ for N, K, dts, cfgs in ((20, 1024, (torch.float32, torch.bfloat16), ("split", "n
         out[f"rounding_k{K}_{str(dt)[6:]}"] = ((ref - exact).abs().max() / exact.abs().max()).item()
         for name in cfgs if dt == torch.float32 else cfgs[-1:]:
             cfg = Dp4aConfig(block_n=16, min_programs=4) if name == "split" else Dp4aConfig(min_programs=1)
-            y = quant_matmul(x, blocks, "Q6_K", K, out_dtype=torch.float32, tuning=QuantTuning(q6k_gemv_route="dp4a", q6k_dp4a=cfg))
-            target = ref if K == 1024 else exact  # odd block count: rows_q6k (exact codes, fp32 dot), not dp4a
-            out[f"{name}_k{K}_{str(dt)[6:]}"] = ((y - target).abs().max() / target.abs().max()).item()
+            for route in ("dp4a", "lanes"):
+                y = quant_matmul(x, blocks, "Q6_K", K, out_dtype=torch.float32, tuning=QuantTuning(q6k_gemv_route=route, q6k_dp4a=cfg))
+                target = ref if K == 1024 else exact  # odd block count: rows_q6k (exact codes, fp32 dot), not dp4a
+                out[f"{route}_{name}_k{K}_{str(dt)[6:]}"] = ((y - target).abs().max() / target.abs().max()).item()
 print(json.dumps(out))
 """
 
 
 def test_dp4a_q6k_equals_its_contract_in_the_interpreter():
-    env = dict(os.environ, TRITON_INTERPRET="1")
-    r = subprocess.run([sys.executable, "-c", CHECK], capture_output=True, text=True, env=env, timeout=600)
-    assert r.returncode == 0, r.stderr[-3000:]
-    res = json.loads(r.stdout.strip().splitlines()[-1])
-    assert sorted(res) == sorted(["rounding_k1024_float32", "rounding_k1024_bfloat16", "rounding_k768_float32", "split_k1024_float32",
-                                  "nosplit_k1024_float32", "nosplit_k1024_bfloat16", "nosplit_k768_float32"]), res
+    res = run_interpreted(CHECK, timeout=600)
+    runs = ["split_k1024_float32", "nosplit_k1024_float32", "nosplit_k1024_bfloat16"]
+    assert sorted(res) == sorted(["rounding_k1024_float32", "rounding_k1024_bfloat16", "rounding_k768_float32"]
+                                 + [f"{r}_{n}" for r in ("dp4a", "lanes") for n in runs + ["nosplit_k768_float32"]]), res
     for dt in ("float32", "bfloat16"):
         assert 1e-4 < res[f"rounding_k1024_{dt}"] < 2e-2, res  # 8-bit x: a real, small error against the exact product
-    for name in ("split_k1024_float32", "nosplit_k1024_float32", "nosplit_k1024_bfloat16"):
-        assert res[name] < 2e-6, (name, res)  # exact integer sums: only fp32 sums round
-    assert res["nosplit_k768_float32"] < 1e-5, res  # the fallback, rows_q6k: exact codes and fp32 x
+    for route in ("dp4a", "lanes"):  # one row a thread, eight lanes a row
+        for name in runs:
+            assert res[f"{route}_{name}"] < 2e-6, (route, name, res)  # exact integer sums: only fp32 sums round
+        assert res[f"{route}_nosplit_k768_float32"] < 1e-5, res  # the fallback, rows_q6k: exact codes and fp32 x
 
 
 def test_the_fields_rebuild_the_weight():
@@ -78,9 +75,9 @@ def test_dp4a_q6k_compiles_for_sm90_with_dp4a(tmp_path):
     from treeflash.kernels.quant.config import Dp4aConfig
 
     fn, cfg = dp4a_q6k.q6k_dp4a_kernel, Dp4aConfig()
-    sig = ("XQ", "XD", "W", "Y", "P", "N", "ROW_WORDS")
-    types = {"XQ": "*i32", "XD": "*fp32", "W": "*i32", "Y": "*bf16", "P": "*fp32"}
-    cst = dict(PPS=34, BLOCK_N=cfg.block_n, PARTIAL=False, ASM=True)
+    sig = ("XQ", "XD", "W", "Y", "P", "CNT", "N", "ROW_WORDS")
+    types = {"XQ": "*i32", "XD": "*fp32", "W": "*i32", "Y": "*bf16", "P": "*fp32", "CNT": "*i32"}
+    cst = dict(PPS=34, BLOCK_N=cfg.block_n, SPLIT=1, ASM=True)
     signature = {a: types.get(a, "i32") for a in sig} | {a: "constexpr" for a in cst}
     attrs = {(fn.arg_names.index(a),): [["tt.divisibility", 16]] for a in sig if a in types}
     src = ASTSource(fn, signature, constexprs={(fn.arg_names.index(a),): v for a, v in cst.items()}, attrs=attrs)

@@ -3,12 +3,9 @@ pairs) against its plain-torch contract under TRITON_INTERPRET=1 (in a subproces
 with and without a split over K; an odd block count falls back to the generic GEMV; and the CUDA form (dp4a
 in inline PTX) compiles for sm_90 without spills."""
 
-import json
-import os
-import subprocess
-import sys
-
 import pytest
+
+from tests.kernels.quant.interpreted import run_interpreted
 
 CHECK = r"""
 import json, torch
@@ -39,10 +36,7 @@ print(json.dumps(out))
 
 
 def test_dp4a_q8_0_equals_its_contract_in_the_interpreter():
-    env = dict(os.environ, TRITON_INTERPRET="1")
-    r = subprocess.run([sys.executable, "-c", CHECK], capture_output=True, text=True, env=env, timeout=600)
-    assert r.returncode == 0, r.stderr[-3000:]
-    res = json.loads(r.stdout.strip().splitlines()[-1])
+    res = run_interpreted(CHECK, timeout=600)
     assert len(res) == 12, res
     for dt in ("float32", "bfloat16"):
         assert 1e-4 < res[f"rounding_k512_{dt}"] < 2e-2, res  # 8-bit x: a real, small error against the exact product
@@ -63,9 +57,9 @@ def test_dp4a_q8_0_compiles_for_sm90_with_dp4a(tmp_path):
     from treeflash.kernels.quant.config import QuantTuning
 
     fn, cfg = dp4a_q8_0.q8_0_dp4a_kernel, QuantTuning().q8_0_dp4a
-    sig = ("XQ", "XD", "W", "Y", "P", "N", "ROW_WORDS")
-    types = {"XQ": "*i32", "XD": "*fp32", "W": "*i32", "Y": "*bf16", "P": "*fp32"}
-    cst = dict(PPS=2, BLOCK_N=cfg.block_n, PARTIAL=True, ASM=True)
+    sig = ("XQ", "XD", "W", "Y", "P", "CNT", "N", "ROW_WORDS")
+    types = {"XQ": "*i32", "XD": "*fp32", "W": "*i32", "Y": "*bf16", "P": "*fp32", "CNT": "*i32"}
+    cst = dict(PPS=2, BLOCK_N=cfg.block_n, SPLIT=4, ASM=True)
     signature = {a: types.get(a, "i32") for a in sig} | {a: "constexpr" for a in cst}
     attrs = {(fn.arg_names.index(a),): [["tt.divisibility", 16]] for a in sig if a in types}
     src = ASTSource(fn, signature, constexprs={(fn.arg_names.index(a),): v for a, v in cst.items()}, attrs=attrs)

@@ -3,12 +3,9 @@ TRITON_INTERPRET=1 (in a subprocess: the interpreter is chosen when triton loads
 "diag" with the group sums from a dot or a reduction, "group" at any M), with and without a split
 over K; and the CUDA form (inline PTX codes, bf16 wgmma) compiles for sm_90 without spills."""
 
-import json
-import os
-import subprocess
-import sys
-
 import pytest
+
+from tests.kernels.quant.interpreted import run_interpreted
 
 CHECK = r"""
 import json, torch
@@ -34,10 +31,7 @@ print(json.dumps(out))
 
 
 def test_mma_q4k_equals_its_contract_in_the_interpreter():
-    env = dict(os.environ, TRITON_INTERPRET="1")
-    r = subprocess.run([sys.executable, "-c", CHECK], capture_output=True, text=True, env=env, timeout=600)
-    assert r.returncode == 0, r.stderr[-3000:]
-    errs = json.loads(r.stdout.strip().splitlines()[-1])
+    errs = run_interpreted(CHECK, timeout=600)
     assert len(errs) == 12  # diag 1 + 1, group 3, group_nosplit 1 (M values) x 2 dtypes
     for case, err in errs.items():  # codes and bf16 x are exact in fp32: only the fp32 sums round (~1e-6)
         assert err < 2e-5, (case, err)

@@ -122,6 +122,9 @@ class Dp4aConfig:
     min_programs: int = 4224
     # load block b + 1 before computing block b (dp4a_q4k; unroll ignored); not yet timed (bench/quant_gemv.py --rows-ab --ms 1)
     prefetch: bool = False
+    # the split over K added by the tile's last program (kernels/quant/split_k.py) instead of a split-sum launch
+    # (312 launches, 1.4 ms of the 27B Q4_K_M step); off until timed and checked on a GPU (STAGES=dp4a_fused)
+    fused_split: bool = False
 
     def __post_init__(self):
         _pow2("block_n", self.block_n, 2, 256)
@@ -140,8 +143,9 @@ Q4K_GEMV_ROUTES = ("words", "bytes", "q4k", "mma", "dp4a")
 # the kernels Q6_K takes at 2 <= M <= max_rows: kernels.rows_kernel, or dequantized tiles + torch matmul
 Q6K_ROWS_ROUTES = ("generic", "tiled", "q6k")
 # the kernels Q6_K takes at M == 1: kernels.gemv_kernel (byte-wise), or rows_q6k (x padded to 16 rows)
-# or dp4a_q6k (x rounded to 8 bits per group of 32, integer dot products; rows of an even number of blocks)
-Q6K_GEMV_ROUTES = ("bytes", "q6k", "dp4a")
+# or dp4a_q6k (x rounded to 8 bits per group of 32, integer dot products; rows of an even number of blocks), one
+# row a thread ("dp4a") or eight lanes a row ("lanes")
+Q6K_GEMV_ROUTES = ("bytes", "q6k", "dp4a", "lanes")
 
 
 # the kernels Q8_0 takes at M == 1: kernels.gemv_kernel, or dp4a_q8_0 (integer dot products; rows of an even
@@ -168,6 +172,7 @@ class QuantTuning:
     q4k_rows: Q4kRowsConfig = Q4kRowsConfig()
     q4k_mma: Q4kMmaConfig = Q4kMmaConfig()  # the "mma" routes (mma_q4k)
     q4k_dp4a: Dp4aConfig = Dp4aConfig()  # the "dp4a" route (dp4a_q4k)
+    q6k_lanes: Dp4aConfig = Dp4aConfig(block_n=8)  # Q6_K's "lanes" route (dp4a_q6k, 32 threads a row)
     q6k_dp4a: Dp4aConfig = Dp4aConfig()  # Q6_K's "dp4a" route (dp4a_q6k; unroll and prefetch unused)
     # Q8_0 at M == 1 (Q8_0_GEMV_ROUTES): the generic GEMV ran the 27B's 96-row alpha / beta projections as 6 programs
     # walking all of K (74 us each, bench/results/profile_27b_q4_k_m.json); dp4a splits K over the GPU

@@ -39,7 +39,7 @@ pair. 55 is odd, so no field is 16-byte aligned in general: the weight loads are
 odd number of blocks (K / 256 odd) raise a ValueError naming the shape (the caller routes them elsewhere).
 
 Split over K (narrow N) as in dp4a_q4k, over pairs: fp32 partials [SPLIT, N] added in order by
-gemv_q4k.split_sum_kernel; UNROLL pairs a loop step. Under the interpreter (ASM False) dp4a, dp2a and the
+the tile's last program (split_k.py); UNROLL pairs a loop step. Under the interpreter (ASM False) dp4a, dp2a and the
 funnel shift are plain integer arithmetic (int64: the interpreter checks int32 adds for overflow).
 dp4a_q3k_ref states the result in plain torch.
 """
@@ -52,7 +52,7 @@ import triton.language as tl
 
 from treeflash.kernels.quant.config import Dp4aConfig, split_for
 from treeflash.kernels.quant.dp4a_q4k import QX_GROUP, quantize_x, quantize_x_ref
-from treeflash.kernels.quant.gemv_q4k import split_sum_kernel
+from treeflash.kernels.quant.split_k import finish_split, finish_unfused, split_buffers
 from treeflash.kernels.quant.q4k_block import half_low
 
 BLOCK_BYTES = 110
@@ -262,10 +262,11 @@ def _block_dot(XQ, XD, W, bw, xo, blk, SHIFTED: tl.constexpr, ASM: tl.constexpr)
 
 
 @triton.jit
-def q3k_dp4a_kernel(XQ, XD, W, Y, P, N, ROW_WORDS, PPS: tl.constexpr, BLOCK_N: tl.constexpr,
-                    UNROLL: tl.constexpr, PARTIAL: tl.constexpr, ASM: tl.constexpr):
-    """Y [N] = x @ dequant(W)^T for BLOCK_N rows over PPS pairs of blocks (PARTIAL: the fp32 partial P
-    [SPLIT, N]); x as XQ (int8 as int32 words [K / 4]) and XD (fp32 [K / 32]). W: the Q3_K blocks as
+def q3k_dp4a_kernel(XQ, XD, W, Y, P, CNT, N, ROW_WORDS, PPS: tl.constexpr, BLOCK_N: tl.constexpr,
+                    UNROLL: tl.constexpr, SPLIT: tl.constexpr, ASM: tl.constexpr,
+                    FUSED: tl.constexpr = True):
+    """Y [N] = x @ dequant(W)^T for BLOCK_N rows over PPS pairs of blocks (SPLIT > 1: split_k.finish_split over
+    P [SPLIT, N] and CNT); x as XQ (int8 as int32 words [K / 4]) and XD (fp32 [K / 32]). W: the Q3_K blocks as
     int32 words [N, ROW_WORDS] (an even number of blocks a row). PPS % UNROLL == 0."""
     rows = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)  # [BLOCK_N]
     part = tl.program_id(1)
@@ -280,13 +281,11 @@ def q3k_dp4a_kernel(XQ, XD, W, Y, P, N, ROW_WORDS, PPS: tl.constexpr, BLOCK_N: t
             acc += _block_dot(XQ, XD, W, pw, xo, 2 * pair, False, ASM)
             acc += _block_dot(XQ, XD, W, pw + ODD_WORD, xo, 2 * pair + 1, True, ASM)
     y = tl.sum(acc, axis=0)
-    if PARTIAL:
-        tl.store(P + part * N + rows, y, mask=rows < N)
-    else:
-        tl.store(Y + rows, y.to(Y.dtype.element_ty), mask=rows < N)
+    finish_split(y, rows, rows < N, Y, P, CNT, N, part, tl.program_id(0), SPLIT, ASM, FUSED)
 
 
-def dp4a_q3k(x: torch.Tensor, blocks: torch.Tensor, k: int, out: torch.Tensor, cfg: Dp4aConfig, asm: bool) -> torch.Tensor:
+def dp4a_q3k(x: torch.Tensor, blocks: torch.Tensor, k: int, out: torch.Tensor, cfg: Dp4aConfig, asm: bool,
+              counters: torch.Tensor | None = None) -> torch.Tensor:
     """out [1, N] = x [1, K] (contiguous) @ dequant(blocks)^T, x rounded to 8 bits per group of 32, for Q3_K
     blocks uint8 [N, K / 256 * 110] (contiguous, K / 256 even). asm: dp4a in inline PTX (CUDA); False under
     the interpreter. Rows of an odd number of blocks raise ValueError (not word-aligned in pairs)."""
@@ -302,12 +301,11 @@ def dp4a_q3k(x: torch.Tensor, blocks: torch.Tensor, k: int, out: torch.Tensor, c
     split = split_for(nb // 2, programs, cfg.min_programs)
     pps = nb // 2 // split
     unroll = cfg.unroll if pps % cfg.unroll == 0 else 1
-    part = out if split == 1 else torch.empty(split, n, dtype=torch.float32, device=x.device)  # [SPLIT, N] fp32
-    q3k_dp4a_kernel[(programs, split)](xq.view(torch.int32), dx, words, out, part, n, words.shape[1], PPS=pps,
-                                       BLOCK_N=cfg.block_n, UNROLL=unroll, PARTIAL=split > 1, ASM=asm,
+    part, cnt = split_buffers(n, split, programs, out, counters)  # [SPLIT, N] fp32 partials
+    q3k_dp4a_kernel[(programs, split)](xq.view(torch.int32), dx, words, out, part, cnt, n, words.shape[1], PPS=pps,
+                                       BLOCK_N=cfg.block_n, UNROLL=unroll, SPLIT=split, ASM=asm, FUSED=cfg.fused_split,
                                        num_warps=cfg.num_warps)
-    if split > 1:
-        split_sum_kernel[(triton.cdiv(n, 1024),)](part, out, n, SPLIT=split, BLOCK=1024, num_warps=4)
+    finish_unfused(part, out, n, split, cfg.fused_split)
     return out
 
 

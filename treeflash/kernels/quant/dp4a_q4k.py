@@ -20,7 +20,7 @@ Codes (q4k_block.py): word j = 0..7 of chunk c holds code bytes 4j..4j+3, i.e. v
 16c + j and 16c + 8 + j of the block's 64. Under the Triton interpreter (ASM False) the dot of a word
 is plain integer arithmetic on its four bytes.
 
-Split over K (narrow N) as in gemv_q4k: fp32 partials [SPLIT, N] added in order by split_sum_kernel.
+Split over K (narrow N): fp32 partials [SPLIT, N] added in order by the tile's last program (split_k.py).
 """
 
 from __future__ import annotations
@@ -30,8 +30,8 @@ import triton
 import triton.language as tl
 
 from treeflash.kernels.quant.config import Dp4aConfig, split_for
-from treeflash.kernels.quant.gemv_q4k import split_sum_kernel
 from treeflash.kernels.quant.q4k_block import WORDS, half_low, scale_min_int
+from treeflash.kernels.quant.split_k import finish_split, finish_unfused, split_buffers
 
 QX_GROUP = 32  # values of x per int8 scale
 
@@ -77,9 +77,10 @@ def dp4a_q4k_ref(x: torch.Tensor, blocks: torch.Tensor, k: int, out_dtype: torch
 
 
 @triton.jit
-def quantize_x_kernel(X, XQ, XD, XS, K, GB: tl.constexpr):
+def quantize_x_kernel(X, XQ, XD, XS, XSI, K, GB: tl.constexpr, SUMS: tl.constexpr):
     """One program: GB groups of 32 values of row program_id(1) of X [M, K] -> XQ int8 [M, K],
-    XD / XS fp32 [M, K / 32] (quantize_x_ref)."""
+    XD / XS fp32 [M, K / 32] (quantize_x_ref); SUMS (4 or 16): also XSI int32 [M, K / SUMS], the sums of
+    xq over each SUMS values."""
     g = tl.program_id(0) * GB + tl.arange(0, GB)  # [GB] groups
     row = tl.program_id(1).to(tl.int64)
     ll = tl.arange(0, 32)
@@ -93,6 +94,10 @@ def quantize_x_kernel(X, XQ, XD, XS, K, GB: tl.constexpr):
     tl.store(XQ + offs, q.to(tl.int8), mask=ok[:, None])
     tl.store(XD + row * (K // 32) + g, amax / 127.0, mask=ok)
     tl.store(XS + row * (K // 32) + g, tl.sum(x, axis=1), mask=ok)
+    if SUMS > 0:
+        si = tl.sum(tl.reshape(q.to(tl.int32), (GB, 32 // SUMS, SUMS)), axis=2)  # [GB, 32 / SUMS]
+        h = tl.arange(0, 32 // SUMS)
+        tl.store(XSI + row * (K // SUMS) + (32 // SUMS) * g[:, None] + h[None, :], si, mask=ok[:, None])
 
 
 # one word of codes against its two x words: $2 codes, $3 / $4 the int8 x of the low / high nibbles
@@ -163,10 +168,11 @@ def _block_dot(XQ, XD, XS, blk, w0, w1, w2, w3, q0, q1, q2, q3, BLOCK_N: tl.cons
 
 
 @triton.jit
-def q4k_dp4a_kernel(XQ, XD, XS, W, Y, P, N, ROW_WORDS, BPS: tl.constexpr, BLOCK_N: tl.constexpr,
-                    UNROLL: tl.constexpr, PREFETCH: tl.constexpr, PARTIAL: tl.constexpr, ASM: tl.constexpr):
-    """Y [N] = x @ dequant(W)^T for BLOCK_N rows over BPS super-blocks (PARTIAL: the fp32 partial P
-    [SPLIT, N]), x given as XQ (int8 as int32 words [K / 4]), XD, XS (fp32 [K / 32]). W: the Q4_K
+def q4k_dp4a_kernel(XQ, XD, XS, W, Y, P, CNT, N, ROW_WORDS, BPS: tl.constexpr, BLOCK_N: tl.constexpr,
+                    UNROLL: tl.constexpr, PREFETCH: tl.constexpr, SPLIT: tl.constexpr, ASM: tl.constexpr,
+                    FUSED: tl.constexpr = True):
+    """Y [N] = x @ dequant(W)^T for BLOCK_N rows over BPS super-blocks (SPLIT > 1: split_k.finish_split over
+    P [SPLIT, N] and CNT), x given as XQ (int8 as int32 words [K / 4]), XD, XS (fp32 [K / 32]). W: the Q4_K
     blocks as int32 words [N, ROW_WORDS]. BPS % UNROLL == 0. PREFETCH: block b + 1's words are loaded
     before block b is computed (UNROLL ignored), so a block's loads overlap the previous block's work."""
     rows = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)  # [BLOCK_N]
@@ -184,25 +190,26 @@ def q4k_dp4a_kernel(XQ, XD, XS, W, Y, P, N, ROW_WORDS, BPS: tl.constexpr, BLOCK_
             for u in tl.static_range(UNROLL):
                 w0, w1, w2, w3, q0, q1, q2, q3 = _load_block(W, row_w, part * BPS + b0 + u)
                 acc += _block_dot(XQ, XD, XS, part * BPS + b0 + u, w0, w1, w2, w3, q0, q1, q2, q3, BLOCK_N, ASM)
-    if PARTIAL:
-        tl.store(P + part * N + rows, acc, mask=rows < N)
-    else:
-        tl.store(Y + rows, acc.to(Y.dtype.element_ty), mask=rows < N)
+    finish_split(acc, rows, rows < N, Y, P, CNT, N, part, tl.program_id(0), SPLIT, ASM, FUSED)
 
 
-def quantize_x(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def quantize_x(x: torch.Tensor, sums: int = 0) -> tuple[torch.Tensor, ...]:
     """quantize_x_ref through quantize_x_kernel: x [M, K] (contiguous, K % 32 == 0) -> xq int8 [M, K],
-    dx, s fp32 [M, K / 32]."""
+    dx, s fp32 [M, K / 32], and with sums 4 or 16 the sums of xq over each `sums` values (int32 [M, K / sums])."""
+    if sums not in (0, 4, 16):
+        raise ValueError(f"quantize_x: sums must be 0, 4 or 16, got {sums}")
     m, k = x.shape
     xq = torch.empty(m, k, dtype=torch.int8, device=x.device)
     dx = torch.empty(m, k // QX_GROUP, dtype=torch.float32, device=x.device)
     s = torch.empty_like(dx)
+    si = torch.empty(m, k // sums, dtype=torch.int32, device=x.device) if sums else dx
     gb = 16
-    quantize_x_kernel[(triton.cdiv(k // QX_GROUP, gb), m)](x, xq, dx, s, k, GB=gb, num_warps=4)
-    return xq, dx, s
+    quantize_x_kernel[(triton.cdiv(k // QX_GROUP, gb), m)](x, xq, dx, s, si, k, GB=gb, SUMS=sums, num_warps=4)
+    return (xq, dx, s, si) if sums else (xq, dx, s)
 
 
-def dp4a_q4k(x: torch.Tensor, blocks: torch.Tensor, k: int, out: torch.Tensor, cfg: Dp4aConfig, asm: bool) -> torch.Tensor:
+def dp4a_q4k(x: torch.Tensor, blocks: torch.Tensor, k: int, out: torch.Tensor, cfg: Dp4aConfig, asm: bool,
+             counters: torch.Tensor | None = None) -> torch.Tensor:
     """out [1, N] = x [1, K] (contiguous) @ dequant(blocks)^T, x rounded to 8 bits per group of 32, for Q4_K
     blocks uint8 [N, K / 256 * 144] (contiguous). asm: dp4a in inline PTX (CUDA); False under the interpreter."""
     n, nb = blocks.shape[0], k // 256
@@ -212,10 +219,9 @@ def dp4a_q4k(x: torch.Tensor, blocks: torch.Tensor, k: int, out: torch.Tensor, c
     split = split_for(nb, programs, cfg.min_programs)
     bps = nb // split
     unroll = cfg.unroll if bps % cfg.unroll == 0 else 1
-    part = out if split == 1 else torch.empty(split, n, dtype=torch.float32, device=x.device)  # [SPLIT, N] fp32
-    q4k_dp4a_kernel[(programs, split)](xq.view(torch.int32), dx, s, words, out, part, n, words.shape[1], BPS=bps,
-                                       BLOCK_N=cfg.block_n, UNROLL=unroll, PREFETCH=cfg.prefetch, PARTIAL=split > 1, ASM=asm,
+    part, cnt = split_buffers(n, split, programs, out, counters)  # [SPLIT, N] fp32 partials
+    q4k_dp4a_kernel[(programs, split)](xq.view(torch.int32), dx, s, words, out, part, cnt, n, words.shape[1], BPS=bps,
+                                       BLOCK_N=cfg.block_n, UNROLL=unroll, PREFETCH=cfg.prefetch, SPLIT=split, ASM=asm, FUSED=cfg.fused_split,
                                        num_warps=cfg.num_warps)
-    if split > 1:
-        split_sum_kernel[(triton.cdiv(n, 1024),)](part, out, n, SPLIT=split, BLOCK=1024, num_warps=4)
+    finish_unfused(part, out, n, split, cfg.fused_split)
     return out

@@ -30,9 +30,9 @@ import triton
 import triton.language as tl
 
 from treeflash.kernels.quant.config import Dp4aConfig, split_for
-from treeflash.kernels.quant.dp4a_q4k import QX_GROUP, quantize_x, quantize_x_ref
-from treeflash.kernels.quant.gemv_q4k import split_sum_kernel
+from treeflash.kernels.quant.dp4a_q4k import QX_GROUP, exact_float, quantize_x, quantize_x_ref
 from treeflash.kernels.quant.q4k_block import half_low
+from treeflash.kernels.quant.split_k import finish_split, finish_unfused, split_buffers
 
 PAIR_WORDS = tl.constexpr(105)  # two Q6_K blocks: 420 bytes
 
@@ -144,11 +144,12 @@ def _block_dot(XQ, XD, W, bw, blk, d, BLOCK_N: tl.constexpr, SHIFTED: tl.constex
 
 
 @triton.jit
-def q6k_dp4a_kernel(XQ, XD, W, Y, P, N, ROW_WORDS, PPS: tl.constexpr, BLOCK_N: tl.constexpr,
-                    PARTIAL: tl.constexpr, ASM: tl.constexpr):
-    """Y [N] = x @ dequant(W)^T for BLOCK_N rows over PPS pairs of blocks (PARTIAL: the fp32 partial P
-    [SPLIT, N]); x as XQ (int8 as int32 words [K / 4]) and XD (fp32 [K / 32]). W: the Q6_K blocks as
-    int32 words [N, ROW_WORDS] (an even number of blocks a row)."""
+def q6k_dp4a_kernel(XQ, XD, W, Y, P, CNT, N, ROW_WORDS, PPS: tl.constexpr, BLOCK_N: tl.constexpr,
+                    SPLIT: tl.constexpr, ASM: tl.constexpr,
+                    FUSED: tl.constexpr = True):
+    """Y [N] = x @ dequant(W)^T for BLOCK_N rows over PPS pairs of blocks (SPLIT > 1: split_k.finish_split
+    over P [SPLIT, N] and CNT); x as XQ (int8 as int32 words [K / 4]) and XD (fp32 [K / 32]). W: the Q6_K
+    blocks as int32 words [N, ROW_WORDS] (an even number of blocks a row)."""
     rows = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)  # [BLOCK_N]
     part = tl.program_id(1)
     row_w = tl.minimum(rows, N - 1).to(tl.int64) * ROW_WORDS  # rows past N read row N - 1
@@ -159,27 +160,101 @@ def q6k_dp4a_kernel(XQ, XD, W, Y, P, N, ROW_WORDS, PPS: tl.constexpr, BLOCK_N: t
         end = tl.load(W + pw + 104)  # the odd block's d (high half); the even one's is word 52's low half
         acc += _block_dot(XQ, XD, W, pw, 2 * pair, half_low(tl.load(W + pw + 52)), BLOCK_N, False, ASM)
         acc += _block_dot(XQ, XD, W, pw + 52, 2 * pair + 1, half_low(end >> 16), BLOCK_N, True, ASM)
-    if PARTIAL:
-        tl.store(P + part * N + rows, acc, mask=rows < N)
+    finish_split(acc, rows, rows < N, Y, P, CNT, N, part, tl.program_id(0), SPLIT, ASM, FUSED)
+
+
+@triton.jit
+def _lane_word(W, off, SHIFTED: tl.constexpr):
+    """The words at offsets off of aligned memory, or (SHIFTED) the words 2 bytes past them."""
+    if SHIFTED:
+        return ((tl.load(W + off) >> 16) & 0xFFFF) | (tl.load(W + off + 1) << 16)
     else:
-        tl.store(Y + rows, acc.to(Y.dtype.element_ty), mask=rows < N)
+        return tl.load(W + off)
 
 
-def dp4a_q6k(x: torch.Tensor, blocks: torch.Tensor, k: int, out: torch.Tensor, cfg: Dp4aConfig, asm: bool) -> torch.Tensor:
+@triton.jit
+def _dp4a_acc(a, b, c, ASM: tl.constexpr):
+    """c + sum_i a_i b_i over the four bytes (a unsigned, b signed), int32 tensors of one shape."""
+    if ASM:
+        r = tl.inline_asm_elementwise("dp4a.u32.s32 $0, $1, $2, $3;", "=r,r,r,r", [a, b, c], dtype=tl.int32,
+                                      is_pure=True, pack=1)
+    else:
+        r = c
+        for i in tl.static_range(4):
+            r += ((a >> (8 * i)) & 255) * ((b << (24 - 8 * i)) >> 24)
+    return r
+
+
+@triton.jit
+def _block_lanes(XQ, XS4, XD, W, bw, w, blk, SHIFTED: tl.constexpr, ASM: tl.constexpr):
+    """[BLOCK_N, 32] fp32: block blk's share of y / d per row and ql word w [1, 32] (bw [BLOCK_N, 1]: the
+    block's first word in aligned memory; SHIFTED: 2 bytes past it). ql word w = 16n + 8p + 4s + j holds
+    ql[64n + 32p + 16s + 4j ..]: with qh word 32 + 8n + 4s + j it gives the codes of quarter t = p (low
+    nibbles) and t = p + 2 (high nibbles), 16-group s of each. A row's 32 words are contiguous along w, so
+    one warp load reads 128 contiguous bytes."""
+    n = w // 16
+    p = (w // 8) % 2
+    byte = 8 * ((w // 4) % 4)  # scale 8n + 2p + s: byte 2p + s of word 48 + 2n (quarter p), of 49 + 2n (p + 2)
+    sc_a = (_lane_word(W, bw + 48 + 2 * n, SHIFTED) << (24 - byte)) >> 24  # signed
+    sc_b = (_lane_word(W, bw + 49 + 2 * n, SHIFTED) << (24 - byte)) >> 24
+    a = _lane_word(W, bw + w, SHIFTED)
+    h = _lane_word(W, bw + 32 + 8 * n + w % 8, SHIFTED) >> (2 * p)  # the qh bits of quarter p at bits 0-1, 4-5
+    lo = (a & 0x0F0F0F0F) | ((h << 4) & 0x30303030)
+    hi = ((a >> 4) & 0x0F0F0F0F) | (h & 0x30303030)
+    xw = blk * 64 + 32 * n + w % 16  # [1, 32] the x word of quarter p's values (+ 16: of quarter p + 2)
+    # q' - 32: dp4a starts from -32 times the x word's sum of xq
+    il = _dp4a_acc(lo, tl.load(XQ + xw), -32 * tl.load(XS4 + xw), ASM)
+    ih = _dp4a_acc(hi, tl.load(XQ + xw + 16), -32 * tl.load(XS4 + xw + 16), ASM)
+    xd = blk * 8 + 4 * n + p  # [1, 32] the 32-group of quarter p (+ 2: of quarter p + 2)
+    # |sc (sum of 4 (q' - 32) xq)| <= 128 4 32 127 < 2^22: exact_float's range
+    return exact_float(sc_a * il) * tl.load(XD + xd) + exact_float(sc_b * ih) * tl.load(XD + xd + 2)
+
+
+@triton.jit
+def q6k_lanes_kernel(XQ, XS4, XD, W, Y, P, CNT, N, ROW_WORDS, PPS: tl.constexpr, BLOCK_N: tl.constexpr,
+                     SPLIT: tl.constexpr, ASM: tl.constexpr,
+                    FUSED: tl.constexpr = True):
+    """q6k_dp4a_kernel's result with 32 threads a row: a warp's load reads 128 contiguous bytes of one row
+    (one row a thread reads 32 rows' words, 4 bytes each, per load). x also as XS4 (int32 [K / 4], the sums
+    of xq per word). Accumulated per (row, word) in fp32, added once at the end."""
+    rows = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)  # [BLOCK_N]
+    part = tl.program_id(1)
+    w = tl.arange(0, 32)[None, :]  # [1, 32]
+    row_w = (tl.minimum(rows, N - 1).to(tl.int64) * ROW_WORDS)[:, None]  # [BLOCK_N, 1]
+    acc = tl.zeros([BLOCK_N, 32], dtype=tl.float32)
+    for q in range(PPS):
+        pair = part * PPS + q
+        pw = row_w + pair * PAIR_WORDS  # [BLOCK_N, 1]
+        d0 = half_low(tl.load(W + pw + 52))  # the even block's d: word 52's low half
+        d1 = half_low(tl.load(W + pw + 104) >> 16)  # the odd one's: word 104's high half
+        acc += d0 * _block_lanes(XQ, XS4, XD, W, pw, w, 2 * pair, False, ASM)
+        acc += d1 * _block_lanes(XQ, XS4, XD, W, pw + 52, w, 2 * pair + 1, True, ASM)
+    finish_split(tl.sum(acc, axis=1), rows, rows < N, Y, P, CNT, N, part, tl.program_id(0), SPLIT, ASM, FUSED)
+
+
+def dp4a_q6k(x: torch.Tensor, blocks: torch.Tensor, k: int, out: torch.Tensor, cfg: Dp4aConfig, asm: bool,
+             lanes: bool = False, counters: torch.Tensor | None = None) -> torch.Tensor:
     """out [1, N] = x [1, K] (contiguous) @ dequant(blocks)^T, x rounded to 8 bits per group of 32, for Q6_K
-    blocks uint8 [N, K / 256 * 210] (contiguous, K / 256 even). asm: dp4a in inline PTX (CUDA)."""
+    blocks uint8 [N, K / 256 * 210] (contiguous, K / 256 even). asm: dp4a in inline PTX (CUDA). lanes:
+    q6k_lanes_kernel (32 threads a row) instead of one row a thread. counters: split_k's, kept by the caller."""
     n, nb = blocks.shape[0], k // 256
     if nb % 2:
         raise ValueError(f"dp4a_q6k: rows of {nb} blocks (K = {k}) are not word-aligned in pairs")
-    xq, dx, _ = quantize_x(x)
     words = blocks.view(torch.int32)  # [N, nb * 52.5]
     programs = triton.cdiv(n, cfg.block_n)
     split = split_for(nb // 2, programs, cfg.min_programs)
-    part = out if split == 1 else torch.empty(split, n, dtype=torch.float32, device=x.device)  # [SPLIT, N] fp32
-    q6k_dp4a_kernel[(programs, split)](xq.view(torch.int32), dx, words, out, part, n, words.shape[1], PPS=nb // 2 // split,
-                                       BLOCK_N=cfg.block_n, PARTIAL=split > 1, ASM=asm, num_warps=cfg.num_warps)
-    if split > 1:
-        split_sum_kernel[(triton.cdiv(n, 1024),)](part, out, n, SPLIT=split, BLOCK=1024, num_warps=4)
+    part, cnt = split_buffers(n, split, programs, out, counters)  # [SPLIT, N] fp32 partials
+    if lanes:
+        xq, dx, _, s4 = quantize_x(x, sums=4)
+        q6k_lanes_kernel[(programs, split)](xq.view(torch.int32), s4, dx, words, out, part, cnt, n, words.shape[1],
+                                            PPS=nb // 2 // split, BLOCK_N=cfg.block_n, SPLIT=split, ASM=asm, FUSED=cfg.fused_split,
+                                            num_warps=cfg.num_warps)
+    else:
+        xq, dx, _ = quantize_x(x)
+        q6k_dp4a_kernel[(programs, split)](xq.view(torch.int32), dx, words, out, part, cnt, n, words.shape[1],
+                                           PPS=nb // 2 // split, BLOCK_N=cfg.block_n, SPLIT=split, ASM=asm, FUSED=cfg.fused_split,
+                                           num_warps=cfg.num_warps)
+    finish_unfused(part, out, n, split, cfg.fused_split)
     return out
 
 

@@ -24,7 +24,7 @@ import triton.language as tl
 
 from treeflash.kernels.quant.config import Dp4aConfig, split_for
 from treeflash.kernels.quant.dp4a_q4k import exact_float, quantize_x, quantize_x_ref
-from treeflash.kernels.quant.gemv_q4k import split_sum_kernel
+from treeflash.kernels.quant.split_k import finish_split, finish_unfused, split_buffers
 from treeflash.kernels.quant.q4k_block import half_low
 
 PAIR_WORDS = tl.constexpr(17)  # two Q8_0 blocks: 68 bytes
@@ -59,10 +59,11 @@ def _dp4a_ss(a, b, ASM: tl.constexpr):
 
 
 @triton.jit
-def q8_0_dp4a_kernel(XQ, XD, W, Y, P, N, ROW_WORDS, PPS: tl.constexpr, BLOCK_N: tl.constexpr,
-                     PARTIAL: tl.constexpr, ASM: tl.constexpr):
-    """Y [N] = x @ dequant(W)^T for BLOCK_N rows over PPS pairs of blocks (PARTIAL: the fp32 partial P
-    [SPLIT, N]); x as XQ (int8 as int32 words [K / 4]) and XD (fp32 [K / 32]). W: the Q8_0 blocks as
+def q8_0_dp4a_kernel(XQ, XD, W, Y, P, CNT, N, ROW_WORDS, PPS: tl.constexpr, BLOCK_N: tl.constexpr,
+                     SPLIT: tl.constexpr, ASM: tl.constexpr,
+                    FUSED: tl.constexpr = True):
+    """Y [N] = x @ dequant(W)^T for BLOCK_N rows over PPS pairs of blocks (SPLIT > 1: split_k.finish_split over
+    P [SPLIT, N] and CNT); x as XQ (int8 as int32 words [K / 4]) and XD (fp32 [K / 32]). W: the Q8_0 blocks as
     int32 words [N, ROW_WORDS]. One row a thread: every tensor is [BLOCK_N] (or [BLOCK_N, 8] words)."""
     rows = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)  # [BLOCK_N]
     part = tl.program_id(1)
@@ -83,13 +84,11 @@ def q8_0_dp4a_kernel(XQ, XD, W, Y, P, N, ROW_WORDS, PPS: tl.constexpr, BLOCK_N: 
         d0 = half_low(tl.load(W + pw))
         d1 = half_low(tl.load(W + pw + 8) >> 16)
         acc += d0 * (exact_float(i0) * tl.load(XD + 2 * pair)) + d1 * (exact_float(i1) * tl.load(XD + 2 * pair + 1))
-    if PARTIAL:
-        tl.store(P + part * N + rows, acc, mask=rows < N)
-    else:
-        tl.store(Y + rows, acc.to(Y.dtype.element_ty), mask=rows < N)
+    finish_split(acc, rows, rows < N, Y, P, CNT, N, part, tl.program_id(0), SPLIT, ASM, FUSED)
 
 
-def dp4a_q8_0(x: torch.Tensor, blocks: torch.Tensor, k: int, out: torch.Tensor, cfg: Dp4aConfig, asm: bool) -> torch.Tensor:
+def dp4a_q8_0(x: torch.Tensor, blocks: torch.Tensor, k: int, out: torch.Tensor, cfg: Dp4aConfig, asm: bool,
+              counters: torch.Tensor | None = None) -> torch.Tensor:
     """out [1, N] = x [1, K] (contiguous) @ dequant(blocks)^T, x rounded to 8 bits per group of 32, for Q8_0
     blocks uint8 [N, K / 32 * 34] (contiguous, K / 32 even). asm: dp4a in inline PTX (CUDA)."""
     n, nb = blocks.shape[0], k // 32
@@ -99,9 +98,8 @@ def dp4a_q8_0(x: torch.Tensor, blocks: torch.Tensor, k: int, out: torch.Tensor, 
     words = blocks.view(torch.int32)  # [N, nb * 8.5]
     programs = triton.cdiv(n, cfg.block_n)
     split = split_for(nb // 2, programs, cfg.min_programs)
-    part = out if split == 1 else torch.empty(split, n, dtype=torch.float32, device=x.device)  # [SPLIT, N] fp32
-    q8_0_dp4a_kernel[(programs, split)](xq.view(torch.int32), dx, words, out, part, n, words.shape[1], PPS=nb // 2 // split,
-                                        BLOCK_N=cfg.block_n, PARTIAL=split > 1, ASM=asm, num_warps=cfg.num_warps)
-    if split > 1:
-        split_sum_kernel[(triton.cdiv(n, 1024),)](part, out, n, SPLIT=split, BLOCK=1024, num_warps=4)
+    part, cnt = split_buffers(n, split, programs, out, counters)  # [SPLIT, N] fp32 partials
+    q8_0_dp4a_kernel[(programs, split)](xq.view(torch.int32), dx, words, out, part, cnt, n, words.shape[1], PPS=nb // 2 // split,
+                                        BLOCK_N=cfg.block_n, SPLIT=split, ASM=asm, FUSED=cfg.fused_split, num_warps=cfg.num_warps)
+    finish_unfused(part, out, n, split, cfg.fused_split)
     return out

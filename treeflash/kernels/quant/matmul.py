@@ -134,9 +134,11 @@ def tiled_matmul(x: torch.Tensor, blocks: torch.Tensor, f: BlockFormat, k: int, 
 
 
 def quant_matmul(x: torch.Tensor, blocks: torch.Tensor, fmt: str, k: int,
-                 out_dtype: torch.dtype | None = None, tuning: QuantTuning = DEFAULT_TUNING) -> torch.Tensor:
+                 out_dtype: torch.dtype | None = None, tuning: QuantTuning = DEFAULT_TUNING,
+                 counters: torch.Tensor | None = None) -> torch.Tensor:
     """x [M, K] (bf16/fp16/fp32) @ dequant(blocks)^T -> [M, N] (out_dtype, default x's dtype).
-    blocks: uint8 [N, K // block_values * block_bytes], rows as stored in GGUF, on x's device."""
+    blocks: uint8 [N, K // block_values * block_bytes], rows as stored in GGUF, on x's device. counters:
+    zeroed int32 the caller keeps across calls for the M == 1 kernels' split over K (split_k.tile_counters)."""
     f = get_format(fmt)
     n = check_blocks(blocks, f, k)
     if x.dim() != 2 or x.shape[1] != k:
@@ -158,18 +160,20 @@ def quant_matmul(x: torch.Tensor, blocks: torch.Tensor, fmt: str, k: int,
             if tuning.q4k_gemv_route == "mma":
                 return mma_q4k.mma_q4k(x, blocks, k, out, tuning.q4k_mma, _mma_asm(x))
             if tuning.q4k_gemv_route == "dp4a":
-                return dp4a_q4k.dp4a_q4k(x, blocks, k, out, tuning.q4k_dp4a, x.is_cuda and not _INTERPRET)
+                return dp4a_q4k.dp4a_q4k(x, blocks, k, out, tuning.q4k_dp4a, x.is_cuda and not _INTERPRET, counters)
             if tuning.q4k_gemv_route == "q4k":
                 return rows_q4k.rows_q4k(x, blocks, k, out, tuning.q4k_rows, _dot_f32(x))
             return gemv_words_q4k(x, blocks, k, out, tuning)
-        if f.name == "Q6_K" and tuning.q6k_gemv_route == "dp4a" and blocks.is_contiguous() and (k // 256) % 2 == 0:
-            return dp4a_q6k.dp4a_q6k(x, blocks, k, out, tuning.q6k_dp4a, x.is_cuda and not _INTERPRET)
-        if f.name == "Q6_K" and tuning.q6k_gemv_route in ("q6k", "dp4a") and blocks.is_contiguous():
+        if f.name == "Q6_K" and tuning.q6k_gemv_route in ("dp4a", "lanes") and blocks.is_contiguous() and (k // 256) % 2 == 0:
+            lanes = tuning.q6k_gemv_route == "lanes"
+            return dp4a_q6k.dp4a_q6k(x, blocks, k, out, tuning.q6k_lanes if lanes else tuning.q6k_dp4a,
+                                     x.is_cuda and not _INTERPRET, lanes=lanes, counters=counters)
+        if f.name == "Q6_K" and tuning.q6k_gemv_route in ("q6k", "dp4a", "lanes") and blocks.is_contiguous():
             return rows_q6k.rows_q6k(x, blocks, k, out, tuning.q4k_rows, _dot_f32(x))
         if f.name == "Q3_K" and tuning.q3k_gemv_route == "dp4a" and blocks.is_contiguous() and (k // 256) % 2 == 0:
-            return dp4a_q3k.dp4a_q3k(x, blocks, k, out, tuning.q3k_dp4a, x.is_cuda and not _INTERPRET)
+            return dp4a_q3k.dp4a_q3k(x, blocks, k, out, tuning.q3k_dp4a, x.is_cuda and not _INTERPRET, counters)
         if f.name == "Q8_0" and tuning.q8_0_gemv_route == "dp4a" and blocks.is_contiguous() and (k // 32) % 2 == 0:
-            return dp4a_q8_0.dp4a_q8_0(x, blocks, k, out, tuning.q8_0_dp4a, x.is_cuda and not _INTERPRET)
+            return dp4a_q8_0.dp4a_q8_0(x, blocks, k, out, tuning.q8_0_dp4a, x.is_cuda and not _INTERPRET, counters)
         return gemv(x, blocks, f, k, out, tuning)
     if m <= tuning.max_rows:
         if f.name == "Q4_K" and tuning.q4k_rows_route == "q4k" and blocks.is_contiguous():

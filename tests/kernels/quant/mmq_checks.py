@@ -22,14 +22,17 @@ K = {"Q4_K": 512, "Q6_K": 1024}
 MS = (2, 5, 16, 33, 64)
 # (name, MmqConfig fields, Ms): no split at every M; a split of 2 (BLOCK_N 32: 2 programs, at least 4) at two;
 # BLOCK_M 16 (M = 33 takes three tiles of x) at one
-CONFIGS = (("nosplit", {"min_programs": 1}, MS), ("split", {"block_n": 32, "min_programs": 4}, (5, 64)),
-           ("bm16", {"block_m": 16, "min_programs": 1}, (33,)))
+# (Q6_K, four times the interpreter's work a call: fewer cases)
+CONFIGS = {"Q4_K": (("nosplit", {"min_programs": 1}, MS), ("split", {"block_n": 32, "min_programs": 4}, (5, 64)),
+                    ("bm16", {"block_m": 16, "min_programs": 1}, (33,))),
+           "Q6_K": (("nosplit", {"min_programs": 1}, (2, 17)), ("split", {"block_n": 32, "min_programs": 4}, (5,)))}
+DECODE_ROWS = {"Q4_K": 5, "Q6_K": 2}
 SINGLES = (17, 63)  # rows of x also computed alone, once per split
 
 
-def case_names() -> list[str]:
-    """The per-call cases main() prints, in its order."""
-    return [f"{name}_m{m}" for name, _, ms in CONFIGS for m in ms]
+def case_names(fmt: str) -> list[str]:
+    """The per-call cases main() prints for fmt, in its order."""
+    return [f"{name}_m{m}" for name, _, ms in CONFIGS[fmt] for m in ms]
 
 
 def main(fmt: str) -> None:
@@ -59,11 +62,13 @@ def main(fmt: str) -> None:
         y = torch.empty(x.shape[0], N)
         return kernel(x.contiguous(), blocks, k, y, cfg, False)
 
-    for name, fields, ms in CONFIGS:
+    for name, fields, ms in CONFIGS[fmt]:
         cfg = MmqConfig(**fields)
         split = mmq_split(N, nb_split, cfg)
         for m in ms:
-            src = torch.randperm(64, generator=gen)[:m]  # which rows of x_all, in a random order
+            # which rows of x_all, in a random order: SINGLES first (so every call holds rows also computed alone), then others
+            others = [r for r in torch.randperm(64, generator=gen).tolist() if r not in SINGLES]
+            src = torch.tensor(list(SINGLES) + others)[:m][torch.randperm(m, generator=gen)]
             x = x_all[src]
             y = call(x, cfg)
             ref = ref_fn(x, blocks, k, torch.float32, quantized=quantize_x(x), split=split)
@@ -79,14 +84,14 @@ def main(fmt: str) -> None:
     # the decode step (M == 1, dp4a) on each row against an M-row call at the same split and block_n
     dp = Dp4aConfig()
     cfg = MmqConfig(block_n=dp.block_n, min_programs=dp.min_programs)
-    x = x_all[:5]
+    x = x_all[:DECODE_ROWS[fmt]]
     y = call(x, cfg)
-    one = torch.cat([quant_matmul(x[i:i + 1], blocks, fmt, k, out_dtype=torch.float32, tuning=QuantTuning()) for i in range(5)])
+    one = torch.cat([quant_matmul(x[i:i + 1], blocks, fmt, k, out_dtype=torch.float32, tuning=QuantTuning()) for i in range(x.shape[0])])
     out["decode"] = dict(equal=torch.equal(y, one), rel=((y - one).abs().max() / one.abs().max()).item())
     # the route: bf16 x and output through quant_matmul, against the kernel called directly
-    xb = x_all[:7].to(torch.bfloat16)
+    xb = x_all[:3].to(torch.bfloat16)
     y = quant_matmul(xb, blocks, fmt, k, tuning=QuantTuning(**route))
-    direct = kernel(xb, blocks, k, torch.empty(7, N, dtype=torch.bfloat16), MmqConfig(), False)
+    direct = kernel(xb, blocks, k, torch.empty(3, N, dtype=torch.bfloat16), MmqConfig(), False)
     out["route"] = dict(equal=torch.equal(y, direct), dtype=str(y.dtype))
     print(json.dumps(out))
 

@@ -25,6 +25,7 @@ import treeflash.kernels.quant.gemv_q4k as gemv_q4k
 import treeflash.kernels.quant.kernels as kernels
 import treeflash.kernels.quant.mma_q4k as mma_q4k
 import treeflash.kernels.quant.mmq_q4k as mmq_q4k
+import treeflash.kernels.quant.mmq_q6k as mmq_q6k
 import treeflash.kernels.quant.rows_q4k as rows_q4k
 import treeflash.kernels.quant.rows_q6k as rows_q6k
 from treeflash.kernels.quant.config import DEFAULT_TUNING, QuantTuning, split_for
@@ -181,6 +182,8 @@ def quant_matmul(x: torch.Tensor, blocks: torch.Tensor, fmt: str, k: int,
             return mmq_q4k.mmq_q4k(x, blocks, k, out, tuning.q4k_mmq, x.is_cuda and not _INTERPRET)
         if f.name == "Q6_K" and tuning.q6k_rows_route == "q6k" and blocks.is_contiguous():
             return rows_q6k.rows_q6k(x, blocks, k, out, tuning.q4k_rows, _dot_f32(x))
+        if f.name == "Q6_K" and tuning.q6k_rows_route == "mmq" and blocks.is_contiguous():
+            return mmq_q6k.mmq_q6k(x, blocks, k, out, tuning.q6k_mmq, x.is_cuda and not _INTERPRET)
         if (f.name == "Q4_K" and tuning.q4k_rows_route == "tiled") or (f.name == "Q6_K" and tuning.q6k_rows_route == "tiled"):
             return tiled_matmul(x, blocks, f, k, out, tuning)
         return rows_matmul(x, blocks, f, k, out, tuning)

@@ -7,7 +7,7 @@ matmul at the same shape. Each call is first checked against dequantize_ref + an
     python -m bench.quant_gemv --formats Q4_K,Q6_K --rows 1,32 --out q.json
     python -m bench.quant_gemv --formats Q4_K --configs --rows 1,32 --out sweep.json   # launch-config sweep
     python -m bench.quant_gemv --formats Q4_K --rows 1 --q4k-ab --out ab.json   # word-wide Q4_K GEMV vs byte-wise
-    python -m bench.quant_gemv --rows-ab --out rows_ab.json   # Q4_K at M = 2..64: generic vs rows_q4k vs tiled vs bf16
+    python -m bench.quant_gemv --rows-ab --out rows_ab.json   # Q4_K at M = 2..64: generic vs rows_q4k vs mma vs mmq vs tiled vs bf16
     python -m bench.quant_gemv --device cpu --toy --out /tmp/q.json        # checks the script on a CPU
 
 Timing: CUDA-graph replay (triton.testing.do_bench_cudagraph) of one graph that calls quant_matmul on
@@ -20,8 +20,9 @@ comes out as ready-to-use QuantTuning table entries ("best_gemv_table", "best_ro
 
 --rows-ab: Q4_K at every projection and M in ROWS_AB_M through each QuantTuning.q4k_rows_route (at M == 1
 each q4k_gemv_route: "words" gemv_q4k, "bytes" gemv_kernel, "q4k" rows_q4k; "best_speedup_vs_generic" is then
-over "words") ("generic": kernels.rows_kernel, "q4k": rows_q4k at each configuration of Q4K_ROWS_GRID, "tiled":
-dequantized tiles + torch matmul) beside bf16 F.linear and the shape's M == 1 decode GEMV, each
+over "words") ("generic": kernels.rows_kernel, "q4k": rows_q4k at each configuration of Q4K_ROWS_GRID, "mma":
+mma_q4k's of Q4K_MMA_GRID, "mmq": mmq_q4k's of Q4K_MMQ_GRID (x rounded to 8 bits: compare its error with dp4a's, not
+with rows_q4k's), "tiled": dequantized tiles + torch matmul) beside bf16 F.linear and the shape's M == 1 decode GEMV, each
 checked against dequantize_ref + an fp32 matmul first; "best" per (shape, M) and each route's time
 over the M == 1 GEMV's ("vs_m1": the target is <= 1.5 at M = 32). Shorter timing windows
 (ROWS_AB_REP_MS) and copies of one random weight keep it under --time-limit (default 170 s): past
@@ -43,7 +44,8 @@ import torch
 import torch.nn.functional as F
 
 from treeflash.kernels.quant import FORMATS, dequantize_ref, has_kernel, quant_matmul
-from treeflash.kernels.quant.config import GemvConfig, Dp4aConfig, Q4kGemvConfig, Q4kMmaConfig, Q4kRowsConfig, QuantTuning, RowsConfig, split_for
+from treeflash.kernels.quant.config import GemvConfig, Dp4aConfig, MmqConfig, Q4kGemvConfig, Q4kMmaConfig, Q4kRowsConfig, QuantTuning, RowsConfig, split_for
+from treeflash.kernels.quant import mmq_q4k
 from treeflash.kernels.quant.rows_q4k import block_m_for
 from treeflash.kernels.quant.synthetic import random_blocks
 
@@ -81,6 +83,10 @@ Q4K_DP4A_GRID = (Dp4aConfig(), Dp4aConfig(min_programs=1056), Dp4aConfig(block_n
                  Dp4aConfig(unroll=4), Dp4aConfig(min_programs=8448))
 Q4K_MMA_GRID = (Q4kMmaConfig(), Q4kMmaConfig(sums_dot=False), Q4kMmaConfig(num_stages=3), Q4kMmaConfig(min_programs=264),
                 Q4kMmaConfig(scale="group"), Q4kMmaConfig(block_n=128, num_warps=8))
+# mmq_q4k's configurations at M > 1 (x rounded to 8 bits, int8 dots): the default, a deeper split (4 programs per SM),
+# no split, a deeper pipeline, two warpgroups of 64 weight rows, x's tile at most 32 rows (M = 64: two tiles)
+Q4K_MMQ_GRID = (MmqConfig(), MmqConfig(min_programs=528), MmqConfig(min_programs=1), MmqConfig(num_stages=3),
+                MmqConfig(block_n=128, num_warps=8), MmqConfig(block_m=32))
 ROWS_AB_REP_MS = 20
 
 
@@ -201,6 +207,18 @@ def dp4a_routes(grid, n: int, k: int) -> list[tuple[str, dict, QuantTuning]]:
     return routes
 
 
+def mmq_routes(grid, n: int, k: int, m: int) -> list[tuple[str, dict, QuantTuning]]:
+    """(label, config fields, tuning) of each mmq_q4k configuration whose launch at (N, K, M) differs from an earlier one's."""
+    routes, seen = [], set()
+    for i, c in enumerate(grid):
+        bm = mmq_q4k.block_m_for(m, c)
+        launch = (c.block_n, mmq_q4k.warps_for(bm, c), c.num_stages, bm, mmq_q4k.mmq_split(n, k // 256, c))
+        if launch not in seen:
+            seen.add(launch)
+            routes.append((f"mmq{i}", dataclasses.asdict(c), QuantTuning(q4k_rows_route="mmq", q4k_mmq=c)))
+    return routes
+
+
 def rows_ab_setup(name: str, n: int, k: int, args) -> dict:
     """One projection's tensors for --rows-ab (>= MIN_BYTES_PER_REPLAY of blocks and of bf16 weights) and its
     M == 1 decode GEMV (the default route), checked then timed."""
@@ -233,6 +251,7 @@ def rows_ab_row(st: dict, m: int, args) -> dict:
         routes += dp4a_routes(Q4K_DP4A_GRID[: 2 if args.toy else None], n, k)  # (rows_q4k at M == 1 lost: quant_mma_ab.json)
     else:
         routes = [("generic", None, QuantTuning()), ("tiled", None, QuantTuning(q4k_rows_route="tiled"))] + q4k_routes(grid, n, k, m)
+        routes += mmq_routes(Q4K_MMQ_GRID[: 2 if args.toy else None], n, k, m)
     routes += mma_routes(Q4K_MMA_GRID[: 2 if args.toy or m == 1 else None], n, k, m)
     timings = []
     for route, cfg, tuning in routes:

@@ -134,14 +134,43 @@ class Dp4aConfig:
             raise ValueError(f"min_programs must be >= 1, got {self.min_programs}")
 
 
-# the kernels Q4_K takes at 2 <= M <= max_rows: kernels.rows_kernel, rows_q4k, or dequantized tiles + torch matmul
-Q4K_ROWS_ROUTES = ("generic", "q4k", "tiled", "mma")
+@dataclass(frozen=True)
+class MmqConfig:
+    """2 <= M <= max_rows through the mmq kernels (mmq_q4k, mmq_q6k: x rounded to 8 bits per group of 32 as the
+    dp4a kernels round it, int8 tensor-core dots per group, the scales after): BLOCK_N weight rows x BLOCK_M rows
+    of x per program (BLOCK_M the smallest power of two >= M, at least 16, at most block_m), num_warps per 32 rows
+    of that tile (mmq_q4k.warps_for: BLOCK_M = 64 launches twice as many), num_stages of software pipelining, and a
+    split over K chosen so that at least min_programs programs run counting the weight rows' programs only (never
+    M's: a row's sums then do not depend on M). block_m 128 spills registers on sm_90 (16 warps). Not yet timed
+    on a GPU."""
+    block_m: int = 64
+    block_n: int = 64
+    num_warps: int = 4
+    num_stages: int = 2
+    min_programs: int = 264  # two programs per SM of an H200 (132 SMs)
+
+    def __post_init__(self):
+        _pow2("block_m", self.block_m, 16, 128)
+        _pow2("block_n", self.block_n, 16, 256)
+        _pow2("num_warps", self.num_warps, 1, 8)
+        if self.num_warps * max(1, self.block_m // 32) > 16:
+            raise ValueError(f"num_warps {self.num_warps} per 32 rows at block_m {self.block_m} exceeds 16 warps")
+        if not 1 <= self.num_stages <= 6:
+            raise ValueError(f"num_stages must be in [1, 6], got {self.num_stages}")
+        if self.min_programs < 1:
+            raise ValueError(f"min_programs must be >= 1, got {self.min_programs}")
+
+
+# the kernels Q4_K takes at 2 <= M <= max_rows: kernels.rows_kernel, rows_q4k, dequantized tiles + torch matmul,
+# mma_q4k, or mmq_q4k (x rounded to 8 bits per group of 32, int8 tensor-core dots)
+Q4K_ROWS_ROUTES = ("generic", "q4k", "tiled", "mma", "mmq")
 # the kernels Q4_K takes at M == 1: gemv_q4k (32-bit words), kernels.gemv_kernel (byte-wise), or rows_q4k
 # (x padded to 16 rows: its block loads are software-pipelined into a tl.dot, which the GEMVs' are not)
 # or dp4a_q4k (x rounded to 8 bits per group of 32, integer dot products)
 Q4K_GEMV_ROUTES = ("words", "bytes", "q4k", "mma", "dp4a")
-# the kernels Q6_K takes at 2 <= M <= max_rows: kernels.rows_kernel, or dequantized tiles + torch matmul
-Q6K_ROWS_ROUTES = ("generic", "tiled", "q6k")
+# the kernels Q6_K takes at 2 <= M <= max_rows: kernels.rows_kernel, dequantized tiles + torch matmul, rows_q6k,
+# or mmq_q6k (x rounded to 8 bits per group of 32, int8 tensor-core dots)
+Q6K_ROWS_ROUTES = ("generic", "tiled", "q6k", "mmq")
 # the kernels Q6_K takes at M == 1: kernels.gemv_kernel (byte-wise), or rows_q6k (x padded to 16 rows)
 # or dp4a_q6k (x rounded to 8 bits per group of 32, integer dot products; rows of an even number of blocks), one
 # row a thread ("dp4a") or eight lanes a row ("lanes")
@@ -189,6 +218,8 @@ class QuantTuning:
     q6k_gemv_route: str = "dp4a"
     # Q4_K at 2 <= M <= max_rows (Q4K_ROWS_ROUTES): rows_q4k (M = 32: 2-5x the generic kernel, bench/results/quant_mma_ab.json)
     q4k_rows_route: str = "q4k"
+    q4k_mmq: MmqConfig = MmqConfig()  # Q4_K's "mmq" rows route (mmq_q4k)
+    q6k_mmq: MmqConfig = MmqConfig()  # Q6_K's "mmq" rows route (mmq_q6k)
     gemv_table: tuple[tuple[str, int, int, GemvConfig], ...] = ()
     rows_table: tuple[tuple[str, int, int, RowsConfig], ...] = ()
     rows_block_m: tuple[tuple[int, int], ...] = ((16, 16), (32, 32), (128, 64))

@@ -3,7 +3,7 @@
 Routing by the number of rows M (at small M the weight's bytes are the cost, so the kernels read
 each stored block once and dequantize in registers): on CUDA (or under TRITON_INTERPRET=1, on CPU
 tensors) M == 1 takes the decode GEMV (for Q4_K the kernel QuantTuning.q4k_gemv_route names), 2 <= M <= max_rows the small-M kernel (for Q4_K the one that
-QuantTuning.q4k_rows_route names: rows_kernel, rows_q4k or the dequantized tiles); larger M dequantizes
+QuantTuning.q4k_rows_route names: rows_kernel, rows_q4k, mma_q4k, mmq_q4k or the dequantized tiles); larger M dequantizes
 the weight in row tiles (to x's dtype) and uses torch matmul (compute-bound there: tensor cores on
 a dense tile win). Elsewhere the reference path (dequantize_ref + an fp32 matmul) runs. The kernel
 paths allocate only the output (and, for large M, the tile buffer) and never sync the host, so
@@ -24,6 +24,8 @@ import treeflash.kernels.quant.dp4a_q8_0 as dp4a_q8_0
 import treeflash.kernels.quant.gemv_q4k as gemv_q4k
 import treeflash.kernels.quant.kernels as kernels
 import treeflash.kernels.quant.mma_q4k as mma_q4k
+import treeflash.kernels.quant.mmq_q4k as mmq_q4k
+import treeflash.kernels.quant.mmq_q6k as mmq_q6k
 import treeflash.kernels.quant.rows_q4k as rows_q4k
 import treeflash.kernels.quant.rows_q6k as rows_q6k
 from treeflash.kernels.quant.config import DEFAULT_TUNING, QuantTuning, split_for
@@ -180,8 +182,12 @@ def quant_matmul(x: torch.Tensor, blocks: torch.Tensor, fmt: str, k: int,
             return rows_q4k.rows_q4k(x, blocks, k, out, tuning.q4k_rows, _dot_f32(x))
         if f.name == "Q4_K" and tuning.q4k_rows_route == "mma" and blocks.is_contiguous():
             return mma_q4k.mma_q4k(x, blocks, k, out, tuning.q4k_mma, _mma_asm(x))
+        if f.name == "Q4_K" and tuning.q4k_rows_route == "mmq" and blocks.is_contiguous():
+            return mmq_q4k.mmq_q4k(x, blocks, k, out, tuning.q4k_mmq, x.is_cuda and not _INTERPRET)
         if f.name == "Q6_K" and tuning.q6k_rows_route == "q6k" and blocks.is_contiguous():
             return rows_q6k.rows_q6k(x, blocks, k, out, tuning.q4k_rows, _dot_f32(x))
+        if f.name == "Q6_K" and tuning.q6k_rows_route == "mmq" and blocks.is_contiguous():
+            return mmq_q6k.mmq_q6k(x, blocks, k, out, tuning.q6k_mmq, x.is_cuda and not _INTERPRET)
         if (f.name == "Q4_K" and tuning.q4k_rows_route == "tiled") or (f.name == "Q6_K" and tuning.q6k_rows_route == "tiled"):
             return tiled_matmul(x, blocks, f, k, out, tuning)
         return rows_matmul(x, blocks, f, k, out, tuning)

@@ -60,6 +60,9 @@
 # dp4a_fused   bench.dp4a_ab: the M == 1 dp4a kernels per projection (Q6_K one row a thread   dp4a_ab.json           230 s
 #              vs 32 threads a row, the split finished in the kernel vs a split-sum launch); then  gpu_speed_quant.json   290 s
 #              the 27B Q4_K_M whole model with the split-sum launches, the default, Q6_K's lanes
+# mmq          bench.quant_gemv --rows-ab at M = 8 / 32 / 64 on the 27B projections (mmq_q4k's int8   mmq_ab_27b.json        230 s
+#              tensor-core rows beside rows_q4k), then the 27B Q4_K_M whole model: default, @/mmq     gpu_speed_quant_mmq.json 300 s
+#              (Q4_K rows), @/mmq/mmq (and Q6_K rows): verify-32 against the one-token step
 # rows_gemm    bench.gpu_gemv --rows-gemm-ab: batch-invariant rows_gemm vs gemv / cuBLAS   rows_gemm_ab.json      150 s
 #              at M = 1, 2, 8, 32, 64, every 27B / 8B bf16 projection, invariance on the GPU
 # prefix       treeflash.bench.prefix_cache: TTFT with a 4K-token prefix-cache hit        prefix_cache_gpu.json  90 s
@@ -274,6 +277,14 @@ for stage in $STAGES; do
         --quant qwen3.5-27b:q4_k_m@+unfused,qwen3.5-27b:q4_k_m,qwen3.5-27b:q4_k_m@///lanes --drafter-layers 0 \
         --decode-tokens 32 --out "$OUT/gpu_speed_quant.json"
       grep -E "decode|32 nodes" "$OUT/gpu_speed_quant_fused.log" | tee -a "$OUT/progress.log" ;;
+    mmq)
+      run mmq_ab 230 -m bench.quant_gemv --rows-ab --ms 8,32,64 --time-limit 200 \
+        --projections 27b.gate_up,27b.down,27b.attn_qkv,27b.in_proj,27b.out --out "$OUT/mmq_ab_27b.json"
+      grep -E '"m": (8|32|64)' "$OUT/mmq_ab.log" | tee -a "$OUT/progress.log"
+      run gpu_speed_quant_mmq 300 -m bench.gpu_speed --shapes "" --gguf-dir /tmp/gguf --buckets 1,32 --prefill "" \
+        --quant qwen3.5-27b:q4_k_m,qwen3.5-27b:q4_k_m@/mmq,qwen3.5-27b:q4_k_m@/mmq/mmq --drafter-layers 0 \
+        --decode-tokens 32 --out "$OUT/gpu_speed_quant_mmq.json"
+      grep -E "decode|32 nodes" "$OUT/gpu_speed_quant_mmq.log" | tee -a "$OUT/progress.log" ;;
     rows_gemm)
       run rows_gemm_ab 150 -m bench.gpu_gemv --rows-gemm-ab --time-limit 120 --out "$OUT/rows_gemm_ab.json"
       grep -E "rows_gemm/today|bandwidth" "$OUT/rows_gemm_ab.log" | tee -a "$OUT/progress.log" ;;
@@ -291,7 +302,7 @@ for stage in $STAGES; do
       run oracle_ceiling 420 -m bench.oracle_ceiling --shapes qwen3.5-27b,qwen3-8b,qwen3.5-27b:q4_k_m --gguf-dir /tmp/gguf \
         --taus 4 8 16 --out "$OUT/oracle_ceiling.json"
       tail -n 12 "$OUT/oracle_ceiling.log" | tee -a "$OUT/progress.log" ;;
-    *) log "unknown stage $stage (quant_check check speed hf eval cli_bench auto_greedy auto_sampled device_steps profile gdn gemv_graph kv kv_long kv_table fla fit_hf fit_27b fit_24g quant quant_ab quant_rows mma quant_routes quant_q6k dp4a quant_final dp4a_fused rows_gemm prefix oracle)" ;;
+    *) log "unknown stage $stage (quant_check check speed hf eval cli_bench auto_greedy auto_sampled device_steps profile gdn gemv_graph kv kv_long kv_table fla fit_hf fit_27b fit_24g quant quant_ab quant_rows mma quant_routes quant_q6k dp4a quant_final dp4a_fused mmq rows_gemm prefix oracle)" ;;
   esac
 done
 log "done"

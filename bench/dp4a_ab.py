@@ -47,17 +47,18 @@ TOY = {"toy.q4_k": ("Q4_K", 48, 1024), "toy.q6_k": ("Q6_K", 40, 1024), "toy.q8_0
 def routes(fmt: str) -> list[tuple[str, QuantTuning]]:
     """(label, tuning) of each route timed for a format: the default first."""
     base = QuantTuning()
-    unfused = lambda c: dataclasses.replace(c, fused_split=False)  # noqa: E731
+    fused = lambda c: dataclasses.replace(c, fused_split=True)  # noqa: E731
     if fmt == "Q4_K":
-        return [("default", base), ("unfused", dataclasses.replace(base, q4k_dp4a=unfused(base.q4k_dp4a)))]
+        return [("default", base), ("fused", dataclasses.replace(base, q4k_dp4a=fused(base.q4k_dp4a)))]
     if fmt == "Q8_0":
-        return [("default", base), ("unfused", dataclasses.replace(base, q8_0_dp4a=unfused(base.q8_0_dp4a)))]
-    out = [("default", base), ("dp4a unfused", dataclasses.replace(base, q6k_gemv_route="dp4a", q6k_dp4a=unfused(base.q6k_dp4a)))]
+        return [("default", base), ("fused", dataclasses.replace(base, q8_0_dp4a=fused(base.q8_0_dp4a)))]
+    out = [("default", base), ("dp4a fused", dataclasses.replace(base, q6k_gemv_route="dp4a", q6k_dp4a=fused(base.q6k_dp4a)))]
     for bn, w in ((64, 2), (128, 4), (32, 1), (128, 8)):  # one row a thread: BLOCK_N == 32 warps has no replicated rows
         out.append((f"dp4a bn{bn} w{w}", dataclasses.replace(base, q6k_gemv_route="dp4a", q6k_dp4a=Dp4aConfig(block_n=bn, num_warps=w))))
-    for bn, w, mp in ((4, 4, 4224), (8, 4, 4224), (16, 4, 4224), (8, 8, 4224), (8, 4, 1056), (16, 8, 2112)):
-        out.append((f"lanes bn{bn} w{w} mp{mp}", dataclasses.replace(
-            base, q6k_gemv_route="lanes", q6k_lanes=Dp4aConfig(block_n=bn, num_warps=w, min_programs=mp))))
+    for bn, w, mp, fs in ((4, 4, 4224, False), (8, 4, 4224, False), (16, 4, 4224, False), (8, 8, 4224, False),
+                          (8, 4, 1056, False), (16, 8, 2112, False), (8, 4, 4224, True)):
+        out.append((f"lanes bn{bn} w{w} mp{mp}{' fused' if fs else ''}", dataclasses.replace(
+            base, q6k_gemv_route="lanes", q6k_lanes=Dp4aConfig(block_n=bn, num_warps=w, min_programs=mp, fused_split=fs))))
     return out
 
 

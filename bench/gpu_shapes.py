@@ -181,19 +181,20 @@ def quant_model(spec: str, gguf_dir: str) -> tuple[CausalLM, dict]:
 
 
 def quant_tuning(routes: str):
-    """"GEMV/ROWS[/Q6ROWS[/Q6GEMV[/Q8GEMV]]][+unfused]" (the suffix of SHAPE:MIX@...) -> the QuantTuning of those
-    kernel routes: Q4_K at M == 1, Q4_K at 2..128 rows, Q6_K at 2..128 rows, Q6_K at M == 1, Q8_0 at M == 1 (an
-    empty part keeps the default); +unfused: the dp4a kernels' split over K finished by a split-sum launch."""
+    """"GEMV/ROWS[/Q6ROWS[/Q6GEMV[/Q8GEMV]]][+fused|+unfused]" (the suffix of SHAPE:MIX@...) -> the QuantTuning of
+    those kernel routes: Q4_K at M == 1, Q4_K at 2..128 rows, Q6_K at 2..128 rows, Q6_K at M == 1, Q8_0 at M == 1
+    (an empty part keeps the default); +fused / +unfused: the dp4a kernels' split over K finished by the tile's
+    last program / by a split-sum launch (Dp4aConfig.fused_split)."""
     import dataclasses
 
     from treeflash.kernels.quant.config import QuantTuning
 
     routes, plus, flag = routes.partition("+")
-    if plus and flag != "unfused":
-        raise ValueError(f"quant routes: unknown flag +{flag} (known: +unfused)")
-    if flag == "unfused":
+    if plus and flag not in ("fused", "unfused"):
+        raise ValueError(f"quant routes: unknown flag +{flag} (known: +fused, +unfused)")
+    if plus:
         t = quant_tuning(routes)
-        return dataclasses.replace(t, **{f: dataclasses.replace(getattr(t, f), fused_split=False)
+        return dataclasses.replace(t, **{f: dataclasses.replace(getattr(t, f), fused_split=flag == "fused")
                                          for f in ("q4k_dp4a", "q6k_dp4a", "q6k_lanes", "q8_0_dp4a", "q3k_dp4a")})
     parts = routes.split("/")
     if len(parts) > 5:

@@ -49,7 +49,12 @@ def routes(fmt: str) -> list[tuple[str, QuantTuning]]:
     base = QuantTuning()
     fused = lambda c: dataclasses.replace(c, fused_split=True)  # noqa: E731
     if fmt == "Q4_K":
-        return [("default", base), ("fused", dataclasses.replace(base, q4k_dp4a=fused(base.q4k_dp4a)))]
+        out = [("default", base), ("fused", dataclasses.replace(base, q4k_dp4a=fused(base.q4k_dp4a)))]
+        for bn, w, mp, fs in ((16, 4, 4224, False), (32, 4, 4224, False), (64, 4, 4224, False), (32, 8, 4224, False),
+                              (32, 4, 1056, False), (32, 4, 4224, True)):  # eight threads a row, 16-byte loads
+            out.append((f"lanes bn{bn} w{w} mp{mp}{' fused' if fs else ''}", dataclasses.replace(
+                base, q4k_gemv_route="lanes", q4k_lanes=Dp4aConfig(block_n=bn, num_warps=w, min_programs=mp, fused_split=fs))))
+        return out
     if fmt == "Q8_0":
         return [("default", base), ("fused", dataclasses.replace(base, q8_0_dp4a=fused(base.q8_0_dp4a)))]
     out = [("default", base), ("dp4a fused", dataclasses.replace(base, q6k_gemv_route="dp4a", q6k_dp4a=fused(base.q6k_dp4a)))]

@@ -195,7 +195,7 @@ def quant_tuning(routes: str):
     if plus:
         t = quant_tuning(routes)
         return dataclasses.replace(t, **{f: dataclasses.replace(getattr(t, f), fused_split=flag == "fused")
-                                         for f in ("q4k_dp4a", "q6k_dp4a", "q6k_lanes", "q8_0_dp4a", "q3k_dp4a")})
+                                         for f in ("q4k_dp4a", "q4k_lanes", "q6k_dp4a", "q6k_lanes", "q8_0_dp4a", "q3k_dp4a")})
     parts = routes.split("/")
     if len(parts) > 5:
         raise ValueError(f"quant routes are GEMV/ROWS[/Q6ROWS[/Q6GEMV[/Q8GEMV]]], got {routes!r}")

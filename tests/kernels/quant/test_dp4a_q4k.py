@@ -4,6 +4,8 @@ quantization, the GEMV on the same quantized x, with and without a split over K 
 bf16 x; the rounding's own error against the exact product; and the CUDA form (dp4a in inline PTX)
 compiles for sm_90 without spills."""
 
+import re
+
 import pytest
 import torch
 
@@ -36,18 +38,21 @@ for dt in (torch.float32, torch.bfloat16):
                       ("prefetch", Dp4aConfig(prefetch=True, min_programs=4))):
         y = quant_matmul(x, blocks, "Q4_K", K, out_dtype=torch.float32, tuning=QuantTuning(q4k_gemv_route="dp4a", q4k_dp4a=cfg))
         out[f"{name}_{str(dt)[6:]}"] = ((y - ref).abs().max() / ref.abs().max()).item()
+    for name, cfg in (("lanes_split", Dp4aConfig(block_n=16, min_programs=16)), ("lanes_nosplit", Dp4aConfig(block_n=32, min_programs=1))):
+        y = quant_matmul(x, blocks, "Q4_K", K, out_dtype=torch.float32, tuning=QuantTuning(q4k_gemv_route="lanes", q4k_lanes=cfg))
+        out[f"{name}_{str(dt)[6:]}"] = ((y - ref).abs().max() / ref.abs().max()).item()
 print(json.dumps(out))
 """
 
 
 def test_dp4a_q4k_equals_its_contract_in_the_interpreter():
     res = run_interpreted(CHECK, timeout=600)
-    assert len(res) == 12, res
+    assert len(res) == 16, res
     for dt in ("float32", "bfloat16"):
         step, flips, ddx, ds = res[f"quant_{dt}"]
         assert step <= 1 and flips <= 2 and ddx == 0 and ds < 1e-6, res  # only ties x 127 / amax = j + 1/2 may differ
         assert 1e-4 < res[f"rounding_{dt}"] < 2e-2, res  # 8-bit x: a real, small error against the exact product
-        for name in ("split", "nosplit_unroll1", "bn16", "prefetch"):
+        for name in ("split", "nosplit_unroll1", "bn16", "prefetch", "lanes_split", "lanes_nosplit"):
             assert res[f"{name}_{dt}"] < 2e-6, (name, dt, res)  # the integer sums are exact: only fp32 sums round
 
 
@@ -67,8 +72,8 @@ def test_the_reference_rebuilds_the_weight_and_rounds_like_llama_cpp():
     assert dx[0, 0] == 1.0 and s[0, 0] == 8 * 126.5
 
 
-@pytest.mark.parametrize("prefetch", [False, True])
-def test_dp4a_q4k_compiles_for_sm90_with_dp4a(prefetch, tmp_path):
+@pytest.mark.parametrize("kind", ["dp4a", "prefetch", "lanes", "lanes_fused_split"])
+def test_dp4a_q4k_compiles_for_sm90_with_dp4a(kind, tmp_path):
     test_compile = pytest.importorskip("tests.kernels.quant.test_compile")
     if test_compile.ASTSource is None or not test_compile.PTXAS.exists():
         pytest.skip("triton without ASTSource/GPUTarget or its bundled ptxas")
@@ -77,12 +82,16 @@ def test_dp4a_q4k_compiles_for_sm90_with_dp4a(prefetch, tmp_path):
     from triton.compiler import ASTSource
 
     from treeflash.kernels.quant import dp4a_q4k
-    from treeflash.kernels.quant.config import Dp4aConfig
+    from treeflash.kernels.quant.config import Dp4aConfig, QuantTuning
 
-    fn, cfg = dp4a_q4k.q4k_dp4a_kernel, Dp4aConfig()
     sig = ("XQ", "XD", "XS", "W", "Y", "P", "CNT", "N", "ROW_WORDS")
     types = {"XQ": "*i32", "XD": "*fp32", "XS": "*fp32", "W": "*i32", "Y": "*bf16", "P": "*fp32", "CNT": "*i32"}
-    cst = dict(BPS=20, BLOCK_N=cfg.block_n, UNROLL=cfg.unroll, PREFETCH=prefetch, SPLIT=1, ASM=True)
+    if kind.startswith("lanes"):
+        fn, cfg = dp4a_q4k.q4k_lanes_kernel, QuantTuning().q4k_lanes
+        cst = dict(BPS=20, BLOCK_N=cfg.block_n, SPLIT=4 if "fused" in kind else 1, ASM=True, FUSED=True)
+    else:
+        fn, cfg = dp4a_q4k.q4k_dp4a_kernel, Dp4aConfig()
+        cst = dict(BPS=20, BLOCK_N=cfg.block_n, UNROLL=cfg.unroll, PREFETCH=kind == "prefetch", SPLIT=1, ASM=True)
     signature = {a: types.get(a, "i32") for a in sig} | {a: "constexpr" for a in cst}
     attrs = {(fn.arg_names.index(a),): [["tt.divisibility", 16]] for a in sig if a in types or a == "ROW_WORDS"}
     src = ASTSource(fn, signature, constexprs={(fn.arg_names.index(a),): v for a, v in cst.items()}, attrs=attrs)
@@ -90,6 +99,10 @@ def test_dp4a_q4k_compiles_for_sm90_with_dp4a(prefetch, tmp_path):
     ptx = k.asm["ptx"]
     assert "dp4a.u32.s32" in ptx
     assert "ld.global.v4.b32" in ptx or "ld.global.v4.u32" in ptx  # the code words as 16-byte vectors
+    if "fused" in kind:  # split_k.finish_split: every thread fences, one ticket a program
+        assert "fence.acq_rel.gpu" in ptx and re.search(r"atom\.global\.gpu\.acq_rel\.add", ptx), ptx[-3000:]
+    if kind.startswith("lanes"):  # eight threads a row: a warp's load is four rows x 128 contiguous bytes
+        assert re.search(r"sizePerThread = \[1, 4\], threadsPerWarp = \[4, 8\]", k.asm["ttgir"])
     regs, spills = test_compile.ptxas_spills(ptx, tmp_path)
     assert spills == 0, (regs, spills)
     (tmp_path / "dp4a.ptx").write_text(ptx)

@@ -63,7 +63,8 @@ def test_the_fields_rebuild_the_weight():
     assert torch.equal(w.float(), dequantize_ref(blocks, "Q6_K", 512))
 
 
-def test_dp4a_q6k_compiles_for_sm90_with_dp4a(tmp_path):
+@pytest.mark.parametrize("kind", ["dp4a", "lanes"])
+def test_dp4a_q6k_compiles_for_sm90_with_dp4a(kind, tmp_path):
     test_compile = pytest.importorskip("tests.kernels.quant.test_compile")
     if test_compile.ASTSource is None or not test_compile.PTXAS.exists():
         pytest.skip("triton without ASTSource/GPUTarget or its bundled ptxas")
@@ -74,15 +75,23 @@ def test_dp4a_q6k_compiles_for_sm90_with_dp4a(tmp_path):
     from treeflash.kernels.quant import dp4a_q6k
     from treeflash.kernels.quant.config import Dp4aConfig
 
-    fn, cfg = dp4a_q6k.q6k_dp4a_kernel, Dp4aConfig()
-    sig = ("XQ", "XD", "W", "Y", "P", "CNT", "N", "ROW_WORDS")
-    types = {"XQ": "*i32", "XD": "*fp32", "W": "*i32", "Y": "*bf16", "P": "*fp32", "CNT": "*i32"}
+    if kind == "lanes":  # 32 threads a row: a warp's load is one row's 128 contiguous bytes
+        from treeflash.kernels.quant.config import QuantTuning
+
+        fn, cfg = dp4a_q6k.q6k_lanes_kernel, QuantTuning().q6k_lanes
+        sig = ("XQ", "XS4", "XD", "W", "Y", "P", "CNT", "N", "ROW_WORDS")
+    else:
+        fn, cfg = dp4a_q6k.q6k_dp4a_kernel, Dp4aConfig()
+        sig = ("XQ", "XD", "W", "Y", "P", "CNT", "N", "ROW_WORDS")
+    types = {"XQ": "*i32", "XS4": "*i32", "XD": "*fp32", "W": "*i32", "Y": "*bf16", "P": "*fp32", "CNT": "*i32"}
     cst = dict(PPS=34, BLOCK_N=cfg.block_n, SPLIT=1, ASM=True)
     signature = {a: types.get(a, "i32") for a in sig} | {a: "constexpr" for a in cst}
     attrs = {(fn.arg_names.index(a),): [["tt.divisibility", 16]] for a in sig if a in types}
     src = ASTSource(fn, signature, constexprs={(fn.arg_names.index(a),): v for a, v in cst.items()}, attrs=attrs)
     k = triton.compile(src, target=GPUTarget("cuda", 90, 32), options=dict(num_warps=cfg.num_warps))
     ptx = k.asm["ptx"]
-    assert "dp4a.u32.s32" in ptx and "dp4a.s32.s32" in ptx
+    assert "dp4a.u32.s32" in ptx and (kind == "lanes" or "dp4a.s32.s32" in ptx)  # lanes: x's sums come from quantize_x
+    if kind == "lanes":
+        assert "threadsPerWarp = [1, 32]" in k.asm["ttgir"]
     regs, spills = test_compile.ptxas_spills(ptx, tmp_path)
     assert spills == 0, (regs, spills)

@@ -13,7 +13,7 @@ from treeflash.kernels.quant.split_k import tile_counters
 from treeflash.kernels.quant.synthetic import random_blocks
 g = torch.Generator().manual_seed(3)
 split = Dp4aConfig(block_n=16, min_programs=8)
-cases = {"Q4_K": ("q4k_dp4a", {}), "Q6_K": ("q6k_dp4a", {}), "Q6_K lanes": ("q6k_lanes", {"q6k_gemv_route": "lanes"}),
+cases = {"Q4_K": ("q4k_dp4a", {}), "Q4_K lanes": ("q4k_lanes", {"q4k_gemv_route": "lanes"}), "Q6_K": ("q6k_dp4a", {}), "Q6_K lanes": ("q6k_lanes", {"q6k_gemv_route": "lanes"}),
          "Q8_0": ("q8_0_dp4a", {}), "Q3_K": ("q3k_dp4a", {})}
 out = {}
 for name, (field, routes) in cases.items():
@@ -38,7 +38,7 @@ print(json.dumps(out))
 
 def test_fused_split_equals_the_split_sum_launch_bitwise():
     res = run_interpreted(CHECK, timeout=900)
-    assert sorted(res) == sorted(["Q4_K", "Q6_K", "Q6_K lanes", "Q8_0", "Q3_K"]), res
+    assert sorted(res) == sorted(["Q4_K", "Q4_K lanes", "Q6_K", "Q6_K lanes", "Q8_0", "Q3_K"]), res
     for name, v in res.items():
         assert v == dict(same=True, again=True, fresh=True, left=0, nonzero=True), (name, v)
 

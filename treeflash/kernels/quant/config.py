@@ -167,7 +167,8 @@ Q4K_ROWS_ROUTES = ("generic", "q4k", "tiled", "mma", "mmq")
 # the kernels Q4_K takes at M == 1: gemv_q4k (32-bit words), kernels.gemv_kernel (byte-wise), or rows_q4k
 # (x padded to 16 rows: its block loads are software-pipelined into a tl.dot, which the GEMVs' are not)
 # or dp4a_q4k (x rounded to 8 bits per group of 32, integer dot products)
-Q4K_GEMV_ROUTES = ("words", "bytes", "q4k", "mma", "dp4a")
+# or q4k_lanes_kernel ("lanes": dp4a_q4k with eight threads a row, a warp load = four rows x 128 contiguous bytes)
+Q4K_GEMV_ROUTES = ("words", "bytes", "q4k", "mma", "dp4a", "lanes")
 # the kernels Q6_K takes at 2 <= M <= max_rows: kernels.rows_kernel, dequantized tiles + torch matmul, rows_q6k,
 # or mmq_q6k (x rounded to 8 bits per group of 32, int8 tensor-core dots)
 Q6K_ROWS_ROUTES = ("generic", "tiled", "q6k", "mmq")
@@ -201,6 +202,7 @@ class QuantTuning:
     q4k_rows: Q4kRowsConfig = Q4kRowsConfig()
     q4k_mma: Q4kMmaConfig = Q4kMmaConfig()  # the "mma" routes (mma_q4k)
     q4k_dp4a: Dp4aConfig = Dp4aConfig()  # the "dp4a" route (dp4a_q4k)
+    q4k_lanes: Dp4aConfig = Dp4aConfig(block_n=32)  # Q4_K's "lanes" route (dp4a_q4k, eight threads a row)
     q6k_lanes: Dp4aConfig = Dp4aConfig(block_n=8)  # Q6_K's "lanes" route (dp4a_q6k, 32 threads a row)
     q6k_dp4a: Dp4aConfig = Dp4aConfig()  # Q6_K's "dp4a" route (dp4a_q6k; unroll and prefetch unused)
     # Q8_0 at M == 1 (Q8_0_GEMV_ROUTES): the generic GEMV ran the 27B's 96-row alpha / beta projections as 6 programs

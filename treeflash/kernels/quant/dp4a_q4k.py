@@ -193,6 +193,67 @@ def q4k_dp4a_kernel(XQ, XD, XS, W, Y, P, CNT, N, ROW_WORDS, BPS: tl.constexpr, B
     finish_split(acc, rows, rows < N, Y, P, CNT, N, part, tl.program_id(0), SPLIT, ASM, FUSED)
 
 
+@triton.jit
+def _byte(w, i):
+    """Byte i (an int32 tensor broadcast against w) of each word of w, 0..255."""
+    return (w >> (8 * i)) & 255
+
+
+@triton.jit
+def _block_lanes(XQ, XD, XS, W, base, t, blk, ASM: tl.constexpr):
+    """[BLOCK_N, 8] fp32: super-block blk's share of y per row and thread t [1, 8] of the row: thread t reads code
+    words 4t .. 4t + 3 (chunk c = t // 2, words j = 4 (t % 2) ..) with one 16-byte load, so the row's eight
+    threads read its 128 bytes of codes contiguously. Its share is d sc_g dx_g isum (its four words) for the
+    chunk's two groups g = 2c, 2c + 1, and the two mins only in the chunk's first thread. base [BLOCK_N]: the
+    block's first word."""
+    c = t // 2
+    w = tl.arange(0, 32)[None, :]  # [1, 32] the block's code words, thread t holding 4t .. 4t + 3
+    q = tl.load(W + (base + 4)[:, None] + w)  # [BLOCK_N, 32]: contiguous along w, so one 16-byte load a thread
+    xw = blk * 64 + 16 * (w // 8) + w % 8  # [1, 32] the x words of group 2c (+ 8: of 2c + 1), c = w // 8
+    lo, hi = _word_dots(q, tl.load(XQ + xw), tl.load(XQ + xw + 8), ASM)
+    bn: tl.constexpr = q.shape[0]
+    il = tl.sum(tl.reshape(lo, (bn, 8, 4)), axis=2)  # [BLOCK_N, 8]: thread t's four words of group 2c
+    ih = tl.sum(tl.reshape(hi, (bn, 8, 4)), axis=2)
+    w0 = tl.load(W + base)[:, None]  # [BLOCK_N, 1] d | dmin << 16
+    w1 = tl.load(W + base + 1)[:, None]  # scale / min bytes 0..3, 4..7, 8..11
+    w2 = tl.load(W + base + 2)[:, None]
+    w3 = tl.load(W + base + 3)[:, None]
+    # groups 2c (c < 2: bytes 2c of w1 / w2 & 63; c >= 2: the 4-bit halves of w3's byte 2c - 4 and w1 / w2's top bits)
+    acc_s = tl.zeros(il.shape, dtype=tl.float32)
+    acc_m = tl.zeros(il.shape, dtype=tl.float32)
+    for h in tl.static_range(2):
+        g = 2 * c + h  # [1, 8]
+        gg = g % 4
+        b1 = _byte(w1, gg)
+        b2 = _byte(w2, gg)
+        b3 = _byte(w3, gg)
+        sc = tl.where(g < 4, b1 & 63, (b3 & 15) | ((b1 >> 6) << 4))
+        mn = tl.where(g < 4, b2 & 63, (b3 >> 4) | ((b2 >> 6) << 4))
+        isum = il if h == 0 else ih
+        acc_s += exact_float(sc * isum) * tl.load(XD + blk * 8 + g)  # |sc isum| < 2^22
+        first = (t % 2) == 0  # the chunk's first thread adds the group's min term
+        acc_m += tl.where(first, exact_float(mn) * tl.load(XS + blk * 8 + g), 0.0)
+    return half_low(w0) * acc_s - half_low(w0 >> 16) * acc_m
+
+
+@triton.jit
+def q4k_lanes_kernel(XQ, XD, XS, W, Y, P, CNT, N, ROW_WORDS, BPS: tl.constexpr, BLOCK_N: tl.constexpr,
+                     SPLIT: tl.constexpr, ASM: tl.constexpr, FUSED: tl.constexpr = True):
+    """q4k_dp4a_kernel's result with eight threads a row, each reading 16 contiguous bytes of its codes: a warp's
+    load covers four rows x 128 bytes (the [BLOCK_N, 8 words] tiles of q4k_dp4a_kernel take one chunk of 32
+    bytes of 16 rows a load). Accumulated per (row, thread) in fp32, the eight added once at the end."""
+    rows = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)  # [BLOCK_N]
+    part = tl.program_id(1)
+    t = tl.arange(0, 8)[None, :]  # [1, 8]
+    row_w = tl.minimum(rows, N - 1).to(tl.int64) * ROW_WORDS  # [BLOCK_N]
+    acc = tl.zeros([BLOCK_N, 8], dtype=tl.float32)
+    for b in range(BPS):
+        blk = part * BPS + b
+        base = tl.multiple_of(row_w + blk * WORDS, 4)  # [BLOCK_N] the block's first word (16-byte aligned)
+        acc += _block_lanes(XQ, XD, XS, W, base, t, blk, ASM)
+    finish_split(tl.sum(acc, axis=1), rows, rows < N, Y, P, CNT, N, part, tl.program_id(0), SPLIT, ASM, FUSED)
+
+
 def quantize_x(x: torch.Tensor, sums: int = 0) -> tuple[torch.Tensor, ...]:
     """quantize_x_ref through quantize_x_kernel: x [M, K] (contiguous, K % 32 == 0) -> xq int8 [M, K],
     dx, s fp32 [M, K / 32], and with sums 4 or 16 the sums of xq over each `sums` values (int32 [M, K / sums])."""
@@ -209,9 +270,10 @@ def quantize_x(x: torch.Tensor, sums: int = 0) -> tuple[torch.Tensor, ...]:
 
 
 def dp4a_q4k(x: torch.Tensor, blocks: torch.Tensor, k: int, out: torch.Tensor, cfg: Dp4aConfig, asm: bool,
-             counters: torch.Tensor | None = None) -> torch.Tensor:
+             counters: torch.Tensor | None = None, lanes: bool = False) -> torch.Tensor:
     """out [1, N] = x [1, K] (contiguous) @ dequant(blocks)^T, x rounded to 8 bits per group of 32, for Q4_K
-    blocks uint8 [N, K / 256 * 144] (contiguous). asm: dp4a in inline PTX (CUDA); False under the interpreter."""
+    blocks uint8 [N, K / 256 * 144] (contiguous). asm: dp4a in inline PTX (CUDA); False under the interpreter.
+    lanes: q4k_lanes_kernel (eight threads a row, 16-byte loads) instead of q4k_dp4a_kernel."""
     n, nb = blocks.shape[0], k // 256
     xq, dx, s = quantize_x(x)
     words = blocks.view(torch.int32)  # [N, nb * 36]
@@ -220,8 +282,13 @@ def dp4a_q4k(x: torch.Tensor, blocks: torch.Tensor, k: int, out: torch.Tensor, c
     bps = nb // split
     unroll = cfg.unroll if bps % cfg.unroll == 0 else 1
     part, cnt = split_buffers(n, split, programs, out, counters)  # [SPLIT, N] fp32 partials
-    q4k_dp4a_kernel[(programs, split)](xq.view(torch.int32), dx, s, words, out, part, cnt, n, words.shape[1], BPS=bps,
-                                       BLOCK_N=cfg.block_n, UNROLL=unroll, PREFETCH=cfg.prefetch, SPLIT=split, ASM=asm, FUSED=cfg.fused_split,
-                                       num_warps=cfg.num_warps)
+    if lanes:
+        q4k_lanes_kernel[(programs, split)](xq.view(torch.int32), dx, s, words, out, part, cnt, n, words.shape[1], BPS=bps,
+                                            BLOCK_N=cfg.block_n, SPLIT=split, ASM=asm, FUSED=cfg.fused_split,
+                                            num_warps=cfg.num_warps)
+    else:
+        q4k_dp4a_kernel[(programs, split)](xq.view(torch.int32), dx, s, words, out, part, cnt, n, words.shape[1], BPS=bps,
+                                           BLOCK_N=cfg.block_n, UNROLL=unroll, PREFETCH=cfg.prefetch, SPLIT=split, ASM=asm,
+                                           FUSED=cfg.fused_split, num_warps=cfg.num_warps)
     finish_unfused(part, out, n, split, cfg.fused_split)
     return out

@@ -161,8 +161,10 @@ def quant_matmul(x: torch.Tensor, blocks: torch.Tensor, fmt: str, k: int,
         if f.name == "Q4_K" and blocks.is_contiguous() and tuning.q4k_gemv_route != "bytes":
             if tuning.q4k_gemv_route == "mma":
                 return mma_q4k.mma_q4k(x, blocks, k, out, tuning.q4k_mma, _mma_asm(x))
-            if tuning.q4k_gemv_route == "dp4a":
-                return dp4a_q4k.dp4a_q4k(x, blocks, k, out, tuning.q4k_dp4a, x.is_cuda and not _INTERPRET, counters)
+            if tuning.q4k_gemv_route in ("dp4a", "lanes"):
+                lanes = tuning.q4k_gemv_route == "lanes"
+                return dp4a_q4k.dp4a_q4k(x, blocks, k, out, tuning.q4k_lanes if lanes else tuning.q4k_dp4a,
+                                         x.is_cuda and not _INTERPRET, counters, lanes=lanes)
             if tuning.q4k_gemv_route == "q4k":
                 return rows_q4k.rows_q4k(x, blocks, k, out, tuning.q4k_rows, _dot_f32(x))
             return gemv_words_q4k(x, blocks, k, out, tuning)

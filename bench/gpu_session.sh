@@ -59,8 +59,8 @@
 #              the 8B Q4_K_M and 27B UD-Q3_K_XL shapes on the defaults                               gpu_speed_quant_mixes.json 230 s
 # dp4a_fused   bench.dp4a_ab: the M == 1 dp4a kernels per projection (Q6_K one row a thread   dp4a_ab.json           230 s
 #              vs 32 threads a row, the split finished in the kernel vs a split-sum launch); then  gpu_speed_quant.json   290 s
-#              the 27B Q4_K_M whole model: the default (split-sum launches), @+fused, @///lanes+fused,
-#              @lanes///lanes+fused (Q4_K and Q6_K with coalesced loads)
+#              the 27B Q4_K_M whole model: the default (split-sum launches), @+fused, @lanes///lanes+fused
+#              (Q4_K and Q6_K with coalesced loads)
 # mmq          bench.quant_gemv --rows-ab at M = 8 / 32 / 64 on the 27B projections (mmq_q4k's int8   mmq_ab_27b.json        230 s
 #              tensor-core rows beside rows_q4k), then the 27B Q4_K_M whole model: default, @/mmq     gpu_speed_quant_mmq.json 300 s
 #              (Q4_K rows), @/mmq/mmq (and Q6_K rows): verify-32 against the one-token step
@@ -274,8 +274,8 @@ for stage in $STAGES; do
     dp4a_fused)
       run dp4a_ab 200 -m bench.dp4a_ab --time-limit 170 --out "$OUT/dp4a_ab.json"
       cat "$OUT/dp4a_ab.log" | tee -a "$OUT/progress.log"
-      run gpu_speed_quant_fused 330 -m bench.gpu_speed --shapes "" --gguf-dir /tmp/gguf --buckets 1,32 --prefill "" \
-        --quant qwen3.5-27b:q4_k_m,qwen3.5-27b:q4_k_m@+fused,qwen3.5-27b:q4_k_m@///lanes+fused,qwen3.5-27b:q4_k_m@lanes///lanes+fused --drafter-layers 0 \
+      run gpu_speed_quant_fused 290 -m bench.gpu_speed --shapes "" --gguf-dir /tmp/gguf --buckets 1,32 --prefill "" \
+        --quant qwen3.5-27b:q4_k_m,qwen3.5-27b:q4_k_m@+fused,qwen3.5-27b:q4_k_m@lanes///lanes+fused --drafter-layers 0 \
         --decode-tokens 32 --out "$OUT/gpu_speed_quant.json"
       grep -E "decode|32 nodes" "$OUT/gpu_speed_quant_fused.log" | tee -a "$OUT/progress.log" ;;
     mmq)

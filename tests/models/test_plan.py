@@ -68,18 +68,20 @@ def test_offline_pair_headers_sum_to_their_data_and_plan_their_loaded_weights(pa
 
 
 @needs_default
-def test_native_placement_keeps_listed_block_types_of_linear_weights_only():
+def test_native_placement_keeps_listed_block_types_of_linear_weights_and_the_embedding():
     h = read_header(DEFAULT_GGUF)
     native = plan_memory(h, PlanRequest(512, weights="native")).part("weights")
     expected = 0
     for t in h.tensors:
-        packed = t.stored_type in NATIVE_BLOCK_TYPES and t.name.endswith("_proj.weight")
+        packed = t.stored_type in NATIVE_BLOCK_TYPES and (t.name.endswith("_proj.weight") or t.name == "model.embed_tokens.weight")
         expected += t.stored_bytes if packed else t.numel * 2
     assert native == expected
     assert native < plan_memory(h, PlanRequest(512)).part("weights")  # Q4_1 blocks < bf16
     embed = next(t for t in h.tensors if t.name == "model.embed_tokens.weight")
-    assert embed.stored_type == "Q8_0"  # a block type, but an embedding: bf16 on the device
-    assert device_bytes(embed.name, embed.shape, embed.stored_type, embed.stored_bytes, "native", "cuda", 2) == embed.numel * 2
+    assert embed.stored_type == "Q8_0"  # on CUDA a QuantEmbedding over its blocks (the tied head shares them)
+    assert device_bytes(embed.name, embed.shape, embed.stored_type, embed.stored_bytes, "native", "cuda", 2) == embed.stored_bytes
+    assert device_bytes(embed.name, embed.shape, embed.stored_type, embed.stored_bytes, "float", "cuda", 2) == embed.numel * 2
+    assert device_bytes(embed.name, embed.shape, embed.stored_type, embed.stored_bytes, "native", "cpu", 4) == embed.numel * 4
 
 
 @pytest.mark.parametrize("arch", ["llama", "qwen3_5"])

@@ -31,6 +31,8 @@ def add_model_args(p: argparse.ArgumentParser) -> None:
     d.add_argument("--draft", default=None, help="drafter: ngram, draft, mtp, dflash, or replay (an oracle for benchmarks: the target's own recorded output) (default: none, plain decoding)")
     d.add_argument("--draft-model", default=None, help="drafter weights for --draft draft / dflash (dflash on the embedded default: its shipped drafter)")
     d.add_argument("--num-draft", type=int, default=5, help="tokens per chain draft for ngram/draft/mtp (default 5)")
+    d.add_argument("--drafter-weights", default="float", choices=["float", "q8_0"],
+                   help="dflash: the drafter's linear layers at the runtime dtype (float, default) or as Q8_0 blocks quantized at load (about half the bytes)")
     d.add_argument("--budget", default="auto", help="DDTree node budget for dflash: an integer or 'auto' (default)")
     d.add_argument("--auto-arms", default=None, metavar="B0,B1,...",
                    help="dflash --budget auto: the budgets its bandit chooses among, 0 = a plain step (default 0,4,8,16,32,48,64)")
@@ -103,13 +105,15 @@ def build_engine(args: argparse.Namespace, progress: bool = True):
         from treeflash.models.memory.allocator import use_expandable_segments
 
         use_expandable_segments()  # the allocator's reserve then follows the planned peak (allocator.py)
-    loaded = load_model(args.model, device=args.device, dtype=dtype, progress=progress, weights=start.weights)
+    loaded = load_model(args.model, device=args.device, dtype=dtype, progress=progress, weights=start.weights,
+                        mtp=args.draft == "mtp")  # the MTP head is read only for its drafter (the planner counts the same)
     options = DraftOptions(
         num_draft=args.num_draft,
         draft_model=args.draft_model,
         budget=parse_budget(args.budget),
         tree=not args.no_tree,
         mtp_tree=getattr(args, "mtp_tree", False),
+        drafter_weights=getattr(args, "drafter_weights", "float"),
         replay_corrupt=getattr(args, "replay_corrupt", 0.0),
         bandit=parse_bandit(getattr(args, "auto_arms", None)),
     )

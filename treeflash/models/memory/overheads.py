@@ -33,8 +33,8 @@ class Overheads:
     # the 27B shape's DeltaNet layer held 410 / 850 MiB at 1024 / 2048-token chunks against 84 / 168
     # MiB counted, the layer input included (a live-tensor count of the same torch code on the CPU)
     gdn_temporaries_factor: float = 4.8
-    # copies of the prompt's captured target features a DFlash prefill holds at once (the chunks'
-    # outputs, their concatenation, the normalised copy the drafter absorbs: spec/dflash.py)
+    # copies of one prefill chunk's captured target features a DFlash prefill holds at once (the chunk's
+    # output, its concatenation with the pending row, the normalised copy the drafter absorbs: spec/dflash.py)
     drafter_feature_copies: float = 3.0
     # a DFlash drafter on CUDA held 641-670 MiB after the build beyond its weights, KV and graph parts
     # (drafters of 2.0 GB at 32K context, 8B and hybrid-9B targets): not yet attributed to a buffer

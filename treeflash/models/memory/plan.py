@@ -17,7 +17,7 @@ from treeflash.kernels.kv import kv_formats as formats
 import treeflash.models.memory.parts as parts
 from treeflash.models.memory.header import CheckpointHeader
 from treeflash.models.memory.overheads import Overheads
-from treeflash.models.memory.placement import WEIGHT_MODES, device_bytes
+from treeflash.models.memory.placement import MTP_PREFIX, WEIGHT_MODES, device_bytes
 
 DEVICE_TYPES = ("cuda", "cpu")
 GRAPH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128)  # models/runner.py DEFAULT_BUCKETS: verify sizes captured as graphs
@@ -151,7 +151,10 @@ def plan_memory(header: CheckpointHeader, request: PlanRequest, drafter: Drafter
         out.append(Part(name, int(nbytes), detail))
 
     types: dict[str, int] = {}
+    mtp = drafter is not None and drafter.kind == "mtp"
     for t in header.tensors:
+        if t.name.startswith(MTP_PREFIX) and not mtp:  # the CLI reads the MTP head only for --draft mtp
+            continue
         key = t.stored_type
         types[key] = types.get(key, 0) + device_bytes(t.name, t.shape, t.stored_type, t.stored_bytes, r.weights, r.device_type, b)
     weights = sum(types.values())
@@ -196,9 +199,10 @@ def plan_memory(header: CheckpointHeader, request: PlanRequest, drafter: Drafter
     kv_read = parts.prefill_kv_read_bytes(c, r.max_len, r.cache_type_k, r.cache_type_v, b)
     prefill = max(act * o.activation_factor, act + kv_read)  # the widest layer, or an attention layer over the prefix
     detail = f"one {chunk}-token chunk's temporaries" + (", an attention layer's prefix rows (dequantized / repeated per query head)" if kv_read else "")
-    if capture:
-        prefill += o.drafter_feature_copies * r.max_context * capture * b
-        detail += f", {o.drafter_feature_copies:g} copies of the prompt's drafter features"
+    if capture:  # beside graphs the drafter takes each chunk's rows as it comes (DFlashDrafter.observe_prompt)
+        rows = chunk if r.graphs else r.max_context
+        prefill += o.drafter_feature_copies * rows * capture * b
+        detail += f", {o.drafter_feature_copies:g} copies of {'a chunk' if r.graphs else 'the prompt'}'s drafter features"
     add("prefill workspace", prefill, detail)
     if r.device_type == "cuda":
         held = sum(p.bytes for p in out)

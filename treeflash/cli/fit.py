@@ -43,6 +43,8 @@ def add_parser(sub) -> None:
     p.add_argument("--draft", default=None, choices=["ngram", "draft", "mtp", "dflash"], help="drafter (default: none)")
     p.add_argument("--draft-model", default=None, help="drafter weights for --draft draft / dflash")
     p.add_argument("--num-draft", type=int, default=5, help="tokens per chain draft for ngram/draft/mtp (default 5)")
+    p.add_argument("--drafter-weights", default="float", choices=["float", "q8_0"],
+                   help="dflash: the drafter's linear layers at the runtime dtype (default) or as Q8_0 blocks")
     p.add_argument("--budget", default="auto", help="DDTree node budget for dflash: an integer or auto (verify graphs up to 128 nodes)")
     p.add_argument("--no-tree", action="store_true", help="dflash: the plain chain instead of a DDTree")
     p.add_argument("--json", default=None, metavar="FILE", help="also write the plan as JSON to FILE ('-': stdout only)")

@@ -218,7 +218,7 @@ def plan_inputs(args, device_type: str):
     header = read_header(path)
     dtype = getattr(args, "dtype", None)
     dtype_bytes = {"float32": 4, "bfloat16": 2, "float16": 2}[dtype] if dtype else (4 if device_type == "cpu" else 2)
-    drafter = drafter_shape(args.draft, args.draft_model, header, dtype_bytes, device_type)
+    drafter = drafter_shape(args.draft, args.draft_model, header, dtype_bytes, device_type, getattr(args, "drafter_weights", "float"))
     budget = getattr(args, "budget", "auto")
     budget = parse_budget(budget)
     nodes = verify_nodes(args.draft, budget, args.num_draft, not args.no_tree, drafter.block_size if drafter and drafter.block_size else 16)

@@ -52,14 +52,14 @@ class DraftGraphs:
         use_graphs: bool | None = None,
     ):
         c = model.config
-        dev = model.fc.weight.device
+        dev = model.device
         self.model, self.target, self.cache, self.prepare = model, target, cache, prepare
         self.use_graphs = dev.type == "cuda" if use_graphs is None else use_graphs
         self.block_size = c.block_size
         self.top_k = max(1, min(top_k, target.config.vocab_size))
         cache.reserve(capacity)
         self.capacity = cache.k[0].shape[0]
-        model.rotary.reserve(self.capacity, model.fc.weight.dtype)  # the pass gathers cos/sin rows at its slots
+        model.rotary.reserve(self.capacity, model.dtype)  # the pass gathers cos/sin rows at its slots
         self.key_pos = torch.arange(self.capacity, device=dev)
         pin = dev.type == "cuda"
         self.host_ints = torch.zeros(2, dtype=torch.long, pin_memory=pin)
@@ -71,7 +71,7 @@ class DraftGraphs:
         self.ints = self._ids[0:2]
         self.block_ids = self._ids[1:]
         width = len(c.target_layer_ids) * c.hidden_size
-        self.ctx_in = torch.zeros(c.block_size, width, dtype=model.fc.weight.dtype, device=dev)
+        self.ctx_in = torch.zeros(c.block_size, width, dtype=model.dtype, device=dev)
         self.pool = torch.cuda.graph_pool_handle() if self.use_graphs else None
         self.passes: dict[int, _Pass] = {}
         saved = cache.length

@@ -7,6 +7,7 @@ planner's table (a TreeflashError: the CLI prints it and exits with status 2).
 
 from __future__ import annotations
 
+import argparse
 import os
 import re
 from dataclasses import dataclass, replace
@@ -23,6 +24,10 @@ UNITS = {"": 1, "b": 1, "kib": 1 << 10, "mib": MiB, "gib": GiB, "tib": 1 << 40, 
          "k": 1 << 10, "m": MiB, "g": GiB}
 CPU_AUTO_FRACTION = 0.5  # --max-context auto on a CPU: plan within half the available RAM (the rest is the system's)
 DEFAULT_BUDGET_NODES = 128  # --budget auto: verify buckets up to the runner's largest
+# prefill chunks the planner may take when the default (plan.PREFILL_CHUNK) does not fit: a smaller chunk
+# holds fewer temporaries (the 27B shape's Gated DeltaNet chunk: 1.1 GB at 2048 tokens); multiples of the
+# prefix cache's 256-token snapshot block
+PREFILL_CHUNKS = (2048, 1024, 512, 256)
 
 
 class PlanError(TreeflashError):
@@ -224,7 +229,9 @@ def plan_inputs(args, device_type: str):
     nodes = verify_nodes(args.draft, budget, args.num_draft, not args.no_tree, drafter.block_size if drafter and drafter.block_size else 16)
     try:
         weights = getattr(args, "weights", "float")
+        chunk = getattr(args, "prefill_chunk", "auto")
         request = PlanRequest(1, device_type=device_type, dtype_bytes=dtype_bytes, weights="float" if weights == "auto" else weights,
+                              prefill_chunk=PREFILL_CHUNKS[0] if chunk == "auto" else int(chunk),
                               cache_type_k=args.cache_type_k, cache_type_v=args.cache_type_v,
                               k_exact_layers=getattr(args, "cache_k_exact_layers", 0), verify_nodes=nodes)
     except ValueError as e:
@@ -240,7 +247,7 @@ def fit_report(args, device_type: str) -> tuple[FitReport, Any, Any]:
     context = parse_context(str(args.max_context))
     if getattr(args, "weights", "float") == "auto":
         request = replace(request, weights=auto_weights(header, request, drafter, available, context))
-    return _fit_report(header, drafter, request, available, context, gpu_memory, device_type)
+    return _fit_report(header, drafter, request, available, context, gpu_memory, device_type, getattr(args, "prefill_chunk", "auto"))
 
 
 def auto_weights(header, request, drafter, available, context) -> str:
@@ -259,7 +266,21 @@ def auto_weights(header, request, drafter, available, context) -> str:
     return "native" if native else "float"
 
 
-def _fit_report(header, drafter, request, available, context, gpu_memory, device_type: str) -> tuple[FitReport, Any, Any]:
+def parse_prefill_chunk(value: str) -> int | str:
+    """--prefill-chunk: 'auto' (the largest of PREFILL_CHUNKS that fits) or a positive integer."""
+    if value == "auto":
+        return "auto"
+    try:
+        n = int(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected auto or a positive integer, got {value!r}") from None
+    if n < 1:
+        raise argparse.ArgumentTypeError(f"expected auto or a positive integer, got {value!r}")
+    return n
+
+
+def _fit_report(header, drafter, request, available, context, gpu_memory, device_type: str,
+                prefill_chunk: int | str = "auto") -> tuple[FitReport, Any, Any]:
     limit = header.config.max_position_embeddings
     note = ""
     if context == "auto":
@@ -278,7 +299,16 @@ def _fit_report(header, drafter, request, available, context, gpu_memory, device
     elif context > limit:
         note = f"--max-context {context} is past the model's {limit}: the engine allocates {limit}"
         context = limit
-    report = build_report(header, replace(request, max_context=context), drafter, available, note)
+    request = replace(request, max_context=context)
+    report = build_report(header, request, drafter, available, note)
+    for chunk in PREFILL_CHUNKS if prefill_chunk == "auto" else ():  # the largest prefill chunk that fits (the default when it does)
+        if report.fits or chunk >= request.prefill_chunk:
+            continue
+        smaller = build_report(header, replace(request, prefill_chunk=chunk), drafter, available,
+                               (note + "; " if note else "") + f"prefill in {chunk}-token chunks: the default {request.prefill_chunk} does not fit")
+        if smaller.fits:
+            report = smaller
+            break
     return report, header, drafter
 
 
@@ -289,6 +319,7 @@ class StartPlan:
     plan: Any  # MemoryPlan
     summary: str  # one line for stderr: the context chosen and the plan against the memory
     weights: str = "float"  # the weight format to load (--weights auto resolved)
+    prefill_chunk: int = 2048  # tokens per prefill chunk the plan was made for (PREFILL_CHUNKS)
 
 
 def resolved_weights(args) -> str:
@@ -318,4 +349,4 @@ def plan_at_start(args) -> StartPlan:
                f"({report.available.source})" + (f"; {report.note}" if report.note else ""))
     if getattr(args, "weights", "float") == "auto":
         summary += f"; weights {r.weights} (--weights auto)"
-    return StartPlan(r.max_context, r.verify_nodes, report.plan, summary, r.weights)
+    return StartPlan(r.max_context, r.verify_nodes, report.plan, summary, r.weights, r.prefill_chunk)

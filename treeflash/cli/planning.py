@@ -163,14 +163,15 @@ class FitReport:
         return out
 
 
-def build_report(header, request, drafter, available: Available, note: str = "") -> FitReport:
+def build_report(header, request, drafter, available: Available, note: str = "", chunks: tuple[int, ...] = ()) -> FitReport:
+    """chunks: the prefill chunks the planner may take (the largest context that fits is over them; default the request's)."""
     from treeflash.models.memory.plan import max_context, max_verify_nodes, plan_memory
 
     if available.includes_context:
         request = replace(request, include_cuda_context=False)
     limit = header.config.max_position_embeddings
     plan = plan_memory(header, request, drafter)
-    best = max_context(header, request, available.bytes, drafter, limit)
+    best = max(max_context(header, replace(request, prefill_chunk=c), available.bytes, drafter, limit) for c in chunks or (request.prefill_chunk,))
     nodes = max_verify_nodes(header, request, available.bytes, drafter)
     return FitReport(plan, available, best, nodes, limit, note)
 
@@ -283,6 +284,9 @@ def _fit_report(header, drafter, request, available, context, gpu_memory, device
                 prefill_chunk: int | str = "auto") -> tuple[FitReport, Any, Any]:
     limit = header.config.max_position_embeddings
     note = ""
+    # beside a drafter (its caches and graphs on top of the target's) the plan may take a smaller prefill chunk
+    # (PREFILL_CHUNKS): the largest that fits an explicit context; under --max-context auto the one with the largest context
+    chunks = PREFILL_CHUNKS if prefill_chunk == "auto" and drafter is not None else (request.prefill_chunk,)
     if context == "auto":
         budget = available
         if device_type == "cpu" and gpu_memory == "auto":
@@ -291,21 +295,23 @@ def _fit_report(header, drafter, request, available, context, gpu_memory, device
         from treeflash.models.memory.plan import max_context
 
         req = replace(request, include_cuda_context=not budget.includes_context)
-        context = max_context(header, req, budget.bytes, drafter, limit)
+        context, chunk = max((max_context(header, replace(req, prefill_chunk=c), budget.bytes, drafter, limit), c) for c in chunks)
+        chunk_note = f"; prefill in {chunk}-token chunks: more context than the default {request.prefill_chunk}'s" if chunk != request.prefill_chunk else ""
+        request = replace(request, prefill_chunk=chunk)
         if context == 0:
             context = 1  # nothing fits: plan one token so the table shows by how much
         else:
-            note = note or f"--max-context auto: the largest context that fits, {context} tokens"
+            note = (note or f"--max-context auto: the largest context that fits, {context} tokens") + chunk_note
     elif context > limit:
         note = f"--max-context {context} is past the model's {limit}: the engine allocates {limit}"
         context = limit
     request = replace(request, max_context=context)
-    report = build_report(header, request, drafter, available, note)
-    for chunk in PREFILL_CHUNKS if prefill_chunk == "auto" else ():  # the largest prefill chunk that fits (the default when it does)
+    report = build_report(header, request, drafter, available, note, chunks)
+    for chunk in chunks:
         if report.fits or chunk >= request.prefill_chunk:
             continue
         smaller = build_report(header, replace(request, prefill_chunk=chunk), drafter, available,
-                               (note + "; " if note else "") + f"prefill in {chunk}-token chunks: the default {request.prefill_chunk} does not fit")
+                               (note + "; " if note else "") + f"prefill in {chunk}-token chunks: the default {request.prefill_chunk} does not fit", chunks)
         if smaller.fits:
             report = smaller
             break

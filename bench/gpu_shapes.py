@@ -119,8 +119,8 @@ def weight_bytes(model: CausalLM) -> int:
     from treeflash.models.quant_linear import QuantLinear
 
     total = sum(p.numel() * p.element_size() for p in model.parameters())
-    emb = model.model.embed_tokens.weight
-    if model.lm_head is not None:
+    emb = getattr(model.model.embed_tokens, "weight", None)  # None: a QuantEmbedding (its blocks are no parameter)
+    if model.lm_head is not None and emb is not None:
         total -= emb.numel() * emb.element_size()
     storages = {}
     for m in model.modules():

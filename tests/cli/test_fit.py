@@ -118,3 +118,24 @@ def test_weights_auto_keeps_gguf_blocks_only_when_the_dequantized_weights_do_not
     assert cpu.weights == "float"  # the CPU keeps its own choice (float unless --weights int4 / native)
     explicit = plan_at_start(_args("--device", "cuda", "--gpu-memory", "24GiB", "--weights", "native", "--draft", "ngram"))
     assert explicit.weights == "native"
+
+
+def test_prefill_chunk_auto_takes_the_largest_chunk_that_fits_beside_a_drafter():
+    from treeflash.spec.drafter_memory import drafter_shape
+
+    header = read_header(DEFAULT_GGUF)
+    ngram = drafter_shape("ngram", None, header, 2)
+    at = {c: plan_memory(header, PlanRequest(8192, weights="float", verify_nodes=6, prefill_chunk=c), ngram).total for c in (2048, 1024, 512)}
+    assert at[2048] > at[1024] > at[512]
+    between = f"{(at[1024] + at[512]) // 2 // MiB}MiB"  # 512 fits, 1024 does not
+    flags = ("--device", "cuda", "--gpu-memory", between, "--weights", "float", "--draft", "ngram")
+    start = plan_at_start(_args(*flags))
+    assert start.prefill_chunk == 512 == start.plan.request.prefill_chunk
+    assert "prefill in 512-token chunks" in start.summary
+    assert plan_at_start(_args("--device", "cuda", "--gpu-memory", "24GiB", "--weights", "float", "--draft", "ngram")).prefill_chunk == 2048
+    with pytest.raises(PlanError):  # an explicit chunk is kept, fits or not
+        plan_at_start(_args(*flags, "--prefill-chunk", "2048"))
+    with pytest.raises(PlanError):  # without a drafter the default chunk stays (--max-context auto then stays exact)
+        plan_at_start(_args(*flags[:-2]))
+    fixed = plan_at_start(_args("--device", "cuda", "--gpu-memory", "24GiB", "--weights", "float", "--prefill-chunk", "300"))
+    assert fixed.prefill_chunk == 300

@@ -68,18 +68,20 @@ def test_offline_pair_headers_sum_to_their_data_and_plan_their_loaded_weights(pa
 
 
 @needs_default
-def test_native_placement_keeps_listed_block_types_of_linear_weights_only():
+def test_native_placement_keeps_listed_block_types_of_linear_weights_and_the_embedding():
     h = read_header(DEFAULT_GGUF)
     native = plan_memory(h, PlanRequest(512, weights="native")).part("weights")
     expected = 0
     for t in h.tensors:
-        packed = t.stored_type in NATIVE_BLOCK_TYPES and t.name.endswith("_proj.weight")
+        packed = t.stored_type in NATIVE_BLOCK_TYPES and (t.name.endswith("_proj.weight") or t.name == "model.embed_tokens.weight")
         expected += t.stored_bytes if packed else t.numel * 2
     assert native == expected
     assert native < plan_memory(h, PlanRequest(512)).part("weights")  # Q4_1 blocks < bf16
     embed = next(t for t in h.tensors if t.name == "model.embed_tokens.weight")
-    assert embed.stored_type == "Q8_0"  # a block type, but an embedding: bf16 on the device
-    assert device_bytes(embed.name, embed.shape, embed.stored_type, embed.stored_bytes, "native", "cuda", 2) == embed.numel * 2
+    assert embed.stored_type == "Q8_0"  # on CUDA a QuantEmbedding over its blocks (the tied head shares them)
+    assert device_bytes(embed.name, embed.shape, embed.stored_type, embed.stored_bytes, "native", "cuda", 2) == embed.stored_bytes
+    assert device_bytes(embed.name, embed.shape, embed.stored_type, embed.stored_bytes, "float", "cuda", 2) == embed.numel * 2
+    assert device_bytes(embed.name, embed.shape, embed.stored_type, embed.stored_bytes, "native", "cpu", 4) == embed.numel * 4
 
 
 @pytest.mark.parametrize("arch", ["llama", "qwen3_5"])
@@ -198,3 +200,49 @@ def test_plan_request_validates():
         PlanRequest(0)
     with pytest.raises(ValueError, match="weights"):
         PlanRequest(10, weights="fp8")
+
+
+def _tiny_hybrid_header(tmp_path):
+    from treeflash.models.gguf_synth import write_synth_gguf
+
+    return read_header(write_synth_gguf(tmp_path / "h.gguf", "tiny-hybrid", "q8_0", seed=2))
+
+
+def test_mtp_tensors_count_only_for_the_mtp_drafter_and_as_float(tmp_path):
+    from treeflash.models.memory import DrafterShape
+
+    h = _tiny_hybrid_header(tmp_path)
+    mtp = [t for t in h.tensors if t.name.startswith("mtp.")]
+    assert mtp
+    req = PlanRequest(256, weights="native")
+    bare = plan_memory(h, req).part("weights")
+    with_head = plan_memory(h, req, DrafterShape("mtp", num_layers=1, num_kv_heads=2, head_dim=64)).part("weights")
+    assert with_head - bare == sum(t.numel * 2 for t in mtp)  # models/loader.py keeps the MTP head's matrices float
+
+
+def test_dflash_prefill_holds_a_chunk_of_features_and_the_device_step():
+    from treeflash.models.memory import DrafterShape
+    from treeflash.models.memory.overheads import Overheads
+
+    config = ModelConfig.from_hf_dict(random_hf("qwen3").config.to_dict())
+    h = _header(config)
+    d = DrafterShape("dflash", 10**6, 1, 2, 16, 16, capture_width=2 * config.hidden_size, block_size=8, hidden_size=config.hidden_size)
+    o = Overheads()
+    plans = [plan_memory(h, PlanRequest(n, verify_nodes=9, prefill_chunk=64), d) for n in (1000, 4000)]
+    bare = [plan_memory(h, PlanRequest(n, verify_nodes=9, prefill_chunk=64)) for n in (1000, 4000)]
+    features = [p.part("prefill workspace") - b.part("prefill workspace") for p, b in zip(plans, bare)]
+    assert features[0] == features[1] == int(o.drafter_feature_copies * 64 * d.capture_width * 2)  # a chunk's, not the prompt's
+    runtime = plans[0].part("drafter runtime")
+    assert runtime == plans[1].part("drafter runtime") > o.cublas_workspace_bytes  # the device step's graph: no context term
+    cpu = plan_memory(h, PlanRequest(1000, device_type="cpu", dtype_bytes=4, verify_nodes=9, prefill_chunk=64), d)
+    assert cpu.part("drafter runtime") == 0  # no graphs on a CPU
+
+
+def test_compressed_prefill_reads_one_kv_head_at_a_time():
+    from treeflash.models.memory import parts
+
+    config = ModelConfig.from_hf_dict(random_hf("qwen3").config.to_dict())
+    n, d = 100_000, config.head_dim
+    got = parts.prefill_kv_read_bytes(config, n, "q4_0", "q4_0", 2)
+    assert got == 2 * n * d * 2 + parts.DEQUANT_ROWS * d * parts.DEQUANT_PEAK_BYTES["q4_0"]
+    assert got < parts.dequantized_kv_bytes(config, n, "q4_0", "q4_0", 2)  # every head's rows at once: what it was

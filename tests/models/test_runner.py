@@ -75,7 +75,7 @@ def test_capture_graph_collects_no_garbage_while_capturing(monkeypatch):
 
     class FakeGraphCtx:
         def __init__(self, graph, pool=None):
-            pass
+            self.capture_stream = FakeStream()  # capture_graph warms up on the capture's own stream
 
         def __enter__(self):
             seen.append(("enter", gc.isenabled()))

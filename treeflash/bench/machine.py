@@ -101,7 +101,8 @@ def roofline(model) -> dict:
         storages[t.untyped_storage().data_ptr()] = t.untyped_storage().nbytes()
     embed = getattr(getattr(model, "model", None), "embed_tokens", None)
     if embed is not None and (not getattr(model.config, "tie_word_embeddings", True) or getattr(model, "head_weight_bf16", None) is not None):
-        storages.pop(embed.weight.untyped_storage().data_ptr(), None)  # one row read per token, not the table
+        table = embed.weight if isinstance(embed, torch.nn.Embedding) else embed.blocks  # (a QuantEmbedding: GGUF blocks)
+        storages.pop(table.untyped_storage().data_ptr(), None)  # one row read per token, not the table
     weight_bytes = sum(storages.values())
     device = next(model.parameters()).device
     bw = bandwidth_gbs(device)

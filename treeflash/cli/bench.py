@@ -210,7 +210,8 @@ def _engine_targets(args, prompts):
     max_context = min(requested, longest + args.max_tokens + 256)
     options = DraftOptions(num_draft=args.num_draft, draft_model=args.draft_model, budget=parse_budget(args.budget),
                            tree=not args.no_tree, mtp_tree=args.mtp_tree,
-                           replay_corrupt=getattr(args, "replay_corrupt", 0.0), bandit=parse_bandit(args.auto_arms))
+                           replay_corrupt=getattr(args, "replay_corrupt", 0.0), bandit=parse_bandit(args.auto_arms),
+                           drafter_weights=getattr(args, "drafter_weights", "float"))
     base = EngineConfig(max_context=max_context, draft=args.draft, draft_options=options,
                         cache_type_k=args.cache_type_k, cache_type_v=args.cache_type_v,
                         cache_k_exact_layers=args.cache_k_exact_layers)

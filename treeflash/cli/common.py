@@ -23,6 +23,8 @@ def add_model_args(p: argparse.ArgumentParser) -> None:
                    help="tokens of KV cache to allocate, or auto: the most that fits (default 8192; checked against the memory plan)")
     g.add_argument("--gpu-memory", default="auto",
                    help="memory to plan within: auto (free GPU memory; the CPU: available RAM), 24GiB, 24GB, 24000MiB or a card (rtx4090)")
+    g.add_argument("--prefill-chunk", type=prefill_chunk_arg, default="auto",
+                   help="tokens per prefill chunk: auto (2048, or the largest of 1024/512/256 that fits the memory plan) or an integer")
     g.add_argument("--cache-type-k", default="auto", help="K cache type: auto, bf16, f16, f32, q8_0, q4_0, tq3_0")
     g.add_argument("--cache-type-v", default="auto", help="V cache type: auto, bf16, f16, f32, q8_0, q4_0, tq3_0")
     g.add_argument("--cache-k-exact-layers", type=non_negative_int, default=0, metavar="N",
@@ -31,6 +33,8 @@ def add_model_args(p: argparse.ArgumentParser) -> None:
     d.add_argument("--draft", default=None, help="drafter: ngram, draft, mtp, dflash, or replay (an oracle for benchmarks: the target's own recorded output) (default: none, plain decoding)")
     d.add_argument("--draft-model", default=None, help="drafter weights for --draft draft / dflash (dflash on the embedded default: its shipped drafter)")
     d.add_argument("--num-draft", type=int, default=5, help="tokens per chain draft for ngram/draft/mtp (default 5)")
+    d.add_argument("--drafter-weights", default="float", choices=["float", "q8_0"],
+                   help="dflash: the drafter's linear layers at the runtime dtype (float, default) or as Q8_0 blocks quantized at load (about half the bytes)")
     d.add_argument("--budget", default="auto", help="DDTree node budget for dflash: an integer or 'auto' (default)")
     d.add_argument("--auto-arms", default=None, metavar="B0,B1,...",
                    help="dflash --budget auto: the budgets its bandit chooses among, 0 = a plain step (default 0,4,8,16,32,48,64)")
@@ -39,6 +43,12 @@ def add_model_args(p: argparse.ArgumentParser) -> None:
                    help="mtp: draft a DDTree from the MTP head's per-depth top-k (--budget nodes; auto: 3 per --num-draft depth) instead of a chain")
     d.add_argument("--replay-corrupt", type=float, default=0.0, metavar="P",
                    help="--draft replay (oracle): replace each replayed draft token with probability P (default 0: tau = num-draft + 1)")
+
+
+def prefill_chunk_arg(value: str) -> int | str:
+    from treeflash.cli.planning import parse_prefill_chunk
+
+    return parse_prefill_chunk(value)
 
 
 def non_negative_int(value: str) -> int:
@@ -103,13 +113,15 @@ def build_engine(args: argparse.Namespace, progress: bool = True):
         from treeflash.models.memory.allocator import use_expandable_segments
 
         use_expandable_segments()  # the allocator's reserve then follows the planned peak (allocator.py)
-    loaded = load_model(args.model, device=args.device, dtype=dtype, progress=progress, weights=start.weights)
+    loaded = load_model(args.model, device=args.device, dtype=dtype, progress=progress, weights=start.weights,
+                        mtp=args.draft == "mtp")  # the MTP head is read only for its drafter (the planner counts the same)
     options = DraftOptions(
         num_draft=args.num_draft,
         draft_model=args.draft_model,
         budget=parse_budget(args.budget),
         tree=not args.no_tree,
         mtp_tree=getattr(args, "mtp_tree", False),
+        drafter_weights=getattr(args, "drafter_weights", "float"),
         replay_corrupt=getattr(args, "replay_corrupt", 0.0),
         bandit=parse_bandit(getattr(args, "auto_arms", None)),
     )
@@ -122,6 +134,7 @@ def build_engine(args: argparse.Namespace, progress: bool = True):
         cache_type_k=args.cache_type_k,
         cache_type_v=args.cache_type_v,
         cache_k_exact_layers=args.cache_k_exact_layers,
-        prefix_cache=PrefixCacheConfig(max_mb=getattr(args, "prefix_cache_mb", 0.0)),  # a serve flag
+        # the prefill chunk the plan was made for (smaller than the default where that does not fit)
+        prefix_cache=PrefixCacheConfig(max_mb=getattr(args, "prefix_cache_mb", 0.0), chunk=start.prefill_chunk),  # a serve flag
     )
     return Engine(loaded, config)

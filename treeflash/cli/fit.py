@@ -12,7 +12,7 @@ import argparse
 import json
 import sys
 
-from treeflash.cli.planning import CARDS, fit_report, render, report_dict
+from treeflash.cli.planning import CARDS, fit_report, parse_prefill_chunk, render, report_dict
 
 EXAMPLES = f"""examples:
   treeflash fit                                                   # the embedded default model on this machine's GPU
@@ -37,12 +37,16 @@ def add_parser(sub) -> None:
                    help="auto (default): float, unless a GGUF on CUDA fits only with its blocks kept; float: every weight at --dtype; int4: CPU 4-bit GGUF layers; native: CUDA, GGUF blocks kept packed")
     p.add_argument("--gpu-memory", default="auto", help="memory to plan within: auto, 24GiB, 24GB, 24000MiB or a card name (default auto)")
     p.add_argument("--max-context", default="8192", help="tokens of context: an integer or auto, the most that fits (default 8192)")
+    p.add_argument("--prefill-chunk", type=parse_prefill_chunk, default="auto",
+                   help="tokens per prefill chunk: auto (2048, or the largest of 1024/512/256 that fits) or an integer")
     p.add_argument("--cache-type-k", default="auto", help="K cache type: auto, bf16, f16, f32, q8_0, q4_0, tq3_0")
     p.add_argument("--cache-type-v", default="auto", help="V cache type: auto, bf16, f16, f32, q8_0, q4_0, tq3_0")
     p.add_argument("--cache-k-exact-layers", type=int, default=0, metavar="N", help="the first N attention layers keep K uncompressed")
     p.add_argument("--draft", default=None, choices=["ngram", "draft", "mtp", "dflash"], help="drafter (default: none)")
     p.add_argument("--draft-model", default=None, help="drafter weights for --draft draft / dflash")
     p.add_argument("--num-draft", type=int, default=5, help="tokens per chain draft for ngram/draft/mtp (default 5)")
+    p.add_argument("--drafter-weights", default="float", choices=["float", "q8_0"],
+                   help="dflash: the drafter's linear layers at the runtime dtype (default) or as Q8_0 blocks")
     p.add_argument("--budget", default="auto", help="DDTree node budget for dflash: an integer or auto (verify graphs up to 128 nodes)")
     p.add_argument("--no-tree", action="store_true", help="dflash: the plain chain instead of a DDTree")
     p.add_argument("--json", default=None, metavar="FILE", help="also write the plan as JSON to FILE ('-': stdout only)")

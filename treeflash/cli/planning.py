@@ -7,6 +7,7 @@ planner's table (a TreeflashError: the CLI prints it and exits with status 2).
 
 from __future__ import annotations
 
+import argparse
 import os
 import re
 from dataclasses import dataclass, replace
@@ -23,6 +24,10 @@ UNITS = {"": 1, "b": 1, "kib": 1 << 10, "mib": MiB, "gib": GiB, "tib": 1 << 40, 
          "k": 1 << 10, "m": MiB, "g": GiB}
 CPU_AUTO_FRACTION = 0.5  # --max-context auto on a CPU: plan within half the available RAM (the rest is the system's)
 DEFAULT_BUDGET_NODES = 128  # --budget auto: verify buckets up to the runner's largest
+# prefill chunks the planner may take when the default (plan.PREFILL_CHUNK) does not fit: a smaller chunk
+# holds fewer temporaries (the 27B shape's Gated DeltaNet chunk: 1.1 GB at 2048 tokens); multiples of the
+# prefix cache's 256-token snapshot block
+PREFILL_CHUNKS = (2048, 1024, 512, 256)
 
 
 class PlanError(TreeflashError):
@@ -158,14 +163,15 @@ class FitReport:
         return out
 
 
-def build_report(header, request, drafter, available: Available, note: str = "") -> FitReport:
+def build_report(header, request, drafter, available: Available, note: str = "", chunks: tuple[int, ...] = ()) -> FitReport:
+    """chunks: the prefill chunks the planner may take (the largest context that fits is over them; default the request's)."""
     from treeflash.models.memory.plan import max_context, max_verify_nodes, plan_memory
 
     if available.includes_context:
         request = replace(request, include_cuda_context=False)
     limit = header.config.max_position_embeddings
     plan = plan_memory(header, request, drafter)
-    best = max_context(header, request, available.bytes, drafter, limit)
+    best = max(max_context(header, replace(request, prefill_chunk=c), available.bytes, drafter, limit) for c in chunks or (request.prefill_chunk,))
     nodes = max_verify_nodes(header, request, available.bytes, drafter)
     return FitReport(plan, available, best, nodes, limit, note)
 
@@ -218,13 +224,15 @@ def plan_inputs(args, device_type: str):
     header = read_header(path)
     dtype = getattr(args, "dtype", None)
     dtype_bytes = {"float32": 4, "bfloat16": 2, "float16": 2}[dtype] if dtype else (4 if device_type == "cpu" else 2)
-    drafter = drafter_shape(args.draft, args.draft_model, header, dtype_bytes, device_type)
+    drafter = drafter_shape(args.draft, args.draft_model, header, dtype_bytes, device_type, getattr(args, "drafter_weights", "float"))
     budget = getattr(args, "budget", "auto")
     budget = parse_budget(budget)
     nodes = verify_nodes(args.draft, budget, args.num_draft, not args.no_tree, drafter.block_size if drafter and drafter.block_size else 16)
     try:
         weights = getattr(args, "weights", "float")
+        chunk = getattr(args, "prefill_chunk", "auto")
         request = PlanRequest(1, device_type=device_type, dtype_bytes=dtype_bytes, weights="float" if weights == "auto" else weights,
+                              prefill_chunk=PREFILL_CHUNKS[0] if chunk == "auto" else int(chunk),
                               cache_type_k=args.cache_type_k, cache_type_v=args.cache_type_v,
                               k_exact_layers=getattr(args, "cache_k_exact_layers", 0), verify_nodes=nodes)
     except ValueError as e:
@@ -240,7 +248,7 @@ def fit_report(args, device_type: str) -> tuple[FitReport, Any, Any]:
     context = parse_context(str(args.max_context))
     if getattr(args, "weights", "float") == "auto":
         request = replace(request, weights=auto_weights(header, request, drafter, available, context))
-    return _fit_report(header, drafter, request, available, context, gpu_memory, device_type)
+    return _fit_report(header, drafter, request, available, context, gpu_memory, device_type, getattr(args, "prefill_chunk", "auto"))
 
 
 def auto_weights(header, request, drafter, available, context) -> str:
@@ -259,9 +267,26 @@ def auto_weights(header, request, drafter, available, context) -> str:
     return "native" if native else "float"
 
 
-def _fit_report(header, drafter, request, available, context, gpu_memory, device_type: str) -> tuple[FitReport, Any, Any]:
+def parse_prefill_chunk(value: str) -> int | str:
+    """--prefill-chunk: 'auto' (the largest of PREFILL_CHUNKS that fits) or a positive integer."""
+    if value == "auto":
+        return "auto"
+    try:
+        n = int(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected auto or a positive integer, got {value!r}") from None
+    if n < 1:
+        raise argparse.ArgumentTypeError(f"expected auto or a positive integer, got {value!r}")
+    return n
+
+
+def _fit_report(header, drafter, request, available, context, gpu_memory, device_type: str,
+                prefill_chunk: int | str = "auto") -> tuple[FitReport, Any, Any]:
     limit = header.config.max_position_embeddings
     note = ""
+    # beside a drafter (its caches and graphs on top of the target's) the plan may take a smaller prefill chunk
+    # (PREFILL_CHUNKS): the largest that fits an explicit context; under --max-context auto the one with the largest context
+    chunks = PREFILL_CHUNKS if prefill_chunk == "auto" and drafter is not None else (request.prefill_chunk,)
     if context == "auto":
         budget = available
         if device_type == "cpu" and gpu_memory == "auto":
@@ -270,15 +295,26 @@ def _fit_report(header, drafter, request, available, context, gpu_memory, device
         from treeflash.models.memory.plan import max_context
 
         req = replace(request, include_cuda_context=not budget.includes_context)
-        context = max_context(header, req, budget.bytes, drafter, limit)
+        context, chunk = max((max_context(header, replace(req, prefill_chunk=c), budget.bytes, drafter, limit), c) for c in chunks)
+        chunk_note = f"; prefill in {chunk}-token chunks: more context than the default {request.prefill_chunk}'s" if chunk != request.prefill_chunk else ""
+        request = replace(request, prefill_chunk=chunk)
         if context == 0:
             context = 1  # nothing fits: plan one token so the table shows by how much
         else:
-            note = note or f"--max-context auto: the largest context that fits, {context} tokens"
+            note = (note or f"--max-context auto: the largest context that fits, {context} tokens") + chunk_note
     elif context > limit:
         note = f"--max-context {context} is past the model's {limit}: the engine allocates {limit}"
         context = limit
-    report = build_report(header, replace(request, max_context=context), drafter, available, note)
+    request = replace(request, max_context=context)
+    report = build_report(header, request, drafter, available, note, chunks)
+    for chunk in chunks:
+        if report.fits or chunk >= request.prefill_chunk:
+            continue
+        smaller = build_report(header, replace(request, prefill_chunk=chunk), drafter, available,
+                               (note + "; " if note else "") + f"prefill in {chunk}-token chunks: the default {request.prefill_chunk} does not fit", chunks)
+        if smaller.fits:
+            report = smaller
+            break
     return report, header, drafter
 
 
@@ -289,6 +325,7 @@ class StartPlan:
     plan: Any  # MemoryPlan
     summary: str  # one line for stderr: the context chosen and the plan against the memory
     weights: str = "float"  # the weight format to load (--weights auto resolved)
+    prefill_chunk: int = 2048  # tokens per prefill chunk the plan was made for (PREFILL_CHUNKS)
 
 
 def resolved_weights(args) -> str:
@@ -318,4 +355,4 @@ def plan_at_start(args) -> StartPlan:
                f"({report.available.source})" + (f"; {report.note}" if report.note else ""))
     if getattr(args, "weights", "float") == "auto":
         summary += f"; weights {r.weights} (--weights auto)"
-    return StartPlan(r.max_context, r.verify_nodes, report.plan, summary, r.weights)
+    return StartPlan(r.max_context, r.verify_nodes, report.plan, summary, r.weights, r.prefill_chunk)

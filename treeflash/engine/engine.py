@@ -113,7 +113,8 @@ class Engine:
         gen = req.sampling.generator(self.model.device if self.model.device.type == "cuda" else "cpu")
         end_ids = set(req.stop_token_ids) | (set() if req.ignore_eos else self.eos_ids)
         dec = Decoder(self.model, self.cache, req.sampling, self.drafter, generator=gen, want_logprobs=req.logprobs, runner=self.runner,
-                      device_steps=self.config.device_steps, constraint=self.constraint(req, end_ids), end_ids=frozenset(end_ids))
+                      device_steps=self.config.device_steps, constraint=self.constraint(req, end_ids), end_ids=frozenset(end_ids),
+                      keep_prompt_hidden=prefix is not None and prefix.wants_hidden)
         self._last_decoder = None
         detok = Detokenizer(self.tokenizer, req.prompt_ids)
         stops = StopMatcher(req.stop)

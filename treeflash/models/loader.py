@@ -77,6 +77,7 @@ def load_model(
     dtype: torch.dtype | None = None,
     progress: bool = True,
     weights: str = "float",
+    mtp: bool = True,
 ) -> LoadedModel:
     """Load a model for inference. `path` None -> the embedded default (SmolLM2-135M-Instruct, Q4_1 GGUF).
 
@@ -86,6 +87,8 @@ def load_model(
     keeps each GGUF linear weight in its stored blocks where a fast path runs its format (on CUDA a
     QuantLinear for the formats treeflash.kernels.quant has kernels for; on the CPU int4), the rest
     dequantized. `weight_plan` of the result says, per stored type, how many tensors went which way.
+    mtp=False leaves a checkpoint's MTP head (mtp.* weights) unread: only `--draft mtp` runs it (the 27B
+    shape's is 0.85 GB read float).
     """
     if weights not in WEIGHT_FORMATS:
         raise InvalidRequestError(f"--weights must be one of {', '.join(WEIGHT_FORMATS)}, got {weights!r}", "weights")
@@ -109,7 +112,9 @@ def load_model(
         from treeflash.models.int4_linear import INT4_FORMATS, int4_kernel_available
 
         keep = INT4_FORMATS.__contains__ if int4_kernel_available() else None
-    model = build_model(ckpt, dev, dtype, progress, keep_quantized=keep)
+    # the embedding stays in blocks on CUDA (a lookup dequantizes its rows there in one kernel); the CPU's int4 path reads a float table
+    model = build_model(ckpt, dev, dtype, progress, keep_quantized=keep, keep_embedding=keep is not None and dev.type == "cuda",
+                        mtp=mtp)
     if weights == "native":
         model.weights_format = "native"  # what bench/machine reports
     if weights == "native" and dev.type == "cpu" and keep is not None:
@@ -152,14 +157,17 @@ def weight_plan(ckpt: Checkpoint, model: CausalLM) -> dict[str, dict[str, int]]:
 
 
 def build_model(ckpt: Checkpoint, device: torch.device, dtype: torch.dtype, progress: bool = True,
-                keep_quantized: Callable[[str], bool] | None = None) -> CausalLM:
+                keep_quantized: Callable[[str], bool] | None = None, keep_embedding: bool = False, mtp: bool = True) -> CausalLM:
     """The model with every tensor read onto `device`. keep_quantized(fmt): which GGUF block formats an
-    nn.Linear weight keeps as stored (the layer becomes a models.quant_linear.QuantLinear); None: none."""
+    nn.Linear weight keeps as stored (the layer becomes a models.quant_linear.QuantLinear); None: none.
+    keep_embedding: the token embedding too, where keep_quantized takes its format (a
+    models.quant_embedding.QuantEmbedding; a tied head then multiplies by the same blocks). mtp: build and
+    read the MTP head where the checkpoint has one (else its tensors are skipped)."""
     config = ckpt.config
     with _empty_weights():
         model = CausalLM(config)
     mtp_names = {n for n in ckpt.tensors if n.startswith(MTP_PREFIX)}
-    if mtp_names and config.mtp_num_layers > 0:
+    if mtp and mtp_names and config.mtp_num_layers > 0:
         head = _new_mtp_head(config)
         if head is not None:
             model.mtp = head
@@ -174,7 +182,7 @@ def build_model(ckpt: Checkpoint, device: torch.device, dtype: torch.dtype, prog
     with torch.no_grad():
         for name in tqdm(names, desc=f"loading {Path(ckpt.source).name}", unit="tensor", disable=not progress):
             ref = ckpt.tensors[name]
-            if keep_quantized is not None and _keep_blocks(model, name, ref, device, keep_quantized):
+            if keep_quantized is not None and _keep_blocks(model, name, ref, device, dtype, keep_quantized, keep_embedding):
                 continue
             try:
                 value = ref.read(device, dtype)
@@ -200,7 +208,8 @@ def build_model(ckpt: Checkpoint, device: torch.device, dtype: torch.dtype, prog
     return model.eval()
 
 
-def _keep_blocks(model: nn.Module, name: str, ref: TensorRef, device: torch.device, keep: Callable[[str], bool]) -> bool:
+def _keep_blocks(model: nn.Module, name: str, ref: TensorRef, device: torch.device, dtype: torch.dtype,
+                 keep: Callable[[str], bool], keep_embedding: bool = False) -> bool:
     """Swap the nn.Linear that owns weight `name` for a QuantLinear over the tensor's stored blocks,
     when the tensor has blocks and `keep` takes their format; returns whether it did (its bias, if
     any, is read afterwards like any parameter)."""
@@ -214,6 +223,8 @@ def _keep_blocks(model: nn.Module, name: str, ref: TensorRef, device: torch.devi
     parent_path, _, child = module_path.rpartition(".")
     parent = model.get_submodule(parent_path)
     lin = getattr(parent, child)
+    if type(lin) is nn.Embedding and keep_embedding:
+        return _keep_embedding_blocks(model, parent, child, lin, ref, device, dtype)
     if type(lin) is not nn.Linear:
         return False
     from treeflash.models.quant_linear import QuantLinear
@@ -223,6 +234,26 @@ def _keep_blocks(model: nn.Module, name: str, ref: TensorRef, device: torch.devi
     except Exception as e:
         raise ModelLoadError(f"cannot read the blocks of tensor {ref.origin}: {e}") from e
     setattr(parent, child, QuantLinear(q.blocks, q.fmt, lin.in_features, bias=lin.bias, in_index=q.in_index))
+    return True
+
+
+def _keep_embedding_blocks(model: nn.Module, parent: nn.Module, child: str, emb: nn.Embedding, ref: TensorRef,
+                           device: torch.device, dtype: torch.dtype) -> bool:
+    """The token embedding as a QuantEmbedding over its stored blocks (a lookup dequantizes the rows it
+    reads); a tied head multiplies by the same blocks (a QuantLinear sharing them), so the table is
+    never dequantized whole."""
+    from treeflash.models.quant_embedding import QuantEmbedding
+    from treeflash.models.quant_linear import QuantLinear
+
+    try:
+        q = ref.read_blocks(device)
+    except Exception as e:
+        raise ModelLoadError(f"cannot read the blocks of tensor {ref.origin}: {e}") from e
+    if q.in_index is not None:  # a column permutation cannot move inside a block
+        return False
+    setattr(parent, child, QuantEmbedding(q.blocks, q.fmt, emb.embedding_dim, dtype))
+    if getattr(model, "lm_head", "absent") is None:  # tied
+        model.lm_head = QuantLinear(q.blocks, q.fmt, emb.embedding_dim)
     return True
 
 

@@ -46,14 +46,19 @@ DEFAULT_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128)
 def capture_graph(fn, pool, warmups: int = 2):
     """Run `fn` `warmups` times on a side stream (kernel selection, cuBLAS handles, allocations stay
     out of the graph), then capture one call into a CUDA graph drawing on `pool`.
-    Returns (graph, what the captured call returned: its static outputs)."""
-    stream = torch.cuda.Stream()
+    Returns (graph, what the captured call returned: its static outputs).
+
+    The side stream is torch's own capture stream, one for every capture: cuBLAS keeps a workspace per
+    (handle, stream) for the process's life, so a new stream per capture held one more workspace for
+    each of the ~26 graphs a DFlash engine captures."""
+    graph = torch.cuda.CUDAGraph()
+    capture = torch.cuda.graph(graph, pool=pool)
+    stream = capture.capture_stream
     stream.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(stream):
         for _ in range(warmups):
             fn()
     torch.cuda.current_stream().wait_stream(stream)
-    graph = torch.cuda.CUDAGraph()
     # no garbage collection while capturing: torch no longer collects before a capture, and a dead
     # cycle holding an earlier runner's graphs, freed mid-capture, destroys them inside the capture
     # ("operation not permitted when stream is capturing") and invalidates it (gpu_check's qwen3_5
@@ -61,7 +66,7 @@ def capture_graph(fn, pool, warmups: int = 2):
     enabled = gc.isenabled()
     gc.disable()
     try:
-        with torch.cuda.graph(graph, pool=pool):
+        with capture:
             out = fn()
     finally:
         if enabled:

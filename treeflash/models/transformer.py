@@ -215,11 +215,13 @@ class CausalLM(nn.Module):
 
     @property
     def device(self) -> torch.device:
-        return self.model.embed_tokens.weight.device
+        e = self.model.embed_tokens
+        return e.weight.device if isinstance(e, nn.Embedding) else e.device  # else a QuantEmbedding (GGUF blocks)
 
     @property
     def dtype(self) -> torch.dtype:
-        return self.model.embed_tokens.weight.dtype
+        e = self.model.embed_tokens
+        return e.weight.dtype if isinstance(e, nn.Embedding) else e.dtype
 
     def cache_layout(self) -> CacheLayout:
         c = self.config

@@ -48,11 +48,13 @@ class Decoder:
         device_steps: bool = True,
         constraint: Constraint | None = None,
         end_ids: frozenset[int] = frozenset(),
+        keep_prompt_hidden: bool = False,
     ):
         """device_steps: drafted steps run on the device where the drafter and runner can (False: the
         synchronous steps, the A/B baseline; exact either way). constraint: the request's (prefill
         resets it to the empty output); end_ids: the tokens that end the output (the constraint is not advanced
-        past one)."""
+        past one); keep_prompt_hidden: keep the prompt's captured rows after prefill (`prompt_hidden`, for a
+        prefix cache), else each chunk's rows go to the drafter and are dropped."""
         self.target, self.cache, self.params, self.drafter = target, cache, params, drafter
         self.runner = runner if runner is not None else EagerRunner(target, cache)
         self.want_logprobs = want_logprobs  # None = off; k = also the top k alternatives
@@ -64,7 +66,8 @@ class Decoder:
         self.stats = SpecStats()
         self.tokens: list[int] = []  # committed tokens (prompt + output, root excluded)
         self.root: int | None = None
-        self.prompt_hidden: torch.Tensor | None = None  # the prompt's captured rows after prefill (for a prefix cache)
+        self.keep_prompt_hidden = keep_prompt_hidden
+        self.prompt_hidden: torch.Tensor | None = None  # the prompt's captured rows after prefill (keep_prompt_hidden)
         self.resumed = 0  # prompt tokens the last prefill resumed instead of prefilling
         self._ahead = None  # PendingToken of a plain step enqueued before its input was read back
         self._dev: DeviceLoop | None = None  # the drafter's device loop for this request (None: synchronous steps)
@@ -109,8 +112,10 @@ class Decoder:
             self.cache.reset()
         if self.drafter is not None:
             self.drafter.reset()
+            if start:
+                self.drafter.observe_prompt(list(prompt_ids[:start]), hidden_before)
         ids = torch.tensor(prompt_ids, dtype=torch.long, device=self.target.device)
-        hidden_parts = [hidden_before] if hidden_before is not None else []
+        hidden_parts = [hidden_before] if hidden_before is not None and self.keep_prompt_hidden else []
         n = len(prompt_ids)
         ends = sorted({*range(chunk, n, chunk), *(p for p in stops if start < p < n), n} - set(range(start + 1)))
         s = start
@@ -126,15 +131,15 @@ class Decoder:
                     logits_at=torch.tensor([part.shape[0] - 1], device=ids.device) if last else None,
                     compute_logits=last,
                 )
-            if out.captured is not None:
+            if out.captured is not None and self.keep_prompt_hidden:
                 hidden_parts.append(out.captured)
+            if self.drafter is not None:  # chunk by chunk: the drafter takes a chunk's rows before the next one
+                self.drafter.observe_prompt(list(prompt_ids[s:e]), out.captured)
             if on_stop is not None and e in stops:
                 on_stop(e)
             s = e
         self.tokens = list(prompt_ids)
         self.prompt_hidden = torch.cat(hidden_parts) if hidden_parts else None  # [len(prompt), ...] captured rows, or None
-        if self.drafter is not None:
-            self.drafter.observe(list(prompt_ids), self.prompt_hidden)
         self._ended = False
         if self.constraint is not None:
             self.constraint.reset()

@@ -149,6 +149,17 @@ class DFlashDrafter(Drafter):
         self._prompted = True
         self._last = None
 
+    def observe_prompt(self, prompt_ids: list[int], hidden: torch.Tensor | None) -> None:
+        """One prefill chunk's rows: beside static passes they go into the draft cache now (all but the
+        last), so a prefill holds one chunk's features, never the whole prompt's (at 128K context the
+        27B shape's five captured layers are 6.7 GB). Not a step: the budget tuner records nothing."""
+        if hidden is None or hidden.shape[0] != len(prompt_ids):
+            raise RuntimeError("dflash needs the target's hidden states at every prompt token (capture_layers)")
+        self._pending.append(hidden)
+        self._observed += len(prompt_ids)
+        self._absorb_excess()
+        self._prompted = True
+
     def _absorb_excess(self) -> None:
         """Beside static passes, rows past what one pass takes (a prompt, rows piled up over plain
         steps) go into the draft cache now, all but the last: the next pass, a graph, drafts from
@@ -159,7 +170,7 @@ class DFlashDrafter(Drafter):
             return
         rows = torch.cat(self._pending)
         self._pending = [rows[-1:].clone()]  # a copy: the rows may view a target output buffer
-        self.model.absorb(self._prepare(rows[:-1].to(self.model.fc.weight.dtype)), self.cache)
+        self.model.absorb(self._prepare(rows[:-1].to(self.model.dtype)), self.cache)
 
     @torch.inference_mode()
     def propose(self, ctx: DraftContext) -> DraftTree:
@@ -352,5 +363,5 @@ def _build(target, options: DraftOptions) -> Drafter:
         if path is None:
             raise ModelLoadError("--draft dflash needs --draft-model: a DFlash checkpoint directory (config.json + *.safetensors); "
                                  "only the embedded default model comes with a drafter")
-    model = load_dflash(path, target.model.device, target.model.dtype)
+    model = load_dflash(path, target.model.device, target.model.dtype, weights=options.drafter_weights)
     return DFlashDrafter(target.model, model, options.budget, options.tree, bandit=options.bandit)

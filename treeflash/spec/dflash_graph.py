@@ -9,7 +9,8 @@ block_size new context rows (a step commits at most block_size tokens) over stat
                            (the root is also the first of the block's token ids: one buffer)
     ctx_in   [B, C]        target hidden states of the new rows (raw; the final-norm slot is
                            normalized inside the graph)                       <- one device copy
-    outputs  logits [B-1, vocab] fp32; packed [2(B-1), K] fp64: top-K log-probs, then their ids
+    outputs  logits [B-1, vocab] fp32 (one buffer all passes write); packed [2(B-1), K] fp64: top-K
+             log-probs, then their ids
 
 so a pass is two small copies, one replay and one read-back of `packed` (what DDTree and the
 greedy chain need). Other passes (the prompt, rows piled up over plain steps) run the same
@@ -52,14 +53,14 @@ class DraftGraphs:
         use_graphs: bool | None = None,
     ):
         c = model.config
-        dev = model.fc.weight.device
+        dev = model.device
         self.model, self.target, self.cache, self.prepare = model, target, cache, prepare
         self.use_graphs = dev.type == "cuda" if use_graphs is None else use_graphs
         self.block_size = c.block_size
         self.top_k = max(1, min(top_k, target.config.vocab_size))
         cache.reserve(capacity)
         self.capacity = cache.k[0].shape[0]
-        model.rotary.reserve(self.capacity, model.fc.weight.dtype)  # the pass gathers cos/sin rows at its slots
+        model.rotary.reserve(self.capacity, model.dtype)  # the pass gathers cos/sin rows at its slots
         self.key_pos = torch.arange(self.capacity, device=dev)
         pin = dev.type == "cuda"
         self.host_ints = torch.zeros(2, dtype=torch.long, pin_memory=pin)
@@ -71,7 +72,10 @@ class DraftGraphs:
         self.ints = self._ids[0:2]
         self.block_ids = self._ids[1:]
         width = len(c.target_layer_ids) * c.hidden_size
-        self.ctx_in = torch.zeros(c.block_size, width, dtype=model.fc.weight.dtype, device=dev)
+        self.ctx_in = torch.zeros(c.block_size, width, dtype=model.dtype, device=dev)
+        # one logits buffer for every pass (outside the graphs' pool): each pass's own is a temporary the next
+        # capture reuses, so the passes hold [B-1, vocab] fp32 once, not block_size times (the 27B shape: 15 MB each)
+        self.logits = torch.zeros(c.block_size - 1, target.config.vocab_size, dtype=torch.float32, device=dev)
         self.pool = torch.cuda.graph_pool_handle() if self.use_graphs else None
         self.passes: dict[int, _Pass] = {}
         saved = cache.length
@@ -84,7 +88,8 @@ class DraftGraphs:
         """-> logits [B-1, vocab] fp32, packed: the top-K log-probs and their ids in one fp64 tensor, one
         read-back."""
         logits, top_lp, top_ids = self._scores(n)
-        return logits.float(), torch.cat((top_lp.double(), top_ids.double()))  # ids < 2^53: exact in fp64
+        self.logits.copy_(logits)
+        return self.logits, torch.cat((top_lp.double(), top_ids.double()))  # ids < 2^53: exact in fp64
 
     def _scores(self, n: int, count: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """-> logits [B-1, vocab] (fp32: CausalLM.head's output), top-K log-probs [B-1, K] fp32 and their

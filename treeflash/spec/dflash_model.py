@@ -38,6 +38,7 @@ from treeflash.kernels.pointwise.rotary import norm_rotary_into_cache
 from treeflash.kv.attention_cache import attention_reference, static_attention_reference, static_buffer_attention
 from treeflash.models.config import ModelConfig
 from treeflash.models.layers import MLP, RMSNorm, Rotary, apply_rotary, fuse_linears
+from treeflash.models.quant_linear import QuantLinear
 
 FULL = "full_attention"
 SLIDING = "sliding_attention"
@@ -197,19 +198,36 @@ class DFlashAttention(nn.Module):
         self.scale = d**-0.5
         self.register_buffer("qkv_weight", None, persistent=False)  # [q + 2 kv outputs, hidden] once fused
         self.register_buffer("qkv_bias", None, persistent=False)
+        self.qkv_packed: QuantLinear | None = None  # q8_0 drafter weights (load_dflash): q, k, v as one QuantLinear
+        self.kv_packed: QuantLinear | None = None  # its k and v rows (views of the same blocks)
 
     def fuse(self) -> None:
-        """One GEMM for q, k and v (their weights become views of one tensor)."""
-        if self.qkv_weight is None:
-            self.qkv_weight, self.qkv_bias = fuse_linears([self.q_proj, self.k_proj, self.v_proj])
+        """One GEMM for q, k and v (their weights become views of one tensor; GGUF blocks: one QuantLinear)."""
+        lins = [self.q_proj, self.k_proj, self.v_proj]
+        if self.qkv_weight is not None or self.qkv_packed is not None:
+            return
+        if all(type(m) is nn.Linear for m in lins):
+            self.qkv_weight, self.qkv_bias = fuse_linears(lins)
+        elif QuantLinear.can_concat(lins):
+            self.qkv_packed = QuantLinear.concat(lins)
+            qo, fused = self.q_proj.out_features, self.qkv_packed
+            self.kv_packed = QuantLinear(fused.blocks[qo:], fused.fmt, fused.in_features,
+                                         None if fused.bias is None else fused.bias.data[qo:])
+            self.kv_packed.tuning = fused.tuning
 
     def _qkv(self, rows: torch.Tensor, q_from: int = 0) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """q [R - q_from, heads, D] of rows[q_from:], k and v [R, kv heads, D] of every row. Fused and
         q_from = 0 (the static pass: a few context rows), one GEMM; else q apart (an eager pass's context
         can be a whole prompt, whose queries nothing reads) and k, v in one GEMM once fused."""
-        r, qo = rows.shape[0], self.q_proj.weight.shape[0]
-        kv_sizes = [self.k_proj.weight.shape[0], self.v_proj.weight.shape[0]]
-        if self.qkv_weight is not None and q_from == 0:
+        r, qo = rows.shape[0], self.q_proj.out_features
+        kv_sizes = [self.k_proj.out_features, self.v_proj.out_features]
+        if self.qkv_packed is not None:
+            if q_from == 0:
+                q, k, v = self.qkv_packed(rows).split([qo, *kv_sizes], dim=-1)
+            else:
+                q = self.q_proj(rows[q_from:])
+                k, v = self.kv_packed(rows).split(kv_sizes, dim=-1)
+        elif self.qkv_weight is not None and q_from == 0:
             q, k, v = F.linear(rows, self.qkv_weight, self.qkv_bias).split([qo, *kv_sizes], dim=-1)
         else:
             q = self.q_proj(rows[q_from:])
@@ -347,10 +365,18 @@ class DFlashModel(nn.Module):
             layer.fuse()
         return self
 
+    @property
+    def dtype(self) -> torch.dtype:
+        """The runtime dtype (activations, caches): the norms' (the linear weights may be GGUF blocks)."""
+        return self.hidden_norm.weight.dtype
+
+    @property
+    def device(self) -> torch.device:
+        return self.hidden_norm.weight.device
+
     def new_cache(self) -> DraftCache:
-        w = self.fc.weight
         c = self.config
-        return DraftCache(c.num_layers, c.num_kv_heads, c.head_dim, w.dtype, w.device)
+        return DraftCache(c.num_layers, c.num_kv_heads, c.head_dim, self.dtype, self.device)
 
     def forward(
         self,
@@ -437,12 +463,29 @@ def _rotary_kernel_fits(cos: torch.Tensor) -> bool:
     return cos.shape[-1] % 2 == 0 and half > 0 and half & (half - 1) == 0
 
 
-def load_dflash(path: str | Path, device: torch.device | str = "cpu", dtype: torch.dtype = torch.float32) -> DFlashModel:
-    """A z-lab DFlash checkpoint directory (config.json + *.safetensors) -> DFlashModel in eval mode."""
+DRAFTER_WEIGHTS = ("float", "q8_0")  # load_dflash: the linear layers at the runtime dtype, or as GGUF Q8_0 blocks
+
+
+def quantized_linear_names(model: nn.Module) -> set[str]:
+    """The weights `load_dflash(weights="q8_0")` keeps as Q8_0 blocks: every nn.Linear's (fc and each layer's
+    projections); norms stay at the runtime dtype. spec/drafter_memory.py counts the same."""
+    return {f"{name}.weight" for name, m in model.named_modules() if type(m) is nn.Linear}
+
+
+def load_dflash(path: str | Path, device: torch.device | str = "cpu", dtype: torch.dtype = torch.float32,
+                weights: str = "float") -> DFlashModel:
+    """A z-lab DFlash checkpoint directory (config.json + *.safetensors) -> DFlashModel in eval mode.
+
+    weights="q8_0": each linear layer becomes a QuantLinear over Q8_0 blocks quantized on `device` as its
+    tensor is read (kernels/quant/quantize.py, gguf's quantizer bit for bit): about 53% of the float
+    bytes at bf16, one tensor's float copy at a time."""
     from safetensors import safe_open
 
+    from treeflash.kernels.quant.quantize import quantize_q8_0
     from treeflash.models.hf_loader import read_config_json, weight_files
 
+    if weights not in DRAFTER_WEIGHTS:
+        raise ModelLoadError(f"dflash drafter weights must be one of {', '.join(DRAFTER_WEIGHTS)}, got {weights!r}")
     p = Path(path).expanduser()
     config_path = p / "config.json"
     raw = read_config_json(p, "a DFlash drafter directory")
@@ -450,6 +493,11 @@ def load_dflash(path: str | Path, device: torch.device | str = "cpu", dtype: tor
     with torch.device("meta"):
         model = DFlashModel(config)
     expected = {name: tuple(t.shape) for name, t in model.state_dict().items()}
+    quantized = quantized_linear_names(model) if weights == "q8_0" else set()
+    bad = [n for n in quantized if expected[n][1] % 32]
+    if bad:
+        raise ModelLoadError(f"{p}: --drafter-weights q8_0 needs input sizes that are multiples of 32; {bad[0]} is {expected[bad[0]]}")
+    blocks: dict[str, torch.Tensor] = {}
     tensors: dict[str, torch.Tensor] = {}
     for file in weight_files(p):
         try:
@@ -463,14 +511,23 @@ def load_dflash(path: str | Path, device: torch.device | str = "cpu", dtype: tor
                     t = f.get_tensor(name)
                     if tuple(t.shape) != expected[ours]:
                         raise ModelLoadError(f"{p / file}: {name} has shape {tuple(t.shape)}, the config implies {expected[ours]}")
-                    tensors[ours] = t.to(device=device, dtype=dtype)
+                    if ours in quantized:  # from the checkpoint's values (bf16 -> fp32 is exact)
+                        blocks[ours] = quantize_q8_0(t.to(device=device))
+                    else:
+                        tensors[ours] = t.to(device=device, dtype=dtype)
         except ModelLoadError:
             raise
         except Exception as e:
             raise ModelLoadError(f"{p / file}: not a readable safetensors file: {e}") from None
-    missing = sorted(set(expected) - set(tensors))
+    missing = sorted(set(expected) - set(tensors) - set(blocks))
     if missing:
         raise ModelLoadError(f"{p}: missing tensors: {', '.join(missing[:5])}{' ...' if len(missing) > 5 else ''}")
+    for name, b in blocks.items():
+        module_path = name.rpartition(".")[0]
+        parent_path, _, child = module_path.rpartition(".")
+        parent = model.get_submodule(parent_path)
+        lin = getattr(parent, child)
+        setattr(parent, child, QuantLinear(b, "Q8_0", lin.in_features, bias=tensors.pop(f"{module_path}.bias", None)))
     model.load_state_dict(tensors, assign=True, strict=True)
     model.rotary = Rotary(config.rope).to(device)
     return model.eval()

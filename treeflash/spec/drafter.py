@@ -35,6 +35,7 @@ class DraftOptions:
     ngram_max: int = 4  # ngram: longest suffix to match
     ngram_min: int = 1
     replay_corrupt: float = 0.0  # replay (an oracle for benchmarks): chance that a drafted token is replaced
+    drafter_weights: str = "float"  # dflash: its linear layers at the runtime dtype, or "q8_0" blocks (dflash_model.DRAFTER_WEIGHTS)
     bandit: BanditConfig = BanditConfig()  # budget="auto": the policy's arms, discount and exploration (spec/bandit.py)
 
     def __post_init__(self) -> None:
@@ -42,6 +43,8 @@ class DraftOptions:
             raise InvalidRequestError(f"--num-draft must be in [1, 64], got {self.num_draft}", "num_draft")
         if self.budget != "auto" and (not isinstance(self.budget, int) or not 1 <= self.budget <= 512):
             raise InvalidRequestError(f"--budget must be 'auto' or an integer in [1, 512], got {self.budget!r}", "budget")
+        if self.drafter_weights not in ("float", "q8_0"):
+            raise InvalidRequestError(f"--drafter-weights must be float or q8_0, got {self.drafter_weights!r}", "drafter_weights")
         if not 0.0 <= self.replay_corrupt <= 1.0:
             raise InvalidRequestError(f"--replay-corrupt must be in [0, 1], got {self.replay_corrupt}", "replay_corrupt")
 
@@ -70,6 +73,12 @@ class Drafter(ABC):
 
         `hidden` may be a view of the target's output buffer (on a GPU, a CUDA graph's), which the
         next target pass overwrites: a drafter that keeps it past that pass keeps a copy."""
+
+    def observe_prompt(self, prompt_ids: list[int], hidden: torch.Tensor | None) -> None:
+        """A part of the prompt, committed by a prefill chunk, with its captured hidden states [n, C]
+        (or None). Decoder.prefill calls it once per chunk, in order, after `reset` and before any
+        `propose`, so a drafter never needs the whole prompt's rows at once. Default: `observe`."""
+        self.observe(prompt_ids, hidden)
 
     def bind_runner(self, runner: Any) -> None:
         """The engine hands over the target's runner (CUDA graphs on a GPU) once it exists."""

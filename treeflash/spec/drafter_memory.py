@@ -18,8 +18,9 @@ DRAFTERS = ("ngram", "draft", "mtp", "dflash")
 
 
 def drafter_shape(kind: str | None, draft_model: str | None, target: CheckpointHeader, dtype_bytes: int,
-                  device_type: str = "cuda") -> DrafterShape | None:
-    """The DrafterShape of `--draft kind --draft-model path` for this target (None without a drafter)."""
+                  device_type: str = "cuda", drafter_weights: str = "float") -> DrafterShape | None:
+    """The DrafterShape of `--draft kind --draft-model path` for this target (None without a drafter).
+    drafter_weights: dflash's linear layers at the runtime dtype ("float") or as Q8_0 blocks ("q8_0")."""
     if kind is None:
         return None
     if kind not in DRAFTERS:
@@ -41,7 +42,7 @@ def drafter_shape(kind: str | None, draft_model: str | None, target: CheckpointH
         weights = sum(device_bytes(t.name, t.shape, t.stored_type, t.stored_bytes, "float", device_type, dtype_bytes) for t in h.tensors)
         return DrafterShape("draft", weights, len(c.attention_layer_ids), c.num_kv_heads, c.head_dim, c.rotary_dim,
                             parts.recurrent_state_bytes(c, dtype_bytes) if c.is_hybrid else 0, source=str(path))
-    return _dflash_shape(Path(path).expanduser(), target, dtype_bytes)
+    return _dflash_shape(Path(path).expanduser(), target, dtype_bytes, drafter_weights)
 
 
 def _default_dflash(target: CheckpointHeader) -> str | None:
@@ -51,20 +52,34 @@ def _default_dflash(target: CheckpointHeader) -> str | None:
     return str(p) if p is not None else None
 
 
-def _dflash_shape(path: Path, target: CheckpointHeader, dtype_bytes: int) -> DrafterShape:
+Q8_0_BYTES_PER_VALUE = 34 / 32  # an fp16 scale and 32 int8 codes
+
+
+def _dflash_shape(path: Path, target: CheckpointHeader, dtype_bytes: int, drafter_weights: str = "float") -> DrafterShape:
+    import torch
+
     from treeflash.models.hf_loader import read_config_json
-    from treeflash.spec.dflash_model import DFlashConfig
+    from treeflash.spec.dflash_model import DRAFTER_WEIGHTS, DFlashConfig, DFlashModel, quantized_linear_names
 
     if not path.is_dir():
         raise ModelLoadError(f"{path}: a DFlash drafter is a directory (config.json + *.safetensors)")
     c = DFlashConfig.from_dict(read_config_json(path, "a DFlash checkpoint"), source=str(path / "config.json"))
+    if drafter_weights not in DRAFTER_WEIGHTS:
+        raise InvalidRequestError(f"--drafter-weights must be one of {', '.join(DRAFTER_WEIGHTS)}, got {drafter_weights!r}", "drafter_weights")
     tensors, _ = read_safetensors_dir(path)
-    weights = sum(_numel(shape) * dtype_bytes for _, shape, _ in tensors.values())  # load_dflash: the target's dtype
+    quantized: set[str] = set()
+    if drafter_weights == "q8_0":
+        with torch.device("meta"):
+            quantized = quantized_linear_names(DFlashModel(c))  # as load_dflash quantizes them
+    weights = 0  # load_dflash: the target's dtype, or Q8_0 blocks
+    for name, (_, shape, _) in tensors.items():
+        blocks = name.removeprefix("model.") in quantized
+        weights += int(_numel(shape) * Q8_0_BYTES_PER_VALUE) if blocks else _numel(shape) * dtype_bytes
     rotary = int(c.head_dim * c.rope.partial_rotary_factor)
     return DrafterShape("dflash", weights, c.num_layers, c.num_kv_heads, c.head_dim, rotary,
                         capture_width=len(c.target_layer_ids) * c.hidden_size, block_size=c.block_size,
                         hidden_size=c.hidden_size, intermediate_size=c.intermediate_size, num_heads=c.num_heads,
-                        source=str(path))
+                        source=str(path) + (" (q8_0 blocks)" if quantized else ""))
 
 
 def _numel(shape) -> int:

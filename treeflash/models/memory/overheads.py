@@ -33,17 +33,20 @@ class Overheads:
     # the 27B shape's DeltaNet layer held 410 / 850 MiB at 1024 / 2048-token chunks against 84 / 168
     # MiB counted, the layer input included (a live-tensor count of the same torch code on the CPU)
     gdn_temporaries_factor: float = 4.8
-    # copies of the prompt's captured target features a DFlash prefill holds at once (the chunks'
-    # outputs, their concatenation, the normalised copy the drafter absorbs: spec/dflash.py)
+    # copies of one prefill chunk's captured target features a DFlash prefill holds at once (the chunk's
+    # output, its concatenation with the pending row, the normalised copy the drafter absorbs: spec/dflash.py)
     drafter_feature_copies: float = 3.0
-    # a DFlash drafter on CUDA held 641-670 MiB after the build beyond its weights, KV and graph parts
-    # (drafters of 2.0 GB at 32K context, 8B and hybrid-9B targets): not yet attributed to a buffer
-    dflash_runtime_fraction: float = 0.33
+    # a DFlash drafter on CUDA held 641-670 MiB after the build beyond its weights, KV and graph parts (drafters of
+    # 2.0 GB at 32K context, 8B and hybrid-9B targets; the 27B's 3.5 GB drafter ~0.55 GB): about one cuBLAS
+    # workspace (32 MiB on sm90) per captured graph's warm-up stream, ~20 of them, plus the device step's own graph.
+    # models/runner.capture_graph now warms every capture up on one stream; plan.py counts the device step's
+    # graph and this many bytes of workspace (predicted, not yet measured: bench/fit_check.py's next run)
+    cublas_workspace_bytes: int = 64 * MiB  # cuBLAS's and cuBLASLt's on the one capture stream
 
     def __post_init__(self) -> None:
-        for name in ("cuda_context_bytes", "allocator_slack_bytes"):
+        for name in ("cuda_context_bytes", "allocator_slack_bytes", "cublas_workspace_bytes"):
             if getattr(self, name) < 0:
                 raise ValueError(f"Overheads.{name} must be >= 0, got {getattr(self, name)}")
-        for name in ("allocator_slack_fraction", "activation_factor", "drafter_feature_copies", "dflash_runtime_fraction", "gdn_temporaries_factor"):
+        for name in ("allocator_slack_fraction", "activation_factor", "drafter_feature_copies", "gdn_temporaries_factor"):
             if not 0 <= getattr(self, name) < 100:
                 raise ValueError(f"Overheads.{name} must be in [0, 100), got {getattr(self, name)}")

@@ -99,6 +99,14 @@ def layer_width(config: ModelConfig, gdn_factor: float = 1.0) -> int:
     return max(attention, gdn) + 3 * c.intermediate_size + 4 * c.hidden_size
 
 
+def attention_layer_width(config: ModelConfig) -> int:
+    """Values per token an attention layer holds while it attends (models/attention.py): its q (and output
+    gate), k, v, output and the residual stream; the MLP's temporaries come after the attention is freed."""
+    c = config
+    q = c.num_heads * c.head_dim * (2 if c.attn_output_gate else 1)
+    return q + 2 * c.num_kv_heads * c.head_dim + c.num_heads * c.head_dim + 4 * c.hidden_size
+
+
 def activation_bytes(config: ModelConfig, num_tokens: int, logit_rows: int, dtype_bytes: int, gdn_factor: float = 1.0) -> int:
     """Temporaries of one forward over `num_tokens` tokens with logits for `logit_rows` of them (the head
     computes in dtype, CausalLM returns fp32). Overheads.activation_factor scales it to the measured peak."""
@@ -110,6 +118,7 @@ def activation_bytes(config: ModelConfig, num_tokens: int, logit_rows: int, dtyp
 # the product; tq3_0 the unpacked codes, their int64 index and the gathered centroids (then the sign and
 # the un-rotation's fp32 copies).
 DEQUANT_PEAK_BYTES = {"q8_0": 8, "q4_0": 9, "tq3_0": 16}
+DEQUANT_ROWS = 16384  # kv/quantized.py DEQUANT_ROWS: rows of one KV head a prefill read dequantizes at once
 
 
 def dequantized_kv_bytes(config: ModelConfig, max_len: int, cache_type_k: str, cache_type_v: str, dtype_bytes: int) -> int:
@@ -130,11 +139,17 @@ def dequantized_kv_bytes(config: ModelConfig, max_len: int, cache_type_k: str, c
     return rows * (out_bytes(cache_type_k) + out_bytes(cache_type_v) + tmp)
 
 
-def prefill_kv_read_bytes(config: ModelConfig, max_len: int, cache_type_k: str, cache_type_v: str, dtype_bytes: int) -> int:
-    """The rows the last prefill chunk's attention holds over the whole prefix (kv/attention_cache.py
-    `new_token_attention`): compressed rows dequantized (dequantized_kv_bytes), and under grouped-query
-    attention one KV head's rows repeated for its query heads (SDPA's fused causal kernels take no GQA)
-    while the rows they were made from are still held."""
+def prefill_kv_read_bytes(config: ModelConfig, max_len: int, cache_type_k: str, cache_type_v: str, dtype_bytes: int,
+                          dequant_rows: int = DEQUANT_ROWS) -> int:
+    """The rows the last prefill chunk's attention holds over the whole prefix. A compressed cache
+    (kv/quantized.py `_prefill_attention`) reads one KV head's K and V rows at a time in the runtime
+    dtype, dequantized `dequant_rows` rows at a time, one query head per SDPA call. A dense cache
+    (kv/attention_cache.py `new_token_attention`) reads its rows in place, and under grouped-query
+    attention repeats one KV head's rows for its query heads (SDPA's fused causal kernels take no GQA)."""
+    if is_compressed(cache_type_k) or is_compressed(cache_type_v):
+        head_rows = max_len * config.head_dim  # values of one KV head's K (or V)
+        tmp = max(DEQUANT_PEAK_BYTES.get(cache_type_k, 0), DEQUANT_PEAK_BYTES.get(cache_type_v, 0))
+        return 2 * head_rows * dtype_bytes + min(max_len, dequant_rows) * config.head_dim * tmp
     dequant = dequantized_kv_bytes(config, max_len, cache_type_k, cache_type_v, dtype_bytes)
     group = config.num_heads // config.num_kv_heads
     if group == 1:

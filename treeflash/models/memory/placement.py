@@ -3,11 +3,12 @@
 One table decides it, so a weight format that learns to stay packed is one entry here:
 
 - `--weights native` on CUDA: a GGUF linear weight of a type in NATIVE_BLOCK_TYPES stays in its
-  stored blocks (bytes = gguf's GGML_QUANT_SIZES block bytes x blocks, i.e. what the file holds).
+  stored blocks (bytes = gguf's GGML_QUANT_SIZES block bytes x blocks, i.e. what the file holds), and so
+  does the token embedding (models/quant_embedding.py); the MTP head's matrices are read float.
 - `--weights int4` on the CPU: Q4_0 / Q4_1 linear weights become models/int4_linear.py's packed
   4-bit codes plus a bf16 scale and zero per 32 values (0.625 bytes a value), twice for q/k/v and
   gate/up (use_int4_model keeps each layer and adds one fused copy); the head's bf16 copy is `plan`'s.
-- everything else (other types, norms, embeddings, every tensor of a bf16 checkpoint) is
+- everything else (other types, norms, a float embedding, every tensor of a bf16 checkpoint) is
   dequantized to the runtime dtype, as models/loader.py reads every tensor (`ref.read(device, dtype)`).
 """
 
@@ -24,6 +25,10 @@ WEIGHT_MODES = ("float", "int4", "native")
 LINEAR_SUFFIXES = ("_proj.weight", "in_proj_qkv.weight", "in_proj_z.weight", "in_proj_a.weight", "in_proj_b.weight")
 
 
+EMBEDDING = "model.embed_tokens.weight"
+MTP_PREFIX = "mtp."  # models/loader.py: the MTP head's tensors
+
+
 def is_linear(name: str, shape: tuple[int, ...]) -> bool:
     return len(shape) == 2 and (name.endswith(LINEAR_SUFFIXES) or name == "lm_head.weight")
 
@@ -34,7 +39,11 @@ def device_bytes(name: str, shape: tuple[int, ...], stored_type: str, stored_byt
     safetensors: "BF16", "F32", ...); dtype_bytes: the runtime dtype's element size."""
     numel = math.prod(shape)
     linear = is_linear(name, shape)
-    if weights == "native" and device_type == "cuda" and linear and stored_type in NATIVE_BLOCK_TYPES:
+    if name.startswith(MTP_PREFIX):  # the loader keeps the MTP head's matrices float (MTPHead reads their dtype)
+        linear = False
+    # on CUDA the token embedding stays in its blocks too (models/quant_embedding.py; a tied head shares them)
+    kept = linear or name == EMBEDDING
+    if weights == "native" and device_type == "cuda" and kept and stored_type in NATIVE_BLOCK_TYPES:
         return stored_bytes
     if weights == "int4" and device_type == "cpu" and linear and stored_type in INT4_CPU_TYPES:
         copies = 2 if name.endswith(INT4_FUSED_SUFFIXES) else 1

@@ -17,7 +17,7 @@ from treeflash.kernels.kv import kv_formats as formats
 import treeflash.models.memory.parts as parts
 from treeflash.models.memory.header import CheckpointHeader
 from treeflash.models.memory.overheads import Overheads
-from treeflash.models.memory.placement import WEIGHT_MODES, device_bytes
+from treeflash.models.memory.placement import MTP_PREFIX, WEIGHT_MODES, device_bytes
 
 DEVICE_TYPES = ("cuda", "cpu")
 GRAPH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128)  # models/runner.py DEFAULT_BUCKETS: verify sizes captured as graphs
@@ -25,6 +25,7 @@ ROPE_MARGIN = 256  # models/transformer.py: Rotary tables reserve max_len + this
 PREFILL_CHUNK = 2048  # spec/decoder.py Decoder.prefill's chunk
 DFLASH_MIN_ROWS = 256  # spec/dflash_model.py DraftCache.reserve grows to at least this many rows
 DFLASH_TOP_K = 64  # spec/dflash_graph.py: top-K log-probs per depth (bounded by MAX_K)
+DEVICE_STEP_AUTO_NODES = 33  # spec/device_step.py AUTO_BUDGET + 1: the device step's nodes under --budget auto
 
 
 def graph_buckets(max_nodes: int) -> tuple[int, ...]:
@@ -151,7 +152,10 @@ def plan_memory(header: CheckpointHeader, request: PlanRequest, drafter: Drafter
         out.append(Part(name, int(nbytes), detail))
 
     types: dict[str, int] = {}
+    mtp = drafter is not None and drafter.kind == "mtp"
     for t in header.tensors:
+        if t.name.startswith(MTP_PREFIX) and not mtp:  # the CLI reads the MTP head only for --draft mtp
+            continue
         key = t.stored_type
         types[key] = types.get(key, 0) + device_bytes(t.name, t.shape, t.stored_type, t.stored_bytes, r.weights, r.device_type, b)
     weights = sum(types.values())
@@ -189,16 +193,18 @@ def plan_memory(header: CheckpointHeader, request: PlanRequest, drafter: Drafter
         add("graph workspace", work, f"the largest graph's temporaries ({tmax} nodes) in the graphs' pool")
         if drafter is not None and drafter.kind == "dflash":
             d = drafter.block_size
-            passes = d * ((d - 1) * c.vocab_size * parts.FP32_BYTES + 2 * (d - 1) * DFLASH_TOP_K * 8)
-            add("drafter graphs", passes, f"{d} captured drafting passes: logits [{d - 1}, vocab] fp32 + top-K each")
+            passes = (d - 1) * c.vocab_size * parts.FP32_BYTES + d * 2 * (d - 1) * DFLASH_TOP_K * 8
+            add("drafter graphs", passes, f"{d} captured drafting passes: one logits [{d - 1}, vocab] fp32, top-K each")
     chunk = min(r.prefill_chunk, r.max_context)
     act = parts.activation_bytes(c, chunk, 1, b, o.gdn_temporaries_factor)
     kv_read = parts.prefill_kv_read_bytes(c, r.max_len, r.cache_type_k, r.cache_type_v, b)
-    prefill = max(act * o.activation_factor, act + kv_read)  # the widest layer, or an attention layer over the prefix
+    attending = chunk * parts.attention_layer_width(c) * b  # an attention layer's own tensors while it attends
+    prefill = max(act * o.activation_factor, attending + kv_read)  # the widest layer, or an attention layer over the prefix
     detail = f"one {chunk}-token chunk's temporaries" + (", an attention layer's prefix rows (dequantized / repeated per query head)" if kv_read else "")
-    if capture:
-        prefill += o.drafter_feature_copies * r.max_context * capture * b
-        detail += f", {o.drafter_feature_copies:g} copies of the prompt's drafter features"
+    if capture:  # beside graphs the drafter takes each chunk's rows as it comes (DFlashDrafter.observe_prompt)
+        rows = chunk if r.graphs else r.max_context
+        prefill += o.drafter_feature_copies * rows * capture * b
+        detail += f", {o.drafter_feature_copies:g} copies of {'a chunk' if r.graphs else 'the prompt'}'s drafter features"
     add("prefill workspace", prefill, detail)
     if r.device_type == "cuda":
         held = sum(p.bytes for p in out)
@@ -219,9 +225,13 @@ def _drafter_parts(add, header: CheckpointHeader, r: PlanRequest, d: DrafterShap
     b = r.dtype_bytes
     if d.weights_bytes:
         add("drafter weights", d.weights_bytes, f"{d.kind} drafter {d.source}")
-        if d.kind == "dflash" and r.device_type == "cuda" and o.dflash_runtime_fraction:
-            add("drafter runtime", d.weights_bytes * o.dflash_runtime_fraction,
-                f"held after the build beyond the parts counted, {o.dflash_runtime_fraction:.0%} of its weights (Overheads: measured)")
+        if d.kind == "dflash" and r.graphs:
+            c = header.config
+            t = min(r.verify_nodes, DEVICE_STEP_AUTO_NODES)  # spec/device_step.py: budget + 1 (--budget auto: 32 + 1)
+            step = (parts.verify_graph_outputs(c, t, d.capture_width, b) + parts.activation_bytes(c, t, t, b, o.gdn_temporaries_factor)
+                    + (d.block_size - 1) * c.vocab_size * parts.FP32_BYTES)
+            add("drafter runtime", step + o.cublas_workspace_bytes,
+                f"the device step's graph ({t} nodes: a verify's outputs and temporaries, a drafting pass's logits) + cuBLAS workspaces (Overheads)")
     if d.num_layers:
         rows = _drafter_rows(d, r)
         kv = 2 * d.num_layers * rows * d.num_kv_heads * d.head_dim * b

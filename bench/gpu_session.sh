@@ -36,7 +36,8 @@
 #              bf16 rows and the emulated 24 GiB card
 # fit_27b      bench.fit_check: the 27B Q4_K_M rows (a random GGUF written first, 11 s)  fit_27b.json           500 s
 # fit_24g      bench.fit_check: #31's 24 GiB card, 27B Q4_K_M + DFlash + q4_0 KV at 128K, 2,000    fit_24g.json           540 s
-#              tokens decoded with speculation under set_per_process_memory_fraction; peak memory
+#              tokens decoded with speculation under set_per_process_memory_fraction (--drafter-weights q8_0
+#              --budget 15 --prefill-chunk 512; planned 25.33e9 of 25.77e9 B); peak memory
 # quant        bench.quant_gemv --q4k-ab (Q4_K GEMV word-wide vs byte-wise, every 27B /  quant_gemv_q4k_ab.json 200 s
 #              8B projection), then gpu_speed --quant: whole-model quantized decode      gpu_speed_quant.json   300 s
 # quant_ab     bench.gpu_speed --quant: the 27B Q4_K_M shape's whole-model decode / verify-32 through each    gpu_speed_quant_ab.json 300 s

@@ -4,15 +4,13 @@ the same attention as dequantizing every head's rows at once and repeating them 
 import pytest
 import torch
 
-from treeflash.kv import quantized
 from treeflash.kv.attention_cache import new_token_attention
 from treeflash.kv.quantized import QuantizedAttentionCache
 from treeflash.kv.spec import CacheSpec
 
 
 @pytest.mark.parametrize("k_type,v_type", [("q8_0", "q8_0"), ("q4_0", "q4_0"), ("tq3_0", "tq3_0"), ("q4_0", "bf16")])
-def test_per_head_prefill_equals_the_whole_read(k_type, v_type, monkeypatch):
-    monkeypatch.setattr(quantized, "DEQUANT_ROWS", 100)  # several row chunks per head
+def test_per_head_prefill_equals_the_whole_read(k_type, v_type):
     g = torch.Generator().manual_seed(0)
     h, hkv, d, first, n = 6, 2, 64, 150, 140
     cache = QuantizedAttentionCache(hkv, d, CacheSpec(512, torch.float32, torch.device("cpu"), k_type, v_type))
@@ -31,3 +29,5 @@ def test_read_head_equals_read():
     for rows in (cache.k, cache.v):
         whole = rows.read(40, torch.bfloat16)
         assert all(torch.equal(rows.read_head(40, i, 32, torch.bfloat16), whole[:, i : i + 1]) for i in range(3))
+        # several row chunks per head (DEQUANT_ROWS is 16,384 in use)
+        assert all(torch.equal(rows.read_head(40, i, 32, torch.bfloat16, chunk=7), whole[:, i : i + 1]) for i in range(3))

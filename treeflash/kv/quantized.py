@@ -76,12 +76,12 @@ class _Rows:
             return self.codes[:length].to(dtype)
         return formats.dequantize(self.fmt.name, self.scales[:length], self.codes[:length]).to(dtype)
 
-    def read_head(self, length: int, head: int, head_dim: int, dtype: torch.dtype) -> torch.Tensor:
+    def read_head(self, length: int, head: int, head_dim: int, dtype: torch.dtype, chunk: int = DEQUANT_ROWS) -> torch.Tensor:
         """Rows [0, length) of one KV head, as `read` gives them -> [length, 1, D] in dtype, dequantized
-        DEQUANT_ROWS rows at a time (each row's values depend on that row alone: the same as `read`'s)."""
+        `chunk` rows at a time (each row's values depend on that row alone: the same as `read`'s)."""
         out = torch.empty(length, 1, head_dim, dtype=dtype, device=self.codes.device)
-        for i in range(0, length, DEQUANT_ROWS):
-            j = min(i + DEQUANT_ROWS, length)
+        for i in range(0, length, chunk):
+            j = min(i + chunk, length)
             codes = self.codes[i:j, head : head + 1]
             out[i:j] = codes if self.scales is None else formats.dequantize(self.fmt.name, self.scales[i:j, head : head + 1], codes)
         return out

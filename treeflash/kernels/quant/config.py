@@ -14,6 +14,14 @@ def _pow2(name: str, v: int, lo: int, hi: int) -> None:
         raise ValueError(f"{name} must be a power of two in [{lo}, {hi}], got {v}")
 
 
+def _split(min_programs: int, num_stages: int | None = None) -> None:
+    """The checks every config with a split over K (and a software pipeline) shares."""
+    if num_stages is not None and not 1 <= num_stages <= 6:
+        raise ValueError(f"num_stages must be in [1, 6], got {num_stages}")
+    if min_programs < 1:
+        raise ValueError(f"min_programs must be >= 1, got {min_programs}")
+
+
 @dataclass(frozen=True)
 class GemvConfig:
     """M == 1: BLOCK_N output rows per program, UNROLL blocks per loop step (more loads in flight).
@@ -47,8 +55,7 @@ class Q4kGemvConfig:
         _pow2("block_n", self.block_n, 2, 128)
         _pow2("unroll", self.unroll, 1, 8)
         _pow2("num_warps", self.num_warps, 1, 16)
-        if self.min_programs < 1:
-            raise ValueError(f"min_programs must be >= 1, got {self.min_programs}")
+        _split(self.min_programs)
 
 
 @dataclass(frozen=True)
@@ -80,10 +87,7 @@ class Q4kRowsConfig:
         _pow2("block_m", self.block_m, 16, 128)
         _pow2("block_n", self.block_n, 16, 256)
         _pow2("num_warps", self.num_warps, 1, 16)
-        if not 1 <= self.num_stages <= 6:
-            raise ValueError(f"num_stages must be in [1, 6], got {self.num_stages}")
-        if self.min_programs < 1:
-            raise ValueError(f"min_programs must be >= 1, got {self.min_programs}")
+        _split(self.min_programs, self.num_stages)
 
 
 @dataclass(frozen=True)
@@ -102,10 +106,7 @@ class Q4kMmaConfig:
     def __post_init__(self):
         _pow2("block_n", self.block_n, 16, 256)
         _pow2("num_warps", self.num_warps, 1, 16)
-        if not 1 <= self.num_stages <= 6:
-            raise ValueError(f"num_stages must be in [1, 6], got {self.num_stages}")
-        if self.min_programs < 1:
-            raise ValueError(f"min_programs must be >= 1, got {self.min_programs}")
+        _split(self.min_programs, self.num_stages)
         if self.scale not in ("group", "diag"):
             raise ValueError(f"scale must be group or diag, got {self.scale!r}")
 
@@ -130,8 +131,7 @@ class Dp4aConfig:
         _pow2("block_n", self.block_n, 2, 256)
         _pow2("unroll", self.unroll, 1, 8)
         _pow2("num_warps", self.num_warps, 1, 16)
-        if self.min_programs < 1:
-            raise ValueError(f"min_programs must be >= 1, got {self.min_programs}")
+        _split(self.min_programs)
 
 
 @dataclass(frozen=True)
@@ -155,10 +155,7 @@ class MmqConfig:
         _pow2("num_warps", self.num_warps, 1, 8)
         if self.num_warps * max(1, self.block_m // 32) > 16:
             raise ValueError(f"num_warps {self.num_warps} per 32 rows at block_m {self.block_m} exceeds 16 warps")
-        if not 1 <= self.num_stages <= 6:
-            raise ValueError(f"num_stages must be in [1, 6], got {self.num_stages}")
-        if self.min_programs < 1:
-            raise ValueError(f"min_programs must be >= 1, got {self.min_programs}")
+        _split(self.min_programs, self.num_stages)
 
 
 # the kernels Q4_K takes at 2 <= M <= max_rows: kernels.rows_kernel, rows_q4k, dequantized tiles + torch matmul,
